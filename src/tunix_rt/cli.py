@@ -1,0 +1,65 @@
+"""The `tunix-rt` command: a thin Typer app. Each stage owns its commands (traces/cli.py,
+models/cli.py, …); this file mounts them, sets the home, and maps errors to exit codes:
+0 success, 1 failure, 2 bad input or bad usage."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from tunix_rt import __version__
+from tunix_rt.errors import TunixRtError
+
+app = typer.Typer(
+    name="tunix-rt",
+    help="Teach small Gemma models to show their reasoning, and prove what they learned.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+err = Console(stderr=True)
+
+
+@app.callback()
+def _root(
+    home: Annotated[Optional[str], typer.Option("--home", help="Home directory (default: $TUNIX_RT_HOME or ~/.tunix-rt).")] = None,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        print(__version__)
+        raise typer.Exit(0)
+    if home:
+        # One place sets it; every stage (and any subprocess it starts) reads Home.resolve().
+        os.environ["TUNIX_RT_HOME"] = os.path.abspath(os.path.expanduser(home))
+
+
+def _mount() -> None:
+    """Each stage registers its own commands. Imports stay light: heavy libraries (torch,
+    jax) are imported inside the commands that need them."""
+    from tunix_rt.traces.cli import app as data_app
+    from tunix_rt.models.cli import app as model_app
+
+    app.add_typer(data_app, name="data", help="Import, validate, list and render trace datasets.")
+    app.add_typer(model_app, name="model", help="Import and list Gemma checkpoints.")
+
+
+_mount()
+
+
+def main() -> None:
+    try:
+        app()
+    except TunixRtError as e:
+        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Model presets, weight import and tiny random models for tests."""

@@ -1,0 +1,240 @@
+"""One training configuration for both engines.
+
+Defaults are resolved here, in `__post_init__`, and nowhere else. A config comes from a YAML
+file (a path, or the name of a shipped preset in configs/) plus `key=value` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from tunix_rt.errors import BadInput
+from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
+ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run needs; written to runs/<id>/config.yaml as resolved."""
+
+    model: str = "tiny-gemma3"
+    """Catalog preset name (imported into the home) or a path to an HF-layout model dir."""
+    dataset: str = ""
+    """Dataset as NAME or NAME@VERSION (latest version when omitted), or a trace JSONL path."""
+    split: str = "train"
+    """Split to train on: train, dev or all."""
+    eval_split: str = "dev"
+    """Split for the held-out loss at eval_interval."""
+    limit: int | None = None
+    """Use only the first N examples of the split (None: all)."""
+    method: str = "lora"
+    """lora (adapter only) or full (every weight)."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: float = 32.0
+    """LoRA alpha; the update is scaled by alpha / rank."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input (0 keeps runs exactly reproducible)."""
+    lora_targets: list[str] = field(default_factory=lambda: list(ALL_LORA_TARGETS))
+    """Projections that get an adapter."""
+    lora_weight_qtype: str | None = None
+    """JAX engine only: quantise frozen weights for QLoRA (e.g. nf4, int8); None: off."""
+    optimizer: str = "adamw"
+    """adamw or adafactor (factored second moments: far less optimizer memory)."""
+    lr: float = 2e-4
+    """Peak learning rate."""
+    warmup_steps: int = 0
+    """Linear warm-up from 0 to lr over this many optimizer steps."""
+    schedule: str = "cosine"
+    """After warm-up: cosine (to min_lr_ratio * lr), linear (to 0) or constant."""
+    min_lr_ratio: float = 0.1
+    """Floor of the cosine schedule, as a fraction of lr."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: no clipping)."""
+    batch_size: int = 4
+    """Sequences per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; the loss is normalised per supervised token."""
+    max_seq_len: int = 512
+    """Longest sequence; longer examples are dropped and counted (or fail, see drop_overlong)."""
+    drop_overlong: bool = True
+    """True: drop and count examples longer than max_seq_len; False: fail the run."""
+    packing: bool = False
+    """Pack several examples into one sequence, attention kept inside each example."""
+    max_steps: int | None = None
+    """Optimizer steps to run; exactly one of max_steps and epochs is set."""
+    epochs: float | None = None
+    """Passes over the training split (converted to max_steps at setup)."""
+    dtype: str = "fp32"
+    """fp32 or bf16 (bf16 is refused on CPU unless force_bf16_cpu: ~300x slower there)."""
+    force_bf16_cpu: bool = False
+    """Allow bf16 on a CPU anyway."""
+    seed: int = 0
+    """Seed for initialisation, shuffling and dropout."""
+    log_interval: int = 1
+    """Write a metrics line every N steps."""
+    eval_interval: int = 0
+    """Held-out loss every N steps (0: only at the end)."""
+    save_interval: int = 0
+    """Checkpoint every N steps (0: only the final one)."""
+    keep_checkpoints: int = 2
+    """Keep the newest N checkpoints."""
+    loss_impl: str = "chunked"
+    """chunked (fused linear cross-entropy, no [B, L, V] logits) or plain (reference)."""
+    loss_chunk_tokens: int = 1024
+    """Tokens per chunk of the chunked loss."""
+    gradient_checkpointing: bool = False
+    """Recompute layer activations in backward (remat) to save memory."""
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """System prompt rendered into every example; eval reads it from the run's config."""
+    engine: str = "auto"
+    """auto, torch or jax."""
+    device: str = "auto"
+    """auto, cpu, cuda (torch), gpu or tpu (jax)."""
+    mesh: dict[str, int] | str = "auto"
+    """JAX engine: {fsdp: N, tp: M} or auto (all devices on fsdp)."""
+    merge: bool = False
+    """Also write final/merged/ (HF layout) at the end of a LoRA run."""
+    force: bool = False
+    """Run even when the memory plan predicts it will not fit."""
+    run_name: str | None = None
+    """Prefix of the run id (default: the model name)."""
+
+    def __post_init__(self) -> None:
+        self._check_choice("method", ("lora", "full"))
+        self._check_choice("optimizer", ("adamw", "adafactor"))
+        self._check_choice("schedule", ("cosine", "linear", "constant"))
+        self._check_choice("dtype", ("fp32", "bf16"))
+        self._check_choice("loss_impl", ("chunked", "plain"))
+        self._check_choice("engine", ("auto", "torch", "jax"))
+        self._check_choice("device", ("auto", "cpu", "cuda", "gpu", "tpu"))
+        self._check_choice("split", ("train", "dev", "all"))
+        self._check_choice("eval_split", ("train", "dev", "all"))
+        if not self.dataset:
+            raise BadInput("config: dataset is required (a dataset name or a trace JSONL path)")
+        if (self.max_steps is None) == (self.epochs is None):
+            if self.max_steps is None:
+                self.max_steps = 100  # neither given: a short run, said in the resolved config
+            else:
+                raise BadInput("config: set max_steps or epochs, not both")
+        for name in ("batch_size", "grad_accum", "max_seq_len", "lora_rank", "log_interval",
+                     "keep_checkpoints", "loss_chunk_tokens"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"config: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("eval_interval", "save_interval", "warmup_steps", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise BadInput(f"config: {name} must be >= 0, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise BadInput(f"config: max_steps must be >= 1, got {self.max_steps}")
+        if self.epochs is not None and self.epochs <= 0:
+            raise BadInput(f"config: epochs must be > 0, got {self.epochs}")
+        if not (0.0 <= self.lora_dropout < 1.0):
+            raise BadInput(f"config: lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lr <= 0:
+            raise BadInput(f"config: lr must be > 0, got {self.lr}")
+        unknown = set(self.lora_targets) - set(ALL_LORA_TARGETS)
+        if unknown or not self.lora_targets:
+            raise BadInput(f"config: lora_targets {sorted(unknown) or '[]'} not in {list(ALL_LORA_TARGETS)}")
+        if isinstance(self.mesh, str) and self.mesh != "auto":
+            raise BadInput(f"config: mesh must be 'auto' or a mapping like {{fsdp: 8, tp: 1}}, got {self.mesh!r}")
+        if isinstance(self.mesh, dict):
+            bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or int(v) < 1}
+            if bad:
+                raise BadInput(f"config: mesh axes must be fsdp/tp with sizes >= 1, got {bad}")
+
+    def _check_choice(self, name: str, choices: tuple[str, ...]) -> None:
+        if getattr(self, name) not in choices:
+            raise BadInput(f"config: {name} must be one of {'|'.join(choices)}, got {getattr(self, name)!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Upper bound of tokens in one optimizer step."""
+        return self.batch_size * self.grad_accum * self.max_seq_len
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BadInput(f"{source}: unknown field(s) {unknown}; known: {sorted(known)}")
+        hints = get_type_hints(cls)
+        typed = {k: _coerce(k, v, hints[k], source) for k, v in data.items()}
+        return cls(**typed)
+
+    @classmethod
+    def load(cls, config: str | Path | None = None, overrides: list[str] | None = None) -> "TrainConfig":
+        """A YAML file or preset name, then key=value overrides (values parsed as YAML)."""
+        data: dict[str, Any] = {}
+        source = "overrides"
+        if config:
+            path = resolve_preset(config)
+            source = str(path)
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            if not isinstance(loaded, dict):
+                raise BadInput(f"{path}: a config file must hold a mapping")
+            data.update(loaded)
+        for item in overrides or []:
+            if "=" not in item:
+                raise BadInput(f"override {item!r}: expected key=value")
+            key, raw = item.split("=", 1)
+            data[key.strip()] = yaml.safe_load(raw) if raw != "" else None
+        return cls.from_dict(data, source=source)
+
+
+def resolve_preset(config: str | Path) -> Path:
+    """A path to a YAML file, or the name of a shipped preset (smoke, cpu-demo, gpu)."""
+    p = Path(config)
+    if p.is_file():
+        return p
+    shipped = PRESET_DIR / f"{config}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(x.stem for x in PRESET_DIR.glob("*.yaml"))
+    raise BadInput(f"config {str(config)!r}: no such file and no shipped preset; presets: {names}")
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    """Check a YAML value against the field type; ints are accepted where floats are."""
+    text = str(hint)
+    if value is None:
+        if "None" in text:
+            return None
+        raise BadInput(f"{source}: {key} may not be null")
+    if hint is bool or text == "bool":
+        if not isinstance(value, bool):
+            raise BadInput(f"{source}: {key} must be true or false, got {value!r}")
+        return value
+    if hint is int or text.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadInput(f"{source}: {key} must be an integer, got {value!r}")
+        return value
+    if hint is float or text.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise BadInput(f"{source}: {key} must be a number, got {value!r}")
+        return float(value)
+    if text.startswith("list"):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise BadInput(f"{source}: {key} must be a list, got {value!r}")
+        return [str(v) for v in value]
+    if key == "mesh":
+        return value
+    if not isinstance(value, str) and "str" in text:
+        return str(value)
+    return value

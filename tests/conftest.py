@@ -1,0 +1,27 @@
+"""Shared fixtures: a temporary home for every test, and the tiny tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunix_rt.home import Home
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Home:
+    """A fresh TUNIX_RT_HOME; DATABASE_URL is cleared so the registry is SQLite in it."""
+    monkeypatch.setenv("TUNIX_RT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    return Home.resolve().ensure()
+
+
+@pytest.fixture(scope="session")
+def tiny_tok():
+    from tunix_rt.models.store import TINY_TOKENIZER
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    return ChatTokenizer.from_file(TINY_TOKENIZER)
