@@ -200,7 +200,7 @@ _UNITS = re.compile(
 def _clean(s: str) -> str:
     s = unicodedata.normalize("NFKC", s)
     s = s.replace("−", "-").replace("–", "-").replace("—", "-")
-    s = s.strip().strip(".").strip()
+    s = s.strip().rstrip(".").strip()  # a sentence-final dot, not a leading decimal point
     return s
 
 
