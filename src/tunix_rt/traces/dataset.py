@@ -1,0 +1,412 @@
+"""Datasets on disk: import a source into `<home>/datasets/<name>/<version>/`, list them,
+load them back, and split them.
+
+    <home>/datasets/<name>/<version>/data.jsonl     canonical trace records, one per line
+    <home>/datasets/<name>/<version>/manifest.json  name, version, source, importer,
+        created_at, count, sha256 (of data.jsonl), split rule, per-split counts
+    <home>/datasets/<name>/<version>/rejects.jsonl  only with --quarantine and rejects
+
+data.jsonl is serialised canonically (fields in schema order, meta keys sorted, UTF-8,
+"\\n" endings) and holds nothing time-dependent, so importing the same source twice gives
+the same bytes and the same sha256; created_at lives only in the manifest.
+
+The split is a pure function of the record id: `sha256(id) mod 10000 < dev_fraction *
+10000` → dev. A record never moves between train and dev when the dataset grows.
+
+An import is written to a temp dir beside the datasets, fsynced, and renamed into place
+last: on any error nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import tunix_rt
+from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.home import Home
+from tunix_rt.traces.importers import FORMATS, get_importer, gsm8k_split_name
+from tunix_rt.traces.reader import DEFAULT_MAX_LINE_BYTES, Scan, scan
+from tunix_rt.traces.schema import Trace
+
+DEFAULT_DEV_FRACTION = 0.05
+DEFAULT_MAX_REJECT_RATE = 0.001
+SPLIT_BUCKETS = 10_000
+SPLIT_METHOD = "int(sha256(id utf-8).hexdigest(), 16) % 10000 < round(dev_fraction * 10000) -> dev, else train"
+SPLITS = ("train", "dev", "all")
+DATA, MANIFEST, REJECTS = "data.jsonl", "manifest.json", "rejects.jsonl"
+VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parents[2] / "data" / "gsm8k" / "train.jsonl"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+# ---------------------------------------------------------------------------------------
+# Splits and canonical bytes
+
+
+def split_of(record_id: str, dev_fraction: float) -> str:
+    """"train" or "dev", from the id alone (see SPLIT_METHOD)."""
+    bucket = int(hashlib.sha256(record_id.encode("utf-8")).hexdigest(), 16) % SPLIT_BUCKETS
+    return "dev" if bucket < round(dev_fraction * SPLIT_BUCKETS) else "train"
+
+
+def split_rule(dev_fraction: float) -> dict[str, Any]:
+    return {"method": SPLIT_METHOD, "dev_fraction": dev_fraction, "buckets": SPLIT_BUCKETS}
+
+
+def split_counts(records: list[Trace], dev_fraction: float) -> dict[str, int]:
+    dev = sum(split_of(r.id, dev_fraction) == "dev" for r in records)
+    return {"train": len(records) - dev, "dev": dev}
+
+
+def canonical_bytes(records: list[Trace]) -> bytes:
+    """data.jsonl's exact bytes: one canonical JSON object per line."""
+    return b"".join(json.dumps(r.to_record(), ensure_ascii=False).encode("utf-8") + b"\n" for r in records)
+
+
+# ---------------------------------------------------------------------------------------
+# The loaded dataset
+
+
+@dataclass
+class Dataset:
+    """A dataset version in memory: its manifest and its records in file order."""
+
+    name: str
+    version: str
+    path: Path  # the version directory, or the JSONL file for a path reference
+    manifest: dict[str, Any]
+    sha256: str
+    records: list[Trace]
+
+    @property
+    def dev_fraction(self) -> float:
+        return float(self.manifest["split"]["dev_fraction"])
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def split(self, which: str) -> list[Trace]:
+        """The records of "train", "dev" or "all", in file order."""
+        if which not in SPLITS:
+            raise BadInput(f"unknown split {which!r}; use one of {', '.join(SPLITS)}")
+        if which == "all":
+            return list(self.records)
+        return [r for r in self.records if split_of(r.id, self.dev_fraction) == which]
+
+
+def _read_manifest(vdir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((vdir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TunixRtError(f"{vdir / MANIFEST}: unreadable manifest ({e})") from None
+
+
+def open_version(vdir: Path) -> Dataset:
+    """Load a dataset directory, checking data.jsonl against the manifest's sha256."""
+    manifest = _read_manifest(vdir)
+    data = (vdir / DATA).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != manifest.get("sha256"):
+        raise TunixRtError(f"{vdir / DATA}: sha256 {digest[:12]}… differs from the manifest's; the file changed after import")
+    result = scan(vdir / DATA, "record")
+    result.raise_if_bad("the dataset is corrupt")
+    return Dataset(manifest["name"], manifest["version"], vdir, manifest, digest, result.records)
+
+
+def _from_file(path: Path) -> Dataset:
+    """A JSONL path used directly as a dataset: read strictly, split by the default rule."""
+    result = scan(path, "auto")
+    result.raise_if_bad("nothing read")
+    data = canonical_bytes(result.records)
+    manifest = _manifest(path.stem, "file", str(path.resolve()), result, hashlib.sha256(data).hexdigest(),
+                         DEFAULT_DEV_FRACTION, created_at=None)
+    return Dataset(path.stem, "file", path, manifest, manifest["sha256"], result.records)
+
+
+# ---------------------------------------------------------------------------------------
+# Versions
+
+
+def _version_key(version: str) -> tuple:
+    """Natural order: v2 < v10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", version))
+
+
+def list_versions(home: Home, name: str) -> list[dict[str, Any]]:
+    """Manifests of a dataset's versions, oldest first (created_at, then version)."""
+    root = home.datasets / name
+    if not root.is_dir():
+        return []
+    found = [_read_manifest(d) for d in root.iterdir() if (d / MANIFEST).is_file() and not d.name.startswith(".")]
+    return sorted(found, key=lambda m: (m.get("created_at") or "", _version_key(m["version"])))
+
+
+def list_datasets(home: Home) -> list[dict[str, Any]]:
+    """Every dataset version's manifest, by name then age."""
+    if not home.datasets.is_dir():
+        return []
+    return [m for d in sorted(home.datasets.iterdir()) if not d.name.startswith(".") for m in list_versions(home, d.name)]
+
+
+def _next_version(existing: list[dict[str, Any]]) -> str:
+    numbers = [int(m["version"][1:]) for m in existing if re.fullmatch(r"v\d+", m["version"])]
+    return f"v{max(numbers, default=0) + 1}"
+
+
+def load_dataset(ref: str, home: Home | None = None) -> Dataset:
+    """NAME (latest version), NAME@VERSION, or a path to a JSONL file (any known format,
+    read strictly). The name "gsm8k" imports the vendored GSM8K train split on first use."""
+    home = home or Home.resolve()
+    if ref.endswith(".jsonl") or os.sep in ref:
+        return _from_file(Path(ref))
+    name, _, version = ref.partition("@")
+    versions = list_versions(home, name)
+    if not versions and name == "gsm8k" and version in ("", "v1"):
+        return _import_vendored_gsm8k(home)
+    if not versions:
+        known = ", ".join(sorted({m["name"] for m in list_datasets(home)})) or "none"
+        raise BadInput(f"no dataset {name!r} under {home.datasets} (known: {known}); run `tunix-rt data import`")
+    if not version:
+        version = versions[-1]["version"]
+    if version not in {m["version"] for m in versions}:
+        raise BadInput(f"{name} has no version {version!r} (known: {', '.join(m['version'] for m in versions)})")
+    return open_version(home.datasets / name / version)
+
+
+def _import_vendored_gsm8k(home: Home) -> Dataset:
+    if not VENDORED_GSM8K.is_file():
+        raise BadInput(f"dataset gsm8k is not imported and the vendored copy is missing ({VENDORED_GSM8K})")
+    print(f"importing the vendored GSM8K train split from {VENDORED_GSM8K} as gsm8k@v1", file=sys.stderr)
+    return import_dataset(ImportRequest("gsm8k", str(VENDORED_GSM8K), "gsm8k", version="v1"), home).dataset
+
+
+# ---------------------------------------------------------------------------------------
+# Import
+
+
+@dataclass(frozen=True)
+class ImportRequest:
+    """Everything `data import` needs; defaults live here and nowhere else."""
+
+    fmt: str
+    """Input format: record | gsm8k | traces | generic."""
+    source: str
+    """A local JSONL path, or hf:OWNER/NAME[/CONFIG][@SPLIT] (needs allow_network)."""
+    name: str
+    version: str | None = None
+    """None: reuse a version with identical content, else the next free vN."""
+    dev_fraction: float = DEFAULT_DEV_FRACTION
+    quarantine: bool = False
+    """Keep going past bad lines (written to rejects.jsonl) up to max_reject_rate."""
+    max_reject_rate: float = DEFAULT_MAX_REJECT_RATE
+    """Bad lines / all lines above which a quarantined import still fails."""
+    allow_network: bool = False
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise BadInput(f"unknown format {self.fmt!r}; known: {', '.join(FORMATS)}")
+        for what, value in (("--name", self.name), ("--version", self.version)):
+            if value is not None and not _NAME.fullmatch(value):
+                raise BadInput(f"{what} {value!r}: use letters, digits, '.', '_' or '-' (not starting with '.' or '-')")
+        if not 0.0 <= self.dev_fraction < 1.0:
+            raise BadInput(f"--dev-fraction {self.dev_fraction}: must be in [0, 1)")
+        if not 0.0 <= self.max_reject_rate <= 1.0:
+            raise BadInput(f"--max-reject-rate {self.max_reject_rate}: must be in [0, 1]")
+        if self.max_line_bytes < 1:
+            raise BadInput("max_line_bytes must be positive")
+
+
+@dataclass
+class ImportResult:
+    dataset: Dataset
+    reused: bool
+    """True when identical content already existed as this (or the only) version."""
+    rejected_lines: int = 0
+    errors: list = field(default_factory=list)
+
+
+def parse_hf_uri(uri: str) -> tuple[str, str | None, str]:
+    """hf:OWNER/NAME[/CONFIG][@SPLIT] → (repo, config, split); openai/gsm8k defaults to
+    config "main", every repo to split "train"."""
+    body, _, split = uri[len("hf:"):].partition("@")
+    parts = body.split("/")
+    if len(parts) not in (2, 3) or not all(parts):
+        raise BadInput(f"{uri}: expected hf:OWNER/NAME[/CONFIG][@SPLIT], e.g. hf:openai/gsm8k")
+    repo = "/".join(parts[:2])
+    config = parts[2] if len(parts) == 3 else ("main" if repo == "openai/gsm8k" else None)
+    return repo, config, split or "train"
+
+
+def fetch_hf(uri: str, dest: Path, cache_dir: Path) -> str:
+    """Download a hub dataset split into a JSONL file (one row per line); returns the split.
+    Network access only behind --allow-network; tests point it at a local dataset folder
+    (the `datasets` library resolves OWNER/NAME to a local directory first)."""
+    repo, config, split = parse_hf_uri(uri)
+    try:
+        from datasets import load_dataset as hf_load_dataset  # heavy, and only here
+    except ImportError:
+        raise BadInput(f"{uri}: needs the `datasets` package (pip install 'tunix-rt[hub]')") from None
+    try:
+        rows = hf_load_dataset(repo, config, split=split, cache_dir=str(cache_dir))
+    except Exception as e:  # network, auth, unknown repo/config/split: all end the import here
+        raise TunixRtError(f"{uri}: could not load {repo} (config {config}, split {split}): {e}") from None
+    with dest.open("wb") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False).encode("utf-8") + b"\n")
+    return split
+
+
+def _resolve_source(req: ImportRequest, home: Home, staging: Path) -> tuple[Path, str, str]:
+    """(file to read, FILE label for messages, GSM8K split name)."""
+    if req.source.startswith("hf:"):
+        if not req.allow_network:
+            raise BadInput(
+                f"{req.source} downloads from the Hugging Face hub; pass --allow-network to allow it "
+                f"(offline, import the vendored copy: tunix-rt data import gsm8k {VENDORED_GSM8K} --name gsm8k)"
+            )
+        parse_hf_uri(req.source)
+        dest = staging / "source.jsonl"
+        split = fetch_hf(req.source, dest, home.root / "cache" / "huggingface")
+        return dest, req.source, gsm8k_split_name(split)
+    path = Path(req.source)
+    if not path.is_file():
+        raise BadInput(f"{req.source}: no such file")
+    return path, req.source, gsm8k_split_name(path.stem)
+
+
+def _manifest(name: str, version: str, source: str, result: Scan, digest: str, dev_fraction: float,
+              created_at: str | None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "version": version,
+        "source": source,
+        "importer": result.format,
+        "created_at": created_at,
+        "count": len(result.records),
+        "sha256": digest,
+        "split": split_rule(dev_fraction),
+        "splits": split_counts(result.records, dev_fraction),
+        "input_lines": result.n_lines,
+        "rejected_lines": result.bad_lines,
+        "tunix_rt_version": tunix_rt.__version__,
+    }
+
+
+def _check_rejects(req: ImportRequest, result: Scan) -> None:
+    """Fail-fast by default; with quarantine, fail only above the reject rate."""
+    if not result.errors:
+        return
+    if not req.quarantine:
+        raise BadInput(result.message("nothing imported (--quarantine keeps the good lines)"))
+    rate = result.bad_lines / max(result.n_lines, 1)
+    if not result.records or rate > req.max_reject_rate:
+        raise BadInput(result.message(
+            f"reject rate {rate:.4%} is over --max-reject-rate {req.max_reject_rate:.4%}; nothing imported"
+        ))
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with path.open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rejects_bytes(result: Scan) -> bytes:
+    rows = (
+        {"file": e.file, "line": e.line, "field": e.field, "reason": e.reason,
+         "raw": e.raw.decode("utf-8", errors="backslashreplace")}
+        for e in result.errors
+    )
+    return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n" for r in rows)
+
+
+def _reusable(req: ImportRequest, existing: list[dict[str, Any]], digest: str) -> dict[str, Any] | None:
+    """An existing version with the same bytes and split rule, if this request may reuse it."""
+    for m in existing:
+        same = m.get("sha256") == digest and m.get("split", {}).get("dev_fraction") == req.dev_fraction
+        if same and req.version in (None, m["version"]):
+            return m
+    return None
+
+
+def import_dataset(req: ImportRequest, home: Home | None = None,
+                   on_progress: Callable[[int], None] | None = None) -> ImportResult:
+    """Read, validate and store a dataset version; see the module docstring. Everything is
+    staged in a temp dir beside the datasets and removed on the way out, whatever happens."""
+    home = (home or Home.resolve()).ensure()
+    root = home.datasets / req.name
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{req.name}-", dir=home.datasets))
+    try:
+        return _store(req, home, staging, _read_source(req, home, staging, on_progress))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if root.is_dir() and not any(root.iterdir()):
+            root.rmdir()
+
+
+def _read_source(req: ImportRequest, home: Home, staging: Path,
+                 on_progress: Callable[[int], None] | None) -> Scan:
+    src, label, split = _resolve_source(req, home, staging)
+    result = scan(src, get_importer(req.fmt, split), label=label, max_line_bytes=req.max_line_bytes,
+                  on_progress=on_progress)
+    _check_rejects(req, result)
+    (staging / "source.jsonl").unlink(missing_ok=True)  # a downloaded hf: source
+    return result
+
+
+def _store(req: ImportRequest, home: Home, staging: Path, result: Scan) -> ImportResult:
+    """Reuse an identical version, or write a new one from the staging dir."""
+    root = home.datasets / req.name
+    data = canonical_bytes(result.records)
+    digest = hashlib.sha256(data).hexdigest()
+    existing = list_versions(home, req.name)
+    if (same := _reusable(req, existing, digest)) is not None:  # same bytes: same records
+        ds = Dataset(req.name, same["version"], root / same["version"], same, digest, result.records)
+        return ImportResult(ds, True, result.bad_lines, result.errors)
+    version = req.version or _next_version(existing)
+    if (root / version).exists():
+        raise BadInput(f"{req.name}@{version} already exists with different content; choose another --version")
+    source = req.source if req.source.startswith("hf:") else str(Path(req.source).resolve())
+    created = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    manifest = _manifest(req.name, version, source, result, digest, req.dev_fraction, created)
+    files = {DATA: data}
+    if req.quarantine and result.errors:
+        files[REJECTS] = _rejects_bytes(result)
+        manifest["rejects"] = REJECTS
+    files[MANIFEST] = (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    _commit(staging, root / version, files)
+    ds = Dataset(req.name, version, root / version, manifest, digest, result.records)
+    return ImportResult(ds, False, result.bad_lines, result.errors)
+
+
+def _commit(staging: Path, target: Path, files: dict[str, bytes]) -> None:
+    """Write and fsync every file in staging, then rename staging to target (atomic)."""
+    for name, data in files.items():
+        _write_file(staging / name, data)
+    _fsync_dir(staging)
+    target.parent.mkdir(exist_ok=True)
+    try:
+        os.rename(staging, target)
+    except OSError as e:  # e.g. another import took this version meanwhile
+        raise TunixRtError(f"{target}: could not move the dataset into place ({e}); nothing imported") from None
+    _fsync_dir(target.parent)

@@ -1,0 +1,232 @@
+"""One importer per input format; each maps one parsed JSON object onto a Trace.
+
+Formats (names used by `data import`, `data validate --format` and `read_traces`):
+
+- `record`  the trace record itself (DESIGN.md §2), what a dataset's data.jsonl holds.
+- `gsm8k`   `{"question", "answer"}`; the answer is the worked solution with `<<a*b=c>>`
+            calculator notes and a final `#### 18` line. Steps are the solution lines without
+            the notes; the answer is what follows `####`, commas removed. The id is
+            `gsm8k-<split>-<0-based line index, 5 digits>`.
+- `traces`  the older trace format `{"trace_version", "prompt", "steps": [{"i", "type",
+            "content"}], "final_answer", "meta"}`; steps are ordered by `i`, which must be
+            exactly 0..N-1.
+- `generic` `{"question", "reasoning" | "steps", "answer", ["id", "source", "meta"]}`;
+            reasoning text is split into steps on newlines.
+
+The two foreign formats without ids (`traces`, `generic`) derive one from the content
+(sha256 of question, steps and answer), so re-importing gives the same ids and two copies
+of one record show up as a duplicate id. A numeric `answer`/`final_answer` in those two
+formats is accepted and stored as its JSON text (10.5 → "10.5"); the trace record and
+GSM8K require strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tunix_rt.errors import BadInput
+from tunix_rt.traces.schema import RecordError, Trace, json_type, make_trace, validate_trace
+
+FORMATS = ("record", "gsm8k", "traces", "generic")
+
+
+class Importer(Protocol):
+    """Maps one JSON object (and its 0-based line index) to a Trace, or raises RecordError."""
+
+    name: str
+
+    def convert(self, obj: dict[str, Any], index: int) -> Trace: ...
+
+
+def _check_keys(obj: dict[str, Any], allowed: set[str], required: set[str]) -> None:
+    problems = [(k, "missing") for k in sorted(required - obj.keys())]
+    problems += [(k, "unknown field") for k in obj if k not in allowed]
+    if problems:
+        raise RecordError(problems)
+
+
+def _string(obj: dict[str, Any], key: str, numeric_ok: bool = False) -> str:
+    """A required non-blank string field; numbers become their JSON text when allowed."""
+    value = obj[key]
+    if numeric_ok and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return json.dumps(value)
+    if not isinstance(value, str):
+        raise RecordError.one(key, f"expected a string, got {json_type(value)}")
+    if not value.strip():
+        raise RecordError.one(key, "empty string")
+    return value
+
+
+def content_id(prefix: str, question: str, steps: list[str], answer: str) -> str:
+    """A stable id from the content, for formats that carry none."""
+    blob = json.dumps([question, steps, answer], ensure_ascii=False, separators=(",", ":"))
+    return f"{prefix}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
+
+
+@dataclass(frozen=True)
+class RecordImporter:
+    """The trace record format, validated as is."""
+
+    name: str = "record"
+
+    def convert(self, obj: dict[str, Any], index: int) -> Trace:
+        return validate_trace(obj)
+
+
+_CALC_NOTE = re.compile(r"<<.*?>>")
+
+
+@dataclass(frozen=True)
+class GSM8KImporter:
+    """GSM8K rows; `split` names the id prefix (gsm8k-train-00017)."""
+
+    split: str = "train"
+    name: str = "gsm8k"
+
+    def convert(self, obj: dict[str, Any], index: int) -> Trace:
+        _check_keys(obj, {"question", "answer"}, {"question", "answer"})
+        question = _string(obj, "question")
+        solution = _string(obj, "answer")
+        if solution.count("####") != 1:
+            raise RecordError.one("answer", "expected exactly one '#### <final answer>' line")
+        work, final = solution.split("####")
+        steps = [s for s in (_CALC_NOTE.sub("", line).strip() for line in work.splitlines()) if s]
+        final = final.strip().replace(",", "")
+        problems = []
+        if not steps:
+            problems.append(("answer", "no solution line before '####'"))
+        if not final:
+            problems.append(("answer", "nothing after '####'"))
+        if problems:
+            raise RecordError(problems)
+        return make_trace(
+            id=f"gsm8k-{self.split}-{index:05d}", question=question, steps=steps, answer=final,
+            source="gsm8k", meta={},
+        )
+
+
+_TRACE_VERSIONS = ("1", "1.0")
+
+
+@dataclass(frozen=True)
+class OlderTraceImporter:
+    """The older trace format (trace_version 1.0)."""
+
+    name: str = "traces"
+
+    def convert(self, obj: dict[str, Any], index: int) -> Trace:
+        _check_keys(
+            obj,
+            {"trace_version", "prompt", "steps", "final_answer", "meta", "id"},
+            {"trace_version", "prompt", "steps", "final_answer"},
+        )
+        version = obj["trace_version"]
+        if version not in _TRACE_VERSIONS:
+            raise RecordError.one("trace_version", f"unsupported {version!r} (known: {', '.join(_TRACE_VERSIONS)})")
+        question = _string(obj, "prompt")
+        answer = _string(obj, "final_answer", numeric_ok=True)
+        meta = obj.get("meta", {})
+        if not isinstance(meta, dict):
+            raise RecordError.one("meta", f"expected an object, got {json_type(meta)}")
+        steps, types = _ordered_steps(obj["steps"])
+        rid = obj["id"] if "id" in obj else content_id("trace", question, steps, answer)
+        return make_trace(
+            id=rid, question=question, steps=steps, answer=answer, source="traces",
+            meta={**meta, "trace_version": version, "step_types": types},
+        )
+
+
+def _ordered_steps(raw: Any) -> tuple[list[str], list[str | None]]:
+    """Steps of the older format sorted by `i`; `i` must be exactly 0..N-1."""
+    if not isinstance(raw, list):
+        raise RecordError.one("steps", f"expected an array, got {json_type(raw)}")
+    if not raw:
+        raise RecordError.one("steps", "empty list")
+    problems: list[tuple[str, str]] = []
+    seen: dict[int, int] = {}
+    for k, step in enumerate(raw):
+        where = f"steps[{k}]"
+        if not isinstance(step, dict):
+            problems.append((where, f"expected an object, got {json_type(step)}"))
+            continue
+        for key in step.keys() - {"i", "type", "content"}:
+            problems.append((f"{where}.{key}", "unknown field"))
+        i, content, kind = step.get("i"), step.get("content"), step.get("type")
+        if not isinstance(i, int) or isinstance(i, bool):
+            problems.append((f"{where}.i", "missing" if i is None else f"expected an integer, got {json_type(i)}"))
+        elif i in seen:
+            problems.append((f"{where}.i", f"duplicate i={i} (also steps[{seen[i]}])"))
+        else:
+            seen[i] = k
+        if not isinstance(content, str):
+            problems.append((f"{where}.content", "missing" if content is None else f"expected a string, got {json_type(content)}"))
+        elif not content.strip():
+            problems.append((f"{where}.content", "empty string"))
+        if kind is not None and not isinstance(kind, str):
+            problems.append((f"{where}.type", f"expected a string, got {json_type(kind)}"))
+    if not problems and sorted(seen) != list(range(len(raw))):
+        missing = sorted(set(range(len(raw))) - seen.keys())
+        problems.append(("steps", f"i must be 0..{len(raw) - 1}; missing i={missing[0]}"))
+    if problems:
+        raise RecordError(problems)
+    ordered = [raw[seen[i]] for i in range(len(raw))]
+    return [s["content"] for s in ordered], [s.get("type") for s in ordered]
+
+
+@dataclass(frozen=True)
+class GenericImporter:
+    """`{"question", "reasoning" | "steps", "answer"}` with optional id, source and meta."""
+
+    name: str = "generic"
+
+    def convert(self, obj: dict[str, Any], index: int) -> Trace:
+        _check_keys(obj, {"id", "question", "reasoning", "steps", "answer", "source", "meta"}, {"question", "answer"})
+        has_r, has_s = "reasoning" in obj, "steps" in obj
+        if has_r == has_s:
+            raise RecordError.one("reasoning", "give either 'reasoning' (text) or 'steps' (a list), not both" if has_r else "missing (or 'steps')")
+        question = _string(obj, "question")
+        answer = _string(obj, "answer", numeric_ok=True)
+        if has_r:
+            text = _string(obj, "reasoning")
+            steps = [line.strip() for line in text.splitlines() if line.strip()]
+        else:
+            steps = obj["steps"]  # checked by the Trace schema
+        rid = obj["id"] if "id" in obj else content_id("generic", question, steps if isinstance(steps, list) else [], answer)
+        return make_trace(
+            id=rid, question=question, steps=steps, answer=answer,
+            source=obj.get("source", "generic"), meta=obj.get("meta", {}),
+        )
+
+
+def get_importer(fmt: str, split: str = "train") -> Importer:
+    """The importer for a format name; `split` only names GSM8K ids."""
+    if fmt == "record":
+        return RecordImporter()
+    if fmt == "gsm8k":
+        return GSM8KImporter(split=split)
+    if fmt == "traces":
+        return OlderTraceImporter()
+    if fmt == "generic":
+        return GenericImporter()
+    raise BadInput(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+
+
+def detect_format(obj: dict[str, Any]) -> str:
+    """Guess a file's format from its first object (for `--format auto`)."""
+    keys = set(obj)
+    if "trace_version" in keys:
+        return "traces"
+    if keys == {"question", "answer"} and "####" in str(obj.get("answer")):
+        return "gsm8k"
+    if "id" in keys and "steps" in keys and keys <= set(Trace.model_fields):
+        return "record"
+    return "generic"
+
+
+def gsm8k_split_name(stem: str) -> str:
+    """The split part of GSM8K ids from a file or split name: 'train.jsonl' → 'train'."""
+    return re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-") or "train"
