@@ -1,0 +1,264 @@
+"""Job kinds and what runs them. A job is one of a fixed set of kinds with validated
+parameters: never a command line, never a path. Files a job reads are named relative to the
+home (an upload by its sha256, a dataset by name, a model by catalog name, a run by id).
+
+Each handler calls the stage function the CLI calls, so a job does exactly what the command
+does. Side effects are idempotent under retries: an import writes the dataset version
+`job<ID>` (atomic rename; a retry that finds it reuses it), a retried train resumes from the
+last committed checkpoint of its own earlier attempt.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tunix_rt.errors import BadInput
+from tunix_rt.home import Home
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(@[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$"
+UPLOAD = r"^[0-9a-f]{64}\.jsonl$"
+UPLOADS_DIR = "uploads"
+
+
+class JobKind(str, Enum):
+    train = "train"
+    eval = "eval"
+    import_ = "import"
+
+
+Scalar = str | int | float | bool | None | list[str]
+
+
+class ImportParams(BaseModel):
+    """Import an uploaded JSONL (stored as <home>/uploads/<sha256>.jsonl) as a dataset."""
+
+    model_config = ConfigDict(extra="forbid")
+    upload: Annotated[str, Field(pattern=UPLOAD)]
+    name: Annotated[str, Field(pattern=NAME)]
+    format: Literal["record", "gsm8k", "traces", "generic"] = "record"
+
+
+class TrainParams(BaseModel):
+    """A shipped preset (smoke, cpu-demo, gpu) plus key=value overrides of TrainConfig."""
+
+    model_config = ConfigDict(extra="forbid")
+    preset: Annotated[str, Field(pattern=NAME)] = "smoke"
+    overrides: dict[str, Scalar] = Field(default_factory=dict)
+    evaluate: bool = True
+    """After training, evaluate the adapter on the dev split (so it reaches the leaderboard)."""
+    eval_limit: Annotated[int, Field(ge=1, le=100000)] = 32
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 128
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainParams":
+        self.config()
+        return self
+
+    def config(self):
+        """The TrainConfig this job trains with; refuses paths for the model and dataset."""
+        from tunix_rt.train.config import PRESET_DIR, TrainConfig
+
+        if not (PRESET_DIR / f"{self.preset}.yaml").is_file():
+            raise ValueError(f"preset {self.preset!r} is not a shipped preset")
+        if "run_name" in self.overrides:
+            raise ValueError("run_name is set by the job (job<ID>)")
+        cfg = TrainConfig.load(self.preset, [f"{k}={_yaml_scalar(v)}" for k, v in self.overrides.items()])
+        for key in ("model", "dataset"):
+            if not re.match(REF, str(getattr(cfg, key))):
+                raise ValueError(f"{key} must be a name from the home, not a path: {getattr(cfg, key)!r}")
+        return cfg
+
+
+class EvalParams(BaseModel):
+    """Evaluate a catalog model, or a run's adapter (its base model by default), on a split."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Annotated[str | None, Field(pattern=NAME)] = None
+    adapter_run: Annotated[str | None, Field(pattern=NAME)] = None
+    dataset: Annotated[str, Field(pattern=REF)]
+    split: Literal["train", "dev", "all"] = "dev"
+    limit: Annotated[int | None, Field(ge=1, le=100000)] = None
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 256
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalParams":
+        if not self.model and not self.adapter_run:
+            raise ValueError("give model, adapter_run, or both")
+        return self
+
+
+def _yaml_scalar(v: Scalar) -> str:
+    import json
+
+    return json.dumps(v)  # JSON is YAML: types survive TrainConfig.load's parsing
+
+
+@dataclass
+class JobContext:
+    """What a handler gets besides its parameters."""
+
+    job_id: int
+    attempt: int
+    home: Home
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set when the job is cancelled, its lease is lost, or the worker shuts down."""
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    run_dir: Path | None = None
+    """The run directory a train job is writing (found by the worker's heartbeat)."""
+    cooperative: bool = False
+    """True when the running stage polls should_stop(); otherwise a cancel interrupts the
+    worker's main thread (KeyboardInterrupt: the run is marked interrupted, its committed
+    checkpoints stay)."""
+    interruptible: bool = False
+    """True while a stage that may be interrupted that way is running."""
+
+    def should_stop(self) -> bool:
+        """The cancellation hook stage loops poll between steps."""
+        return self.stop.is_set()
+
+    @property
+    def run_prefix(self) -> str:
+        return f"job{self.job_id}"
+
+    def find_run_dir(self) -> Path | None:
+        """Newest run directory named job<ID> or job<ID>-…"""
+        p = self.run_prefix
+        found = [d for d in self.home.runs.glob(f"{p}*") if d.is_dir() and (d.name == p or d.name[len(p)] in "-_.")]
+        return max(found, key=lambda d: d.stat().st_mtime) if found else None
+
+
+@dataclass(frozen=True)
+class Kind:
+    params: type[BaseModel]
+    run: Callable[[JobContext, Any], dict[str, Any]]
+
+
+def handle_import(ctx: JobContext, p: ImportParams) -> dict[str, Any]:
+    from tunix_rt.registry.record import record_dataset
+
+    version = f"job{ctx.job_id}"
+    target = ctx.home.datasets / p.name / version
+    if not (target / "manifest.json").is_file():
+        src = ctx.home.root / UPLOADS_DIR / p.upload
+        if not src.is_file():
+            raise BadInput(f"upload {p.upload} is not in the home (upload it first)")
+        _import_dataset(src, p.format, p.name, version, ctx.home)
+    record_dataset(target, strict=True)
+    return {"dataset": f"{p.name}@{version}", "path": str(target)}
+
+
+def _import_dataset(src: Path, fmt: str, name: str, version: str, home: Home) -> None:
+    """The `data import` stage. Two attempts racing on one version: the loser finds it done."""
+    from tunix_rt.traces.dataset import ImportRequest, import_dataset
+
+    try:
+        import_dataset(ImportRequest(fmt=fmt, source=str(src), name=name, version=version), home)
+    except Exception:
+        if not (home.datasets / name / version / "manifest.json").is_file():
+            raise
+
+
+def handle_train(ctx: JobContext, p: TrainParams) -> dict[str, Any]:
+    from tunix_rt.registry.record import record_run
+
+    cfg = p.config()
+    cfg.run_name = ctx.run_prefix
+    earlier = ctx.find_run_dir()
+    if earlier is not None and _run_status(earlier) == "succeeded":
+        run_dir = earlier  # an earlier attempt finished training and died before reporting
+    else:
+        resume = earlier if earlier is not None and any(earlier.glob("checkpoints/*/COMMIT")) else None
+        train = _engine_train(cfg.engine)
+        kwargs: dict[str, Any] = {"resume": str(resume) if resume else None}
+        if "should_stop" in inspect.signature(train).parameters:
+            kwargs["should_stop"] = ctx.should_stop
+            ctx.cooperative = True
+        ctx.interruptible = True
+        try:
+            run_dir = Path(train(cfg, ctx.home, **kwargs))
+        finally:
+            ctx.interruptible = False
+    ctx.run_dir = run_dir
+    record_run(run_dir, strict=True, job_id=ctx.job_id)
+    result: dict[str, Any] = {"run_id": run_dir.name}
+    if p.evaluate and not ctx.should_stop():
+        result["eval_id"] = _evaluate(ctx, None, run_dir, cfg.dataset, cfg.eval_split, p.eval_limit, p.max_new_tokens)
+    return result
+
+
+def _run_status(run_dir: Path) -> str | None:
+    import json
+
+    try:
+        return json.loads((run_dir / "run_manifest.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return None
+
+
+def _engine_train(engine: str) -> Callable[..., Path]:
+    if engine == "jax":
+        from tunix_rt.train.jax_engine import train
+    else:
+        from tunix_rt.train.torch_engine import train
+    return train
+
+
+def handle_eval(ctx: JobContext, p: EvalParams) -> dict[str, Any]:
+    adapter = None
+    if p.adapter_run:
+        adapter = ctx.home.runs / p.adapter_run
+        if not adapter.is_dir():
+            raise BadInput(f"no run {p.adapter_run!r} in the home")
+    return {"eval_id": _evaluate(ctx, p.model, adapter, p.dataset, p.split, p.limit, p.max_new_tokens)}
+
+
+def _evaluate(ctx: JobContext, model: str | None, adapter: Path | None, dataset: str, split: str,
+              limit: int | None, max_new_tokens: int = 256) -> str:
+    """The `eval` stage (tunix_rt.eval.runner.run_eval); returns the evaluation's registry id."""
+    from tunix_rt.eval.generate import DecodeConfig
+    from tunix_rt.eval.runner import EvalRequest, run_eval
+    from tunix_rt.registry.record import record_eval, record_run
+
+    req = EvalRequest(dataset=dataset, model=model, adapter=str(adapter) if adapter else None, split=split,
+                      limit=limit, decode=DecodeConfig(max_new_tokens=max_new_tokens))
+    eval_dir = Path(run_eval(req, ctx.home))
+    eval_id = record_eval(eval_dir, strict=True)
+    if adapter is not None and (adapter / "run_manifest.json").is_file():
+        record_run(adapter, strict=True)
+    return str(eval_id)
+
+
+KINDS: dict[str, Kind] = {
+    JobKind.import_.value: Kind(ImportParams, handle_import),
+    JobKind.train.value: Kind(TrainParams, handle_train),
+    JobKind.eval.value: Kind(EvalParams, handle_eval),
+}
+
+
+def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters as the kind's model accepts them (BadInput with the reasons otherwise)."""
+    spec = KINDS.get(kind)
+    if spec is None:
+        raise BadInput(f"unknown job kind {kind!r}; kinds: {', '.join(KINDS)}")
+    try:
+        return spec.params.model_validate(params).model_dump(mode="json")
+    except ValidationError as e:
+        why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'params'}: {err['msg']}" for err in e.errors())
+        raise BadInput(f"{kind} job parameters: {why}") from None
+    except (ValueError, BadInput) as e:
+        raise BadInput(f"{kind} job parameters: {e}") from None
+
+
+def run_job(ctx: JobContext, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    spec = KINDS[kind]
+    return spec.run(ctx, spec.params.model_validate(params))

@@ -1,0 +1,1 @@
+"""The REST API and web UI over the registry (`tunix-rt serve`)."""

@@ -1,0 +1,51 @@
+"""Evaluations: list, leaderboard, show, predictions (filters: wrong only, format
+violations, text search) and the comparison of two evaluations."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query
+
+from tunix_rt.registry import queries
+from tunix_rt.service.deps import SettingsDep
+from tunix_rt.service.schemas import Comparison, EvalDetail, EvalPublic, FlippedItem, PredictionPage, PredictionPublic
+
+router = APIRouter(prefix="/api/evaluations", tags=["evaluations"])
+
+
+@router.get("", response_model=list[EvalPublic])
+def list_evaluations(settings: SettingsDep, run_id: str | None = None, limit: int = 100, offset: int = 0):
+    return queries.list_evals(run_id=run_id, limit=min(limit, 1000), offset=offset, url=settings.database_url)
+
+
+@router.get("/leaderboard", response_model=list[EvalPublic])
+def leaderboard(settings: SettingsDep, metric: str = "accuracy", dataset: str | None = None,
+                split: str | None = None, limit: int = 100):
+    return queries.leaderboard(metric, dataset=dataset, split=split, limit=min(limit, 1000), url=settings.database_url)
+
+
+@router.get("/compare", response_model=Comparison)
+def compare(settings: SettingsDep, a: str = Query(...), b: str = Query(...)):
+    c = queries.compare(a, b, url=settings.database_url)
+    ma, mb = c["a"].metrics or {}, c["b"].metrics or {}
+    delta = {k: mb[k] - ma[k] for k in ma if isinstance(ma.get(k), (int, float)) and isinstance(mb.get(k), (int, float))}
+    return Comparison(a=EvalPublic.model_validate(c["a"]), b=EvalPublic.model_validate(c["b"]), common=c["common"],
+                      delta=delta, fixed=[_flip(x, y) for x, y in c["fixed"]], broken=[_flip(x, y) for x, y in c["broken"]])
+
+
+def _flip(x, y) -> FlippedItem:
+    return FlippedItem(item_id=x.item_id, question=x.question, gold=x.gold,
+                       a=PredictionPublic.model_validate(x), b=PredictionPublic.model_validate(y))
+
+
+@router.get("/{eval_id}", response_model=EvalDetail)
+def show_evaluation(eval_id: str, settings: SettingsDep):
+    return queries.get_eval(eval_id, url=settings.database_url)
+
+
+@router.get("/{eval_id}/predictions", response_model=PredictionPage)
+def predictions(eval_id: str, settings: SettingsDep, wrong_only: bool = False, format_violations: bool = False,
+                q: str | None = None, limit: int = 50, offset: int = 0):
+    queries.get_eval(eval_id, url=settings.database_url)
+    total, rows = queries.predictions(eval_id, wrong_only=wrong_only, format_violations=format_violations,
+                                      search=q, limit=min(limit, 500), offset=offset, url=settings.database_url)
+    return PredictionPage(total=total, items=[PredictionPublic.model_validate(r) for r in rows])

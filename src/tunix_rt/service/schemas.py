@@ -1,0 +1,176 @@
+"""Response and request bodies (Public/Create), built from ORM rows with from_attributes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Public(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class DatasetPublic(Public):
+    name: str
+    version: str
+    sha256: str | None
+    count: int | None
+    importer: str | None
+    source: str | None
+    created_at: dt.datetime
+
+
+class DatasetDetail(DatasetPublic):
+    manifest: dict[str, Any]
+
+
+class UploadAccepted(BaseModel):
+    job_id: int
+    dataset: str
+    records: int
+    format: str
+
+
+class ModelVersionPublic(Public):
+    sha256: str
+    name: str
+    preset: str | None
+    source: str | None
+    created_at: dt.datetime
+
+
+class ModelVersionDetail(ModelVersionPublic):
+    manifest: dict[str, Any]
+
+
+class RunPublic(Public):
+    id: str
+    status: str
+    engine: str | None
+    device: str | None
+    model: str | None
+    dataset: str | None
+    job_id: int | None
+    error: str | None
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+    created_at: dt.datetime
+
+
+class CheckpointPublic(Public):
+    step: int
+    created_at: dt.datetime
+
+
+class EvalPublic(Public):
+    id: str
+    run_id: str | None
+    model: str | None
+    adapter: str | None
+    engine: str | None
+    device: str | None
+    dataset: str | None
+    split: str | None
+    n: int | None
+    accuracy: float | None
+    format_rate: float | None
+    metrics: dict[str, Any]
+    finished_at: dt.datetime | None
+    created_at: dt.datetime
+
+
+class EvalDetail(EvalPublic):
+    summary: dict[str, Any]
+
+
+class RunDetail(RunPublic):
+    config: dict[str, Any]
+    manifest: dict[str, Any]
+    checkpoints: list[CheckpointPublic] = Field(default_factory=list)
+    evaluations: list[EvalPublic] = Field(default_factory=list)
+
+
+class MetricPoint(Public):
+    step: int | None
+    loss: float | None
+    lr: float | None
+    values: dict[str, Any]
+
+
+class PredictionPublic(Public):
+    seq: int
+    item_id: str
+    question: str | None
+    gold: str | None
+    completion: str | None
+    reasoning: str | None
+    answer: str | None
+    correct: bool
+    format_ok: bool
+    n_tokens: int | None
+    finish_reason: str | None
+
+
+class PredictionPage(BaseModel):
+    total: int
+    items: list[PredictionPublic]
+
+
+class FlippedItem(BaseModel):
+    item_id: str
+    question: str | None
+    gold: str | None
+    a: PredictionPublic
+    b: PredictionPublic
+
+
+class Comparison(BaseModel):
+    a: EvalPublic
+    b: EvalPublic
+    common: int
+    delta: dict[str, float]
+    fixed: list[FlippedItem]
+    """Wrong in A, right in B."""
+    broken: list[FlippedItem]
+    """Right in A, wrong in B."""
+
+
+class JobPublic(Public):
+    id: int
+    kind: str
+    params: dict[str, Any]
+    status: str
+    attempts: int
+    max_attempts: int
+    cancel_requested: bool
+    run_id: str | None
+    result: dict[str, Any] | None
+    error: str | None
+    lease_owner: str | None
+    created_at: dt.datetime
+    started_at: dt.datetime | None
+    finished_at: dt.datetime | None
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainSubmit(BaseModel):
+    """POST /api/runs: a shipped preset plus overrides (see TrainConfig); becomes a train job."""
+
+    model_config = ConfigDict(extra="forbid")
+    preset: str = "smoke"
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    evaluate: bool = True
+    eval_limit: int = 32
+    max_new_tokens: int = 128
+
+
+class Artifact(BaseModel):
+    path: str
+    size: int

@@ -1,0 +1,61 @@
+"""Service settings, resolved once: from the home and the environment, never re-read later."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from tunix_rt.home import Home
+
+TOKEN_FILE = "service_token"
+
+
+class Settings(BaseModel):
+    """Everything the app reads; tests build one pointing at a temporary home and database."""
+
+    home: Path
+    """TUNIX_RT_HOME: runs, datasets, uploads live under it."""
+    database_url: str
+    """SQLite in the home by default; DATABASE_URL selects PostgreSQL."""
+    token: str = Field(min_length=16)
+    """The bearer token every route except /api/health and the UI shell requires."""
+    max_upload_bytes: int = 32 * 1024 * 1024
+    """Largest dataset upload accepted (413 above)."""
+    sse_poll_s: float = 0.5
+    """How often a log stream looks for new chunks."""
+    sse_max_s: float = 3600.0
+    """A log stream closes after this long (the client reconnects with Last-Event-ID)."""
+    max_attempts: int = 3
+    """Attempts a submitted job gets before it is marked dead."""
+
+    @classmethod
+    def from_home(cls, home: Home | None = None, **overrides) -> "Settings":
+        home = (home or Home.resolve()).ensure()
+        values = {"home": home.root, "database_url": home.database_url, "token": load_or_create_token(home)[0]}
+        values.update(overrides)
+        return cls(**values)
+
+    @property
+    def home_obj(self) -> Home:
+        return Home(self.home)
+
+
+def load_or_create_token(home: Home) -> tuple[str, bool]:
+    """The service token from <home>/service_token (mode 0600), created on first use.
+    Returns (token, created)."""
+    path = home.root / TOKEN_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        token = path.read_text(encoding="utf-8").strip()
+        if len(token) >= 16:
+            return token, False
+        path.unlink()
+        return load_or_create_token(home)
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(token + "\n")
+    return token, True

@@ -1,0 +1,410 @@
+// tunix-rt web UI: a small hash-routed page over the REST API. No third-party code.
+// The token lives in sessionStorage (typed into the login box, or passed once as #token=…,
+// which is removed from the address bar at once). Every API call sends it as a bearer token.
+"use strict";
+
+const TOKEN_KEY = "tunix-rt-token";
+let refreshTimer = null;
+let streamAbort = null;
+
+// ---- tiny DOM helpers (text is always set as text: no HTML injection) ----------------------
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "value") el.value = v;
+    else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+const fmt = (v, d = 3) => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(d)) : v ?? "");
+const pct = (v) => (typeof v === "number" ? (100 * v).toFixed(1) + "%" : "");
+const badge = (s) => h("span", { class: "badge " + s, "data-testid": "status" }, s);
+const when = (t) => (t ? String(t).replace("T", " ").slice(0, 19) : "");
+
+// ---- API -----------------------------------------------------------------------------
+function token() { return sessionStorage.getItem(TOKEN_KEY); }
+
+async function api(path, opts = {}) {
+  const headers = Object.assign({ Authorization: "Bearer " + token() }, opts.headers || {});
+  const res = await fetch(path, Object.assign({}, opts, { headers }));
+  if (res.status === 401) { sessionStorage.removeItem(TOKEN_KEY); location.hash = "#/login"; throw new Error("unauthorized"); }
+  const type = res.headers.get("content-type") || "";
+  const body = type.includes("json") ? await res.json() : await res.text();
+  if (!res.ok) { const e = new Error(typeof body === "object" ? JSON.stringify(body.detail ?? body) : body); e.status = res.status; e.body = body; throw e; }
+  return body;
+}
+
+// Server-sent events over fetch (EventSource cannot send the Authorization header).
+async function streamEvents(path, onEvent) {
+  if (streamAbort) streamAbort.abort();
+  const ctl = new AbortController();
+  streamAbort = ctl;
+  try {
+    const res = await fetch(path, { headers: { Authorization: "Bearer " + token() }, signal: ctl.signal });
+    if (!res.ok || !res.body) return;
+    const reader = res.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, { stream: true });
+      let i;
+      while ((i = buf.indexOf("\n\n")) >= 0) {
+        const raw = buf.slice(0, i); buf = buf.slice(i + 2);
+        const ev = { event: "message", data: "" };
+        for (const line of raw.split("\n")) {
+          const j = line.indexOf(":");
+          if (j <= 0) continue;
+          const k = line.slice(0, j), v = line.slice(j + 1).replace(/^ /, "");
+          if (k === "data") ev.data += v; else ev[k] = v;
+        }
+        onEvent(ev.event, ev.data ? JSON.parse(ev.data) : {});
+      }
+    }
+  } catch (e) { if (e.name !== "AbortError") console.warn(e); }
+}
+
+// ---- charts: inline SVG ------------------------------------------------------------------
+function lineChart(title, series, testid) {
+  const W = 560, H = 220, L = 56, R = 12, T = 22, B = 26;
+  const all = series.flatMap((s) => s.points);
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
+  svg.setAttribute("class", "chart");
+  svg.setAttribute("data-testid", testid);
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", title);
+  const add = (tag, attrs, text) => {
+    const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
+    if (text !== undefined) el.textContent = text;
+    svg.append(el); return el;
+  };
+  add("text", { x: L, y: 14 }, title + (all.length ? "" : " (no data yet)"));
+  add("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B });
+  add("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B });
+  if (!all.length) return svg;
+  let x0 = Math.min(...all.map((p) => p.x)), x1 = Math.max(...all.map((p) => p.x));
+  let y0 = Math.min(...all.map((p) => p.y)), y1 = Math.max(...all.map((p) => p.y));
+  if (x1 === x0) x1 = x0 + 1;
+  if (y1 === y0) { y1 += Math.abs(y1) * 0.05 || 1; y0 -= Math.abs(y0) * 0.05 || 1; }
+  const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
+  add("text", { x: 4, y: T + 8 }, fmt(y1, 4));
+  add("text", { x: 4, y: H - B }, fmt(y0, 4));
+  add("text", { x: L, y: H - 8 }, "step " + fmt(x0));
+  add("text", { x: W - R - 60, y: H - 8 }, "step " + fmt(x1));
+  for (const s of series) {
+    if (!s.points.length) continue;
+    add("polyline", { class: "series " + (s.cls || ""), points: s.points.map((p) => `${sx(p.x).toFixed(1)},${sy(p.y).toFixed(1)}`).join(" ") });
+    const last = s.points[s.points.length - 1];
+    add("circle", { cx: sx(last.x), cy: sy(last.y), r: 3, fill: "currentColor" });
+  }
+  return svg;
+}
+
+function curves(metrics) {
+  const pts = (key) => metrics.filter((m) => typeof m.values[key] === "number" && m.step !== null).map((m) => ({ x: m.step, y: m.values[key] }));
+  return h("div", { class: "grid" },
+    lineChart("loss (train solid, eval dashed)", [{ points: pts("loss") }, { points: pts("eval_loss"), cls: "eval" }], "loss-chart"),
+    lineChart("learning rate", [{ points: pts("lr") }], "lr-chart"));
+}
+
+// ---- pages -----------------------------------------------------------------------------
+const app = () => document.getElementById("app");
+function show(...nodes) { app().replaceChildren(...nodes); }
+function showError(e) { app().append(h("p", { class: "error", "data-testid": "error" }, String(e.message || e))); }
+
+function loginPage() {
+  const input = h("input", { type: "password", id: "token", placeholder: "token printed by `tunix-rt serve`", autocomplete: "off" });
+  const submit = async (ev) => {
+    ev.preventDefault();
+    const res = await fetch("/api/runs?limit=1", { headers: { Authorization: "Bearer " + input.value.trim() } });
+    if (res.ok) { sessionStorage.setItem(TOKEN_KEY, input.value.trim()); location.hash = "#/leaderboard"; if (location.hash === "#/leaderboard") route(); }
+    else msg.textContent = "That token was refused.";
+  };
+  const msg = h("p", { class: "error", "data-testid": "login-error" });
+  show(h("form", { class: "login card", onsubmit: submit },
+    h("h1", {}, "Sign in"),
+    h("p", { class: "muted" }, "Paste the token that `tunix-rt serve` printed (also in <home>/service_token)."),
+    input, h("button", { type: "submit", id: "login" }, "Sign in"), msg));
+  input.focus();
+}
+
+async function leaderboardPage(params) {
+  const metric = params.get("metric") || "accuracy";
+  const rows = await api("/api/evaluations/leaderboard?metric=" + encodeURIComponent(metric));
+  const picked = new Set();
+  const select = h("select", { id: "metric", onchange: (e) => (location.hash = "#/leaderboard?metric=" + e.target.value) },
+    ["accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens", "truncated_rate"].map((m) => h("option", { value: m, selected: m === metric }, m)));
+  const compareBtn = h("button", { id: "compare-picked", disabled: true, onclick: () => { const [a, b] = [...picked]; location.hash = `#/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`; } }, "Compare the two picked");
+  const body = rows.map((e, i) => h("tr", { "data-testid": "leaderboard-row" },
+    h("td", {}, h("input", { type: "checkbox", "aria-label": "pick " + e.id, onchange: (ev) => { ev.target.checked ? picked.add(e.id) : picked.delete(e.id); compareBtn.disabled = picked.size !== 2; } })),
+    h("td", {}, String(i + 1)),
+    h("td", {}, h("a", { href: "#/eval/" + encodeURIComponent(e.id) }, e.id)),
+    h("td", {}, e.run_id ? h("a", { href: "#/run/" + encodeURIComponent(e.run_id) }, e.run_id) : e.model || ""),
+    h("td", {}, (e.dataset || "") + (e.split ? " / " + e.split : "")),
+    h("td", {}, fmt(e.n)), h("td", {}, pct(e.accuracy)), h("td", {}, pct(e.format_rate)),
+    h("td", {}, fmt(e.metrics[metric]))));
+  show(h("h1", {}, "Leaderboard"),
+    h("div", { class: "row" }, "sorted by ", select, compareBtn),
+    rows.length ? h("table", { "data-testid": "leaderboard" },
+      h("thead", {}, h("tr", {}, ["", "#", "evaluation", "run / model", "dataset", "n", "accuracy", "format", metric].map((c) => h("th", {}, c)))),
+      h("tbody", {}, body)) : h("p", { class: "muted", "data-testid": "empty" }, "No evaluations yet. Run `tunix-rt eval`, or submit a train run."));
+}
+
+async function runsPage() {
+  const runs = await api("/api/runs");
+  const overrides = h("textarea", { id: "overrides", rows: 3, cols: 50, placeholder: "key=value per line, e.g. max_steps=4" });
+  const preset = h("select", { id: "preset" }, ["smoke", "cpu-demo", "gpu"].map((p) => h("option", { value: p }, p)));
+  const evaluate = h("input", { type: "checkbox", id: "evaluate", checked: true });
+  const msg = h("p", { class: "error" });
+  const submit = async (ev) => {
+    ev.preventDefault();
+    const ov = {};
+    for (const line of overrides.value.split("\n").map((l) => l.trim()).filter(Boolean)) {
+      const i = line.indexOf("=");
+      if (i < 1) { msg.textContent = "override without '=': " + line; return; }
+      const raw = line.slice(i + 1).trim();
+      let v; try { v = JSON.parse(raw); } catch { v = raw; }
+      ov[line.slice(0, i).trim()] = v;
+    }
+    try { const job = await api("/api/runs", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ preset: preset.value, overrides: ov, evaluate: evaluate.checked }) }); location.hash = "#/job/" + job.id; }
+    catch (e) { msg.textContent = e.message; }
+  };
+  show(h("h1", {}, "Runs"),
+    h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Start a training run"),
+      h("div", { class: "row" }, "preset ", preset, h("label", {}, evaluate, " evaluate on the dev split afterwards")), overrides, h("div", { class: "row" }, h("button", { type: "submit", id: "submit-run" }, "Queue run")), msg),
+    h("h2", {}, "All runs"),
+    runs.length ? h("table", { "data-testid": "runs" },
+      h("thead", {}, h("tr", {}, ["run", "status", "engine", "model", "dataset", "started", "finished"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, runs.map((r) => h("tr", {}, h("td", {}, h("a", { href: "#/run/" + encodeURIComponent(r.id) }, r.id)), h("td", {}, badge(r.status)),
+        h("td", {}, r.engine || ""), h("td", {}, r.model || ""), h("td", {}, r.dataset || ""), h("td", {}, when(r.started_at)), h("td", {}, when(r.finished_at))))))
+      : h("p", { class: "muted" }, "No runs yet."));
+}
+
+async function jobsPage() {
+  const jobs = await api("/api/jobs");
+  show(h("h1", {}, "Jobs"),
+    jobs.length ? h("table", { "data-testid": "jobs" },
+      h("thead", {}, h("tr", {}, ["job", "kind", "status", "attempts", "run", "created", "error"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, jobs.map((j) => h("tr", {}, h("td", {}, h("a", { href: "#/job/" + j.id }, "#" + j.id)), h("td", {}, j.kind), h("td", {}, badge(j.status)),
+        h("td", {}, `${j.attempts}/${j.max_attempts}`), h("td", {}, j.run_id ? h("a", { href: "#/run/" + encodeURIComponent(j.run_id) }, j.run_id) : ""),
+        h("td", {}, when(j.created_at)), h("td", { class: "error" }, (j.error || "").split("\n").pop())))))
+      : h("p", { class: "muted" }, "No jobs yet."));
+  refreshTimer = setTimeout(route, 3000);
+}
+
+function logPanel() { return h("pre", { class: "logs", "data-testid": "logs" }); }
+
+function followLogs(path, pre, onStatus) {
+  streamEvents(path, (event, data) => {
+    if (event === "log") { pre.append(data.text.replace(/\r(?!\n)/g, "\n")); pre.scrollTop = pre.scrollHeight; }
+    else if (event === "status") onStatus && onStatus(data);
+  });
+}
+
+async function jobPage(id) {
+  const job = await api("/api/jobs/" + id);
+  const statusBox = h("span", {}, badge(job.status));
+  const runBox = h("span", { "data-testid": "job-run" });
+  const resultBox = h("pre", { "data-testid": "job-result" }, job.result ? JSON.stringify(job.result, null, 2) : "");
+  const chart = h("div", {});
+  const cancel = h("button", { id: "cancel", onclick: async () => { await api(`/api/jobs/${id}/cancel`, { method: "POST" }); } }, "Cancel");
+  const pre = logPanel();
+  const setRun = (runId) => { if (runId) runBox.replaceChildren("run ", h("a", { href: "#/run/" + encodeURIComponent(runId) }, runId)); };
+  setRun(job.run_id);
+  show(h("h1", {}, `Job #${job.id} · ${job.kind}`),
+    h("div", { class: "row" }, statusBox, h("span", { class: "muted" }, `attempt ${job.attempts}/${job.max_attempts}`), runBox, cancel),
+    job.error ? h("p", { class: "error" }, job.error) : null,
+    h("div", { class: "cols" }, h("div", {}, h("h2", {}, "Parameters"), h("pre", {}, JSON.stringify(job.params, null, 2))), h("div", {}, h("h2", {}, "Result"), resultBox)),
+    chart, h("h2", {}, "Live log"), pre);
+  let runId = job.run_id;
+  const pollChart = async () => {
+    if (!runId || location.hash !== "#/job/" + id) return;
+    try { chart.replaceChildren(curves(await api(`/api/runs/${encodeURIComponent(runId)}/metrics`))); } catch (e) { /* run not indexed yet */ }
+  };
+  pollChart();
+  const timer = setInterval(pollChart, 2000);
+  refreshTimer = { clear: () => clearInterval(timer) };
+  followLogs(`/api/jobs/${id}/logs`, pre, async (s) => {
+    statusBox.replaceChildren(badge(s.status));
+    if (s.run_id) { runId = s.run_id; setRun(runId); }
+    if (["succeeded", "dead", "cancelled"].includes(s.status)) {
+      const j = await api("/api/jobs/" + id);
+      resultBox.textContent = j.result ? JSON.stringify(j.result, null, 2) : j.error || "";
+      pollChart();
+    }
+  });
+}
+
+async function runPage(id) {
+  const enc = encodeURIComponent(id);
+  const [run, metrics, files] = await Promise.all([api("/api/runs/" + enc), api(`/api/runs/${enc}/metrics`), api(`/api/runs/${enc}/artifacts`)]);
+  const pre = logPanel();
+  const chartBox = h("div", {}, curves(metrics));
+  const live = run.status === "running" || run.status === "created";
+  const cancel = run.job_id && live ? h("button", { id: "cancel", onclick: () => api(`/api/runs/${enc}/cancel`, { method: "POST" }) }, "Cancel run") : null;
+  const download = async (path) => {
+    const res = await fetch(`/api/runs/${enc}/artifacts/${path.split("/").map(encodeURIComponent).join("/")}`, { headers: { Authorization: "Bearer " + token() } });
+    const url = URL.createObjectURL(await res.blob());
+    const a = h("a", { href: url, download: path.split("/").pop() }); document.body.append(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  };
+  show(h("h1", {}, "Run " + run.id),
+    h("div", { class: "row" }, badge(run.status), h("span", { class: "muted" }, [run.engine, run.device, run.model, run.dataset].filter(Boolean).join(" · ")),
+      run.job_id ? h("a", { href: "#/job/" + run.job_id }, "job #" + run.job_id) : null, cancel),
+    run.error ? h("p", { class: "error" }, run.error) : null,
+    chartBox,
+    h("div", { class: "cols" },
+      h("div", {}, h("h2", {}, "Config"), h("pre", { "data-testid": "config" }, Object.entries(run.config).map(([k, v]) => `${k}: ${JSON.stringify(v)}`).join("\n"))),
+      h("div", {}, h("h2", {}, "Evaluations"),
+        run.evaluations.length ? h("ul", {}, run.evaluations.map((e) => h("li", {}, h("a", { href: "#/eval/" + encodeURIComponent(e.id) }, e.id), ` accuracy ${pct(e.accuracy)}, format ${pct(e.format_rate)}, n=${fmt(e.n)}`))) : h("p", { class: "muted" }, "none yet"),
+        h("h2", {}, "Checkpoints"), h("p", {}, run.checkpoints.map((c) => "step " + c.step).join(", ") || "none"),
+        h("h2", {}, "Evidence files"),
+        h("ul", { "data-testid": "artifacts" }, files.map((f) => h("li", {}, h("a", { href: "javascript:void 0", onclick: () => download(f.path) }, f.path), h("span", { class: "muted" }, ` ${f.size.toLocaleString()} B`)))))),
+    run.job_id ? [h("h2", {}, "Log"), pre] : null);
+  if (run.job_id) followLogs(`/api/runs/${enc}/logs`, pre);
+  if (live) {
+    const timer = setInterval(async () => {
+      if (location.hash !== "#/run/" + enc && location.hash !== "#/run/" + id) return;
+      try {
+        chartBox.replaceChildren(curves(await api(`/api/runs/${enc}/metrics`)));
+        const r = await api("/api/runs/" + enc);
+        if (r.status !== "running" && r.status !== "created") { clearInterval(timer); route(); }
+      } catch (e) { clearInterval(timer); }
+    }, 2000);
+    refreshTimer = { clear: () => clearInterval(timer) };
+  }
+}
+
+async function evalPage(id, params) {
+  const enc = encodeURIComponent(id);
+  const ev = await api("/api/evaluations/" + enc);
+  const wrong = h("input", { type: "checkbox", id: "wrong-only", checked: params.get("wrong") === "1" });
+  const badFmt = h("input", { type: "checkbox", id: "format-violations", checked: params.get("format") === "1" });
+  const search = h("input", { type: "search", id: "search", placeholder: "search questions", value: params.get("q") || "" });
+  const list = h("div", { "data-testid": "predictions" });
+  const count = h("span", { "data-testid": "count", class: "muted" });
+  let offset = 0;
+  const more = h("button", { id: "more", onclick: () => load(false) }, "More");
+  const load = async (reset) => {
+    if (reset) { offset = 0; list.replaceChildren(); }
+    const q = new URLSearchParams({ limit: "50", offset: String(offset) });
+    if (wrong.checked) q.set("wrong_only", "true");
+    if (badFmt.checked) q.set("format_violations", "true");
+    if (search.value) q.set("q", search.value);
+    const page = await api(`/api/evaluations/${enc}/predictions?${q}`);
+    offset += page.items.length;
+    count.textContent = `${page.total} item(s)`;
+    more.hidden = offset >= page.total;
+    for (const p of page.items) list.append(predictionCard(p));
+  };
+  for (const el of [wrong, badFmt]) el.addEventListener("change", () => load(true));
+  search.addEventListener("input", debounce(() => load(true), 250));
+  const m = ev.metrics || {};
+  show(h("h1", {}, "Evaluation " + ev.id),
+    h("p", { class: "muted" }, [ev.model, ev.adapter && "adapter " + ev.adapter, ev.dataset, ev.split, ev.engine, ev.device].filter(Boolean).join(" · ")),
+    h("div", { class: "row", "data-testid": "eval-metrics" }, ["accuracy", "format_rate", "answer_found_rate", "truncated_rate"].map((k) => h("span", { class: "card" }, `${k} ${pct(m[k])}`)),
+      h("span", { class: "card" }, `mean tokens ${fmt(m.mean_completion_tokens, 1)}`), h("span", { class: "card" }, `n ${fmt(m.n ?? ev.n)}`)),
+    h("div", { class: "row" }, h("label", {}, wrong, " wrong only"), h("label", {}, badFmt, " format violations"), search, count),
+    list, more);
+  await load(true);
+}
+
+function predictionCard(p) {
+  return h("div", { class: "item " + (p.correct ? "right" : "wrong"), "data-testid": "prediction" },
+    h("div", { class: "row" }, h("span", { class: p.correct ? "ok" : "bad", "data-testid": "mark" }, p.correct ? "✓ right" : "✗ wrong"),
+      p.format_ok ? null : h("span", { class: "badge failed", "data-testid": "format-violation" }, "format violation"),
+      h("span", { class: "muted" }, `${p.item_id} · ${fmt(p.n_tokens)} tokens · ${p.finish_reason || ""}`)),
+    h("p", {}, h("b", {}, "Q: "), p.question || ""),
+    h("div", { class: "cols" },
+      h("div", {}, h("b", {}, "Reasoning"), h("pre", {}, p.reasoning ?? p.completion ?? "")),
+      h("div", {}, h("p", {}, h("b", {}, "Answer: "), h("span", { "data-testid": "answer" }, p.answer ?? "—")), h("p", {}, h("b", {}, "Gold: "), h("span", { "data-testid": "gold" }, p.gold ?? "")))));
+}
+
+async function comparePage(params) {
+  const evals = await api("/api/evaluations?limit=200");
+  const pick = (id, val) => h("select", { id }, h("option", { value: "" }, "—"), evals.map((e) => h("option", { value: e.id, selected: e.id === val }, e.id)));
+  const a = pick("cmp-a", params.get("a")), b = pick("cmp-b", params.get("b"));
+  const go = h("button", { id: "compare", onclick: () => (location.hash = `#/compare?a=${encodeURIComponent(a.value)}&b=${encodeURIComponent(b.value)}`) }, "Compare");
+  const out = h("div", {});
+  show(h("h1", {}, "Compare two evaluations"), h("div", { class: "row" }, "A ", a, " B ", b, go), out);
+  if (!params.get("a") || !params.get("b")) return;
+  const c = await api(`/api/evaluations/compare?a=${encodeURIComponent(params.get("a"))}&b=${encodeURIComponent(params.get("b"))}`);
+  const metricRows = ["accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens", "truncated_rate"].map((k) =>
+    h("tr", {}, h("td", {}, k), h("td", {}, fmt(c.a.metrics[k])), h("td", {}, fmt(c.b.metrics[k])), h("td", {}, c.delta[k] === undefined ? "" : (c.delta[k] >= 0 ? "+" : "") + fmt(c.delta[k]))));
+  const flips = (title, items, testid) => [h("h2", {}, `${title} (${items.length})`),
+    h("div", { "data-testid": testid }, items.map((f) => h("div", { class: "item" }, h("p", {}, h("b", {}, f.item_id + ": "), f.question || ""),
+      h("div", { class: "cols" }, h("div", {}, h("b", {}, "A: "), f.a.answer ?? "—", " ", h("span", { class: f.a.correct ? "ok" : "bad" }, f.a.correct ? "✓" : "✗")),
+        h("div", {}, h("b", {}, "B: "), f.b.answer ?? "—", " ", h("span", { class: f.b.correct ? "ok" : "bad" }, f.b.correct ? "✓" : "✗"))),
+      h("p", { class: "muted" }, "gold " + (f.gold ?? "")))))];
+  out.replaceChildren(
+    h("table", { "data-testid": "compare-metrics" }, h("thead", {}, h("tr", {}, ["metric", "A", "B", "B − A"].map((x) => h("th", {}, x)))), h("tbody", {}, metricRows)),
+    h("p", { class: "muted" }, `${c.common} items in common`),
+    ...flips("Fixed: wrong in A, right in B", c.fixed, "fixed"), ...flips("Broken: right in A, wrong in B", c.broken, "broken"));
+}
+
+async function datasetsPage() {
+  const rows = await api("/api/datasets");
+  const file = h("input", { type: "file", id: "upload-file", accept: ".jsonl,application/json" });
+  const name = h("input", { id: "upload-name", placeholder: "dataset name" });
+  const format = h("select", { id: "upload-format" }, ["auto", "record", "gsm8k", "traces", "generic"].map((f) => h("option", { value: f }, f)));
+  const msg = h("div", { "data-testid": "upload-result" });
+  const submit = async (ev) => {
+    ev.preventDefault();
+    if (!file.files.length) { msg.replaceChildren(h("p", { class: "error" }, "choose a file")); return; }
+    const fd = new FormData(); fd.append("file", file.files[0]); fd.append("name", name.value); fd.append("format", format.value);
+    try {
+      const r = await api("/api/datasets", { method: "POST", body: fd });
+      msg.replaceChildren(h("p", {}, `${r.records} records accepted; importing as ${r.dataset}: `, h("a", { href: "#/job/" + r.job_id }, "job #" + r.job_id)));
+    } catch (e) {
+      const d = e.body && e.body.detail;
+      msg.replaceChildren(h("p", { class: "error" }, d && d.message ? d.message : e.message),
+        d && d.errors ? h("pre", { class: "error", "data-testid": "upload-errors" }, d.errors.map((x) => x.message || `${x.line}: ${x.field}: ${x.reason}`).join("\n")) : null);
+    }
+  };
+  show(h("h1", {}, "Datasets"),
+    h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Upload a JSONL"), h("div", { class: "row" }, file, name, format, h("button", { type: "submit", id: "upload" }, "Upload")), msg),
+    h("table", { "data-testid": "datasets" }, h("thead", {}, h("tr", {}, ["name", "version", "records", "importer", "sha256", "created"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, rows.map((d) => h("tr", {}, h("td", {}, d.name), h("td", {}, d.version), h("td", {}, fmt(d.count)), h("td", {}, d.importer || ""), h("td", { class: "muted" }, (d.sha256 || "").slice(0, 12)), h("td", {}, when(d.created_at)))))));
+}
+
+function debounce(fn, ms) { let t; return (...a) => { clearTimeout(t); t = setTimeout(() => fn(...a), ms); }; }
+
+// ---- router ------------------------------------------------------------------------------
+async function route() {
+  if (refreshTimer) { typeof refreshTimer === "number" ? clearTimeout(refreshTimer) : refreshTimer.clear(); refreshTimer = null; }
+  if (streamAbort) { streamAbort.abort(); streamAbort = null; }
+  const hash = location.hash || "#/leaderboard";
+  const m = hash.match(/^#token=(.+)$/);
+  if (m) { sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1])); history.replaceState(null, "", location.pathname + "#/leaderboard"); return route(); }
+  if (hash === "#/logout") { sessionStorage.removeItem(TOKEN_KEY); location.hash = "#/login"; return; }
+  document.getElementById("nav").hidden = !token();
+  if (!token() || hash === "#/login") return loginPage();
+  const [path, query] = hash.slice(1).split("?");
+  const params = new URLSearchParams(query || "");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  try {
+    switch (parts[0]) {
+      case "runs": return await runsPage();
+      case "run": return await runPage(parts.slice(1).join("/"));
+      case "jobs": return await jobsPage();
+      case "job": return await jobPage(parts[1]);
+      case "eval": return await evalPage(parts.slice(1).join("/"), params);
+      case "compare": return await comparePage(params);
+      case "datasets": return await datasetsPage();
+      default: return await leaderboardPage(params);
+    }
+  } catch (e) { if (e.message !== "unauthorized") showError(e); }
+}
+
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,142 @@
+"""The REST API over a seeded registry, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+from registry_testlib import write_dataset_file
+from tunix_rt.registry.worker import Worker, WorkerConfig
+
+
+def test_health_and_openapi(seeded):
+    client, _ = seeded
+    assert client.get("/api/health").json()["status"] == "ok"
+    paths = client.get("/api/openapi.json").json()["paths"]
+    for p in ("/api/runs", "/api/runs/{run_id}/artifacts/{path}", "/api/evaluations/leaderboard",
+              "/api/evaluations/compare", "/api/datasets", "/api/models", "/api/jobs/{job_id}/logs"):
+        assert p in paths
+
+
+def test_runs_list_filter_show_metrics_artifacts(seeded):
+    client, ids = seeded
+    assert {r["id"] for r in client.get("/api/runs").json()} == {ids["run"], "tiny-gemma3-20261122-050000-cd34"}
+    failed = client.get("/api/runs", params={"status": "failed"}).json()
+    assert [r["status"] for r in failed] == ["failed"] and failed[0]["error"] == "RuntimeError: boom"
+    run = client.get(f"/api/runs/{ids['run']}").json()
+    assert run["config"]["lr"] == 0.003 and [c["step"] for c in run["checkpoints"]] == [5, 10]
+    assert [e["id"] for e in run["evaluations"]] == [ids["eval_run"]]
+    metrics = client.get(f"/api/runs/{ids['run']}/metrics").json()
+    assert len([m for m in metrics if m["loss"] is not None]) == 10
+    assert any("eval_loss" in m["values"] for m in metrics)
+    files = {a["path"]: a["size"] for a in client.get(f"/api/runs/{ids['run']}/artifacts").json()}
+    assert {"config.yaml", "run_manifest.json", "metrics.jsonl", "loss.png", "eval/dev-1/predictions.jsonl"} <= set(files)
+    r = client.get(f"/api/runs/{ids['run']}/artifacts/eval/dev-1/eval_summary.json")
+    assert r.status_code == 200 and r.json()["metrics"]["n"] == 6
+    assert r.headers["content-security-policy"] == "sandbox"
+    assert client.get(f"/api/runs/{ids['run']}/artifacts/nope.txt").status_code == 404
+    assert client.get("/api/runs/no-such-run").status_code == 404
+    assert client.post(f"/api/runs/{ids['run']}/cancel").status_code == 409  # not made by a job
+
+
+def test_evaluations_leaderboard_predictions_compare(seeded):
+    client, ids = seeded
+    board = client.get("/api/evaluations/leaderboard", params={"metric": "accuracy"}).json()
+    assert [e["id"] for e in board] == [ids["eval_base"], ids["eval_run"]]
+    assert client.get("/api/evaluations/leaderboard", params={"metric": "nonsense"}).status_code == 400
+    ev = client.get(f"/api/evaluations/{ids['eval_base']}").json()
+    assert ev["summary"]["decoding"]["max_new_tokens"] == 64
+    page = client.get(f"/api/evaluations/{ids['eval_base']}/predictions", params={"wrong_only": True}).json()
+    assert page["total"] == 3 and {p["item_id"] for p in page["items"]} == {"q2", "q4", "q6"}
+    bad = client.get(f"/api/evaluations/{ids['eval_base']}/predictions", params={"format_violations": True}).json()
+    assert {p["item_id"] for p in bad["items"]} == {"q4", "q5"}
+    found = client.get(f"/api/evaluations/{ids['eval_base']}/predictions", params={"q": "apples"}).json()
+    assert [p["item_id"] for p in found["items"]] == ["q3"]
+    cmp = client.get("/api/evaluations/compare", params={"a": ids["eval_base"], "b": ids["eval_run"]}).json()
+    assert {f["item_id"] for f in cmp["fixed"]} == {"q2", "q4"} and {f["item_id"] for f in cmp["broken"]} == {"q1", "q3", "q5"}
+    assert round(cmp["delta"]["accuracy"], 3) == -0.167
+    assert client.get("/api/evaluations/compare", params={"a": "x", "b": ids["eval_run"]}).status_code == 404
+
+
+def test_datasets_models_and_upload_errors(seeded, home):
+    client, _ = seeded
+    assert [(d["name"], d["version"], d["count"]) for d in client.get("/api/datasets").json()] == [("tiny", "v1", 8)]
+    assert client.get("/api/datasets/tiny/v1").json()["manifest"]["count"] == 8
+    assert len(client.get("/api/datasets/tiny/v1/records", params={"limit": 3}).json()) == 3
+    assert client.get("/api/models").json() == []
+    bad = b'{"id": "a", "question": "q", "steps": ["s"], "answer": "1"}\n{"id": "b", "question": "", "steps": ["s"], "answer": "2"}\nnot json\n'
+    r = client.post("/api/datasets", files={"file": ("../../evil.jsonl", bad)}, data={"name": "up"})
+    assert r.status_code == 422
+    errors = r.json()["detail"]["errors"]
+    assert [(e["line"], e["field"]) for e in errors][:2] == [(2, "question"), (3, "<line>")]
+    assert errors[0]["message"].startswith("evil.jsonl:2: question")
+    big = b'{"id": "a", "question": "q", "steps": ["s"], "answer": "1"}\n' * 2000
+    assert client.post("/api/datasets", files={"file": ("big.jsonl", big)}, data={"name": "up"}).status_code == 413
+    huge = b'{"id": "a", "question": "q", "steps": ["s"], "answer": "1"}\n' * 4000  # over limit + 64 KiB
+    assert client.post("/api/datasets", files={"file": ("huge.jsonl", huge)}, data={"name": "up"}).status_code == 413
+    assert client.post("/api/datasets", files={"file": ("x.jsonl", b"")}, data={"name": "up"}).status_code == 422
+    assert client.post("/api/datasets", files={"file": ("x.jsonl", bad)}, data={"name": "../up"}).status_code == 422
+    assert not any(p.name.startswith(".upload") for p in (home.root / "uploads").iterdir())
+
+
+def test_upload_becomes_an_import_job_that_a_worker_runs(seeded, home, any_db):
+    client, _ = seeded
+    src = write_dataset_file(home.root / "up.jsonl", 4, "u")
+    r = client.post("/api/datasets", files={"file": ("up.jsonl", src.read_bytes())}, data={"name": "uploaded"})
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    assert r.json() == {"job_id": job_id, "dataset": f"uploaded@job{job_id}", "records": 4, "format": "record"}
+    assert client.get(f"/api/jobs/{job_id}").json()["status"] == "queued"
+    assert Worker(home, WorkerConfig(lease_s=5, poll_s=0.05, max_jobs=1, url=any_db)).run() == 1
+    job = client.get(f"/api/jobs/{job_id}").json()
+    assert job["status"] == "succeeded" and job["result"]["dataset"] == f"uploaded@job{job_id}"
+    assert client.get(f"/api/datasets/uploaded/job{job_id}").json()["count"] == 4
+    events = _sse(client, f"/api/jobs/{job_id}/logs")
+    assert [e["event"] for e in events][-1] == "end"
+    text = "".join(json.loads(e["data"])["text"] for e in events if e["event"] == "log")
+    assert "attempt 1: succeeded" in text
+    assert any(e["event"] == "status" and json.loads(e["data"])["status"] == "succeeded" for e in events)
+    later = _sse(client, f"/api/jobs/{job_id}/logs", headers={"Last-Event-ID": events[0]["id"]})
+    assert [e["event"] for e in later if e["event"] == "log"] == ["log"] * (sum(e["event"] == "log" for e in events) - 1)
+
+
+def test_submit_train_cancel_and_bad_params(seeded):
+    client, _ = seeded
+    r = client.post("/api/runs", json={"preset": "smoke", "overrides": {"max_steps": 2}})
+    assert r.status_code == 202 and r.json()["kind"] == "train" and r.json()["status"] == "queued"
+    job_id = r.json()["id"]
+    assert client.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    assert client.post("/api/runs", json={"preset": "smoke", "overrides": {"dataset": "../../etc"}}).status_code == 400
+    assert client.post("/api/runs", json={"preset": "/etc/passwd"}).status_code == 400
+    assert client.post("/api/jobs", json={"kind": "shell", "params": {"cmd": "id"}}).status_code == 400
+    assert [j["id"] for j in client.get("/api/jobs", params={"status": "cancelled"}).json()] == [job_id]
+
+
+def _sse(client, path: str, headers=None) -> list[dict]:
+    events, current = [], {}
+    with client.stream("GET", path, headers=headers or {}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if not line:
+                if current:
+                    events.append(current)
+                current = {}
+                continue
+            key, _, value = line.partition(": ")
+            current[key] = value
+    return events
+
+
+def test_eval_job_reaches_the_leaderboard(sqlite_seeded, home):
+    """A real eval job (tiny-gemma3, 4 items, 8 new tokens) submitted through /api/jobs."""
+    client, _ = sqlite_seeded
+    params = {"model": "tiny-gemma3", "dataset": "tiny@v1", "split": "all", "limit": 4, "max_new_tokens": 8}
+    r = client.post("/api/jobs", json={"kind": "eval", "params": params})
+    assert r.status_code == 202, r.text
+    assert Worker(home, WorkerConfig(lease_s=10, poll_s=0.05, max_jobs=1)).run() == 1
+    job = client.get(f"/api/jobs/{r.json()['id']}").json()
+    assert job["status"] == "succeeded", job["error"]
+    eval_id = job["result"]["eval_id"]
+    board = {e["id"]: e for e in client.get("/api/evaluations/leaderboard").json()}
+    assert board[eval_id]["n"] == 4 and board[eval_id]["model"] == "tiny-gemma3"
+    assert client.get(f"/api/evaluations/{eval_id}/predictions").json()["total"] == 4
+    assert client.post("/api/jobs", json={"kind": "eval", "params": {"dataset": "tiny"}}).status_code == 400
