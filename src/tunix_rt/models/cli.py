@@ -65,6 +65,9 @@ def import_cmd(
         else:
             path = importer.import_from_kaggle(from_kaggle, preset_opt, home, name, say=say)
     manifest = importer.read_manifest(path)
+    from tunix_rt.registry.record import record_model
+
+    record_model(path)
     say(f"[green]ready[/green] {manifest['name']} ({manifest['preset']}, "
         f"{manifest['param_count']:,} params, {manifest['dtype']}) at {path}")
 

@@ -77,6 +77,9 @@ def import_(
     with _Progress(local, f"importing {source}") as bar:
         result = import_dataset(req, Home.resolve(), on_progress=bar.update)
     ds = result.dataset
+    from tunix_rt.registry.record import record_dataset
+
+    record_dataset(ds.path)  # the files stay the source of truth; the registry points at them
     if result.rejected_lines:
         err.print(f"quarantined {result.rejected_lines} bad line(s) to {ds.path / 'rejects.jsonl'}", markup=False)
     verb = "already imported as" if result.reused else "imported"
