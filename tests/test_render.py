@@ -105,6 +105,10 @@ def test_round_trip_parse_of_rendered_target(tiny_tok):
         ("<reasoning>a</reasoning><answer>5</answer><answer>6</answer>", "a", "5", False),  # two answers
         ("<answer>5</answer><reasoning>a</reasoning>", "a", "5", False),  # wrong order
         ("<reasoning>a</reasoning><reasoning>b</reasoning><answer>5</answer>", "a", "5", False),
+        ("<reasoning>a <reasoning>b</reasoning></reasoning>\n<answer>5</answer>", "a <reasoning>b", "5", False),
+        ("<reasoning>x</reasoning>\n<answer><answer>5</answer></answer>", "x", "<answer>5", False),
+        ("<reasoning>x</reasoning>\n<answer></answer>", "x", "", False),  # empty answer
+        ("<reasoning>x</reasoning>\n<answer>  </answer>", "x", "", False),
         ("The answer is 5.", None, None, False),
         ("", None, None, False),
     ],

@@ -153,6 +153,7 @@ def supervised_text(r: Rendered, tok: ChatTokenizer) -> str:
 
 _REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 _STRICT = re.compile(r"\s*<reasoning>(.*?)</reasoning>\s*<answer>(.*?)</answer>\s*", re.S)
 _NUMBER = re.compile(r"[-−–]?\$?\s?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?")
 
@@ -174,10 +175,11 @@ def parse_completion(text: str) -> ParsedCompletion:
     text = text.replace(END_OF_TURN, "")
     reasonings = _REASONING.findall(text)
     answers = _ANSWER.findall(text)
-    m = _STRICT.fullmatch(text)
-    format_ok = bool(m) and len(reasonings) == 1 and len(answers) == 1
     reasoning = reasonings[0].strip() if reasonings else None
     answer = answers[0].strip() if answers else None
+    # Each tag exactly once (so nothing nests), in order, and a non-empty answer.
+    once = all(text.count(tag) == 1 for tag in _TAGS)
+    format_ok = once and bool(_STRICT.fullmatch(text)) and bool(answer)
     return ParsedCompletion(reasoning, answer, format_ok)
 
 

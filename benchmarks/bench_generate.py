@@ -1,0 +1,121 @@
+"""Our batched generation (tunix_rt.eval.generate.TorchGenerator) against transformers'
+`generate` on the same model and the same prompts: greedy, batch 8, 128 new tokens, fp32.
+
+The two run alternately in one invocation (the order flips every round) so a noisy,
+shared machine slows both alike. Greedy outputs must be identical token for token; the
+script fails otherwise. Tokens/s counts generated tokens (up to and including each row's
+stop token) over the wall time of the whole call, prefill included.
+
+    .venv/bin/python benchmarks/bench_generate.py [--model gemma3-270m] [--rounds 3]
+
+Last line: RESULT speed_ratio=<ours/HF tokens/s> ours_tok_s=… hf_tok_s=… identical=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
+from tunix_rt.eval.runner import load_model
+from tunix_rt.home import Home
+from tunix_rt.models.store import ensure_model, load_tokenizer
+from tunix_rt.render import prompt_ids
+
+GSM8K = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "train.jsonl"
+
+
+def gsm8k_prompts(tok, n: int) -> list[list[int]]:
+    """The first n GSM8K questions, rendered as eval renders them (mixed lengths)."""
+    with GSM8K.open(encoding="utf-8") as f:
+        questions = [json.loads(next(f))["question"] for _ in range(n)]
+    return [prompt_ids(q, tok) for q in questions]
+
+
+def hf_generate(model, tok, prompts, max_new: int) -> list[list[int]]:
+    """transformers' generate on the same left-padded batch; rows cut after their stop."""
+    from tunix_rt.eval.generate import left_pad
+
+    ids, mask = left_pad(prompts, tok.pad_id, "cpu")
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+            eos_token_id=list(tok.stop_ids), pad_token_id=tok.pad_id,
+            top_p=None, top_k=None, temperature=None,
+        )
+    rows = []
+    for row in out[:, ids.shape[1]:].tolist():
+        cut = next((i + 1 for i, t in enumerate(row) if t in tok.stop_ids), len(row))
+        rows.append(row[:cut])
+    return rows
+
+
+def ours_generate(gen: TorchGenerator, prompts, cfg: DecodeConfig) -> list[list[int]]:
+    return [g.ids for g in gen.generate(prompts, cfg)]
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    rows = fn()
+    return rows, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gemma3-270m", help="catalog name or HF model dir")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    home = Home.resolve()
+    model_dir = ensure_model(args.model, home)
+    tok = load_tokenizer(str(model_dir), home)
+    model = load_model(model_dir, None, "cpu")
+    prompts = gsm8k_prompts(tok, args.batch)
+    cfg = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=args.batch)
+    gen = TorchGenerator(model, tok, "cpu")
+    print(f"model {model_dir}  threads {torch.get_num_threads()}  batch {args.batch}  "
+          f"prompt lengths {sorted(len(p) for p in prompts)}  new tokens {args.new_tokens}")
+
+    # Warm-up both paths (allocator, first-call overheads) on a short decode.
+    warm = DecodeConfig(max_new_tokens=4, batch_size=args.batch)
+    hf_generate(model, tok, prompts, 4), ours_generate(gen, prompts, warm)
+
+    times = {"hf": [], "ours": []}
+    n_tokens = None
+    for r in range(args.rounds):
+        order = ("hf", "ours") if r % 2 == 0 else ("ours", "hf")
+        got = {}
+        for who in order:
+            fn = (lambda: hf_generate(model, tok, prompts, args.new_tokens)) if who == "hf" \
+                else (lambda: ours_generate(gen, prompts, cfg))
+            got[who], dt = timed(fn)
+            times[who].append(dt)
+        if got["hf"] != got["ours"]:
+            bad = [i for i, (a, b) in enumerate(zip(got["hf"], got["ours"])) if a != b]
+            raise SystemExit(f"greedy outputs differ from HF generate on rows {bad}")
+        n_tokens = sum(len(row) for row in got["ours"])
+        print(f"round {r}: hf {times['hf'][-1]:.2f}s  ours {times['ours'][-1]:.2f}s  "
+              f"({n_tokens} tokens each, identical)")
+
+    hf_tps = n_tokens / statistics.median(times["hf"])
+    ours_tps = n_tokens / statistics.median(times["ours"])
+    print()
+    print(f"{'generator':<22}{'median s':>10}{'tokens':>8}{'tokens/s':>10}")
+    print(f"{'HF generate':<22}{statistics.median(times['hf']):>10.2f}{n_tokens:>8}{hf_tps:>10.1f}")
+    print(f"{'tunix-rt TorchGen':<22}{statistics.median(times['ours']):>10.2f}{n_tokens:>8}{ours_tps:>10.1f}")
+    print(f"RESULT speed_ratio={ours_tps / hf_tps:.2f} ours_tok_s={ours_tps:.1f} "
+          f"hf_tok_s={hf_tps:.1f} identical=1")
+
+
+if __name__ == "__main__":
+    main()

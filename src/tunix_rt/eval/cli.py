@@ -1,0 +1,155 @@
+"""`tunix-rt eval` and `tunix-rt compare`: parse flags, call the stage, print.
+
+torch/jax load inside the commands (through the runner), so `tunix-rt --help` stays fast."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+
+
+def eval_cmd(
+    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset NAME, NAME@VERSION, or a trace JSONL path.")],
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Catalog name or HF model dir (a run's final/merged too). Optional with --adapter RUN: the run's base model.")] = None,
+    adapter: Annotated[Optional[str], typer.Option("--adapter", help="A run id, a run dir, or a PEFT adapter dir.")] = None,
+    split: Annotated[Optional[str], typer.Option("--split", help="train | dev | all (default: dev; all for a JSONL path).")] = None,
+    limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N records of the split.")] = None,
+    engine: Annotated[str, typer.Option("--engine", help="torch | jax | auto (jax for gpu/tpu devices)")] = "torch",
+    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (torch) | gpu | tpu (jax)")] = "auto",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most tokens generated per item.")] = 256,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together.")] = 8,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; above 0 samples.")] = 0.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (sampling only).")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all; sampling only).")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write the eval here (default: runs/<run>/eval/<eval_id>/ for a run, else <home>/evals/<eval_id>/).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print eval_summary.json instead of the table.")] = False,
+) -> None:
+    """Evaluate a base model, a run's LoRA adapter or a merged model on a dataset split:
+    writes predictions.jsonl and eval_summary.json."""
+    from tunix_rt.eval.generate import DecodeConfig
+    from tunix_rt.eval.runner import SUMMARY, EvalRequest, run_eval
+
+    decode = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, seed=seed, batch_size=batch_size)
+    req = EvalRequest(dataset=dataset, model=model, adapter=adapter, split=split, limit=limit,
+                      engine=engine, device=device, decode=decode, out=out_dir)
+    with GenerationProgress() as progress:
+        path = run_eval(req, on_start=progress.start, on_tokens=progress.advance)
+    summary = json.loads((path / SUMMARY).read_text(encoding="utf-8"))
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_summary(summary, path)
+
+
+class GenerationProgress:
+    """A rich progress bar over generated tokens (the total is the max_new_tokens budget,
+    so it ends early when items stop), with tokens/s."""
+
+    def __init__(self):
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+
+        self._p = Progress(TextColumn("[bold]eval"), BarColumn(), TaskProgressColumn(),
+                           TextColumn("{task.completed:,.0f} tok"), TextColumn("{task.fields[tps]} tok/s"),
+                           TimeElapsedColumn(), console=err, transient=True)
+        self._task = None
+
+    def __enter__(self) -> "GenerationProgress":
+        self._p.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._p.stop()
+
+    def start(self, n_prompts: int, max_tokens: int) -> None:
+        self._task = self._p.add_task("eval", total=max_tokens, tps="-")
+
+    def advance(self, n: int) -> None:
+        self._p.advance(self._task, n)
+        task = self._p.tasks[self._task]
+        if task.elapsed:
+            self._p.update(self._task, tps=f"{task.completed / task.elapsed:,.1f}")
+
+
+def print_summary(s: dict, path: Path) -> None:
+    m, d = s["metrics"], s["dataset"]
+    t = Table(title=f"{s['model']} (adapter: {s['adapter']}) on {d['name']}@{d['version']} {d['split']} (n={d['n']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k in ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy", "truncated_rate"):
+        t.add_row(k, f"{m[k]:.3f}")
+    t.add_row("mean_completion_tokens", f"{m['mean_completion_tokens']:.1f}")
+    t.add_row("tokens/s", f"{s['tokens_per_s']:.1f}")
+    out.print(t)
+    if len(s["by_category"]) > 1:
+        c = Table(title="by category")
+        for col in ("category", "n", "accuracy", "format_rate"):
+            c.add_column(col, justify="right" if col != "category" else "left")
+        for cat, cm in s["by_category"].items():
+            c.add_row(cat, str(cm["n"]), f"{cm['accuracy']:.3f}", f"{cm['format_rate']:.3f}")
+        out.print(c)
+    out.print(f"wrote {escape(str(path))}", highlight=False)
+
+
+def compare_cmd(
+    a: Annotated[str, typer.Argument(help="Baseline: an eval dir, an eval_summary.json, an eval id, or a run (its latest eval).")],
+    b: Annotated[str, typer.Argument(help="Candidate, same forms as A; --fail-below applies to it.")],
+    fail_below: Annotated[Optional[list[str]], typer.Option("--fail-below", help="METRIC=VALUE: exit 1 when B's metric is under VALUE (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the comparison as one JSON object.")] = False,
+) -> None:
+    """Compare two evaluations: metrics with deltas, per-item flips, exact McNemar p-value."""
+    from tunix_rt.eval.compare import compare, load_eval, parse_bars
+    from tunix_rt.home import Home
+
+    home = Home.resolve()
+    bars = parse_bars(fail_below or [])
+    result = compare(load_eval(a, home), load_eval(b, home), bars)
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_compare(result)
+    if not result["passed"]:
+        raise typer.Exit(1)
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:d}" if isinstance(v, int) else f"{v:.3f}"
+
+
+def print_compare(r: dict) -> None:
+    t = Table(title="A: " + r["a"]["label"] + "\nB: " + r["b"]["label"])
+    for col in ("metric", "A", "B", "B - A"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    for row in r["metrics"]:
+        delta = row["delta"]
+        style = "" if not delta else ("green" if delta > 0 else "red")
+        if row["metric"] in ("truncated_rate", "mean_completion_tokens", "n"):
+            style = ""  # neither better nor worse by sign alone
+        shown = "-" if delta is None else (f"{delta:+d}" if isinstance(delta, int) else f"{delta:+.3f}")
+        t.add_row(row["metric"], _fmt(row["a"]), _fmt(row["b"]), f"[{style}]{shown}[/{style}]" if style else shown)
+    out.print(t)
+    if not r["same_dataset"]:
+        out.print("[yellow]warning:[/yellow] A and B were evaluated on different datasets or splits")
+    out.print(f"shared items {r['shared']}: both right {r['both_right']}, both wrong {r['both_wrong']}, "
+              f"right→wrong {len(r['right_to_wrong'])}, wrong→right {len(r['wrong_to_right'])}")
+    for label, ids in (("right→wrong", r["right_to_wrong"]), ("wrong→right", r["wrong_to_right"])):
+        if ids:
+            shown = ", ".join(ids[:10]) + (f", … (+{len(ids) - 10})" if len(ids) > 10 else "")
+            out.print(f"  {label}: {escape(shown)}", highlight=False)
+    out.print(f"McNemar exact p = {r['mcnemar_p']:.4g}")
+    for bar in r["bars"]:
+        ok = bar not in r["failed_bars"]
+        out.print(f"{'[green]pass' if ok else '[red]FAIL'}[/] B {bar['metric']} = {_fmt(bar['value'])} "
+                  f"(bar {bar['bar']:g})")

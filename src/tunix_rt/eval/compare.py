@@ -1,0 +1,132 @@
+"""Compare two evaluations: metrics side by side, per-item flips, an exact McNemar test,
+and bars the candidate (B) must clear — a regression gate for CI.
+
+A and B are each an eval dir, an eval_summary.json path, an eval id under <home>/evals,
+or a run (id or dir): a run picks its latest eval (by finished_at).
+
+McNemar's exact test looks only at the items the two evaluations disagree on: b items A got
+right and B got wrong, c the other way. Under "no difference" each disagreement is a fair
+coin, so the two-sided p-value is min(1, 2 * P[Binomial(b + c, 1/2) <= min(b, c)]).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.runner import PREDICTIONS, SUMMARY
+from tunix_rt.home import Home
+
+METRICS = ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy",
+           "mean_completion_tokens", "truncated_rate", "n")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """An eval dir read back: its summary and its predictions by id."""
+
+    path: Path
+    summary: dict
+    predictions: dict[str, dict]
+
+    @property
+    def label(self) -> str:
+        s = self.summary
+        who = s["run_id"] if s.get("run_id", "none") != "none" else s["model"]
+        return f"{who} / {s.get('eval_id', self.path.name)}"
+
+
+def find_eval_dir(ref: str, home: Home) -> Path:
+    """Eval dir, eval_summary.json, eval id under <home>/evals, or a run → its latest eval."""
+    path = Path(ref)
+    if path.is_file() and path.name == SUMMARY:
+        return path.parent
+    if (path / SUMMARY).is_file():
+        return path
+    if (home.root / "evals" / ref / SUMMARY).is_file():
+        return home.root / "evals" / ref
+    run = path if (path / "eval").is_dir() else home.runs / ref
+    evals = [d for d in (run / "eval").glob("*") if (d / SUMMARY).is_file()] if run.is_dir() else []
+    if not evals:
+        raise BadInput(f"{ref!r}: not an eval dir, an eval_summary.json, or a run with an eval under eval/")
+    return max(evals, key=lambda d: (_read_json(d / SUMMARY).get("finished_at", ""), d.name))
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TunixRtError(f"{path}: unreadable ({e})") from None
+
+
+def load_eval(ref: str, home: Home) -> EvalResult:
+    d = find_eval_dir(ref, home)
+    summary = _read_json(d / SUMMARY)
+    preds: dict[str, dict] = {}
+    try:
+        for n, line in enumerate((d / PREDICTIONS).read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                rec = json.loads(line)
+                preds[rec["id"]] = rec
+    except (OSError, ValueError, KeyError) as e:
+        raise TunixRtError(f"{d / PREDICTIONS}: unreadable ({e})") from None
+    return EvalResult(d, summary, preds)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts b and c."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n
+    return min(1.0, 2.0 * tail)
+
+
+def parse_bars(items: list[str]) -> dict[str, float]:
+    """["accuracy=0.3", …] → {"accuracy": 0.3}; unknown metrics are bad input."""
+    bars = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        name = name.strip()
+        if not sep or name not in METRICS:
+            raise BadInput(f"--fail-below {item!r}: expected METRIC=VALUE with METRIC one of {', '.join(METRICS)}")
+        try:
+            bars[name] = float(raw)
+        except ValueError:
+            raise BadInput(f"--fail-below {item!r}: {raw!r} is not a number") from None
+    return bars
+
+
+def compare(a: EvalResult, b: EvalResult, bars: dict[str, float] | None = None) -> dict:
+    """The comparison as one JSON-ready object (what --json prints)."""
+    ma, mb = a.summary["metrics"], b.summary["metrics"]
+    rows = [{"metric": m, "a": ma.get(m), "b": mb.get(m),
+             "delta": (mb[m] - ma[m]) if m in ma and m in mb else None} for m in METRICS if m in ma or m in mb]
+    shared = sorted(set(a.predictions) & set(b.predictions))
+    r2w = [i for i in shared if a.predictions[i]["correct"] and not b.predictions[i]["correct"]]
+    w2r = [i for i in shared if not a.predictions[i]["correct"] and b.predictions[i]["correct"]]
+    failed = [{"metric": m, "bar": v, "value": mb.get(m)} for m, v in (bars or {}).items()
+              if mb.get(m) is None or mb[m] < v]
+    return {
+        "a": {"path": str(a.path), "label": a.label},
+        "b": {"path": str(b.path), "label": b.label},
+        "same_dataset": _dataset_key(a) == _dataset_key(b),
+        "metrics": rows,
+        "shared": len(shared),
+        "right_to_wrong": r2w,
+        "wrong_to_right": w2r,
+        "both_right": sum(1 for i in shared if a.predictions[i]["correct"] and b.predictions[i]["correct"]),
+        "both_wrong": sum(1 for i in shared if not a.predictions[i]["correct"] and not b.predictions[i]["correct"]),
+        "mcnemar_p": mcnemar_exact(len(r2w), len(w2r)),
+        "bars": [{"metric": m, "bar": v, "value": mb.get(m)} for m, v in (bars or {}).items()],
+        "failed_bars": failed,
+        "passed": not failed,
+    }
+
+
+def _dataset_key(e: EvalResult) -> tuple:
+    d = e.summary.get("dataset", {})
+    return d.get("name"), d.get("sha256"), d.get("split")

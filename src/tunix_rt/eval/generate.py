@@ -1,0 +1,249 @@
+"""Batched generation: the interface both engines implement, and the PyTorch one.
+
+The contract (the JAX engine's `tunix_rt.eval.jax_generate` implements the same):
+
+    gen = SomeGenerator(...)
+    outs = gen.generate(prompts, cfg, on_tokens=None)   # prompts: list[list[int]]
+    outs[i] -> Generation(ids, text, n_tokens, finish_reason)  # same order as prompts
+
+- `prompts` are full prompt token ids (BOS included, as `tunix_rt.render.prompt_ids` makes
+  them); the generator adds nothing.
+- `ids` are the generated ids, the stop token included when there is one; `n_tokens ==
+  len(ids)`; `text` decodes `ids` without the final stop token; `finish_reason` is "stop"
+  (hit <end_of_turn> or <eos>) or "length" (hit `max_new_tokens`).
+- Greedy when `cfg.temperature == 0`; otherwise temperature, then top-k, then top-p, drawn
+  from a per-prompt RNG seeded by (cfg.seed, prompt index), so a prompt's sample does not
+  depend on which other prompts share its batch.
+- `on_tokens(n)` is called as tokens are produced (for progress bars and tokens/s).
+
+The PyTorch generator is a lean loop over a transformers model (plain, PEFT-wrapped, or
+merged): one prefill that computes logits for the last position only (the 262K-vocabulary
+head over every prompt position would be [B, L, 262144] floats), then one forward per
+token against a KV cache. Prompts are sorted by length so a batch carries little padding;
+padding is on the left, with an attention mask and position ids that count real tokens
+only, so a row decodes exactly as it would alone. Finished rows leave the batch and the
+cache is compacted, so the tail of a batch does not pay for rows that already stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+
+from tunix_rt.errors import BadInput, TunixRtError
+
+if TYPE_CHECKING:  # torch stays out of `tunix-rt --help`
+    import torch
+
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """How to decode; written verbatim into eval_summary.json's `decoding`."""
+
+    max_new_tokens: int = 256
+    """Most tokens generated per prompt (the stop token counts)."""
+    temperature: float = 0.0
+    """0: greedy (argmax). Above 0: sample from softmax(logits / temperature)."""
+    top_p: float = 1.0
+    """Sampling only: keep the smallest set of tokens whose probability reaches top_p."""
+    top_k: int = 0
+    """Sampling only: keep the k most likely tokens (0: all)."""
+    seed: int = 0
+    """Sampling only: seeds one RNG per prompt, (seed, prompt index)."""
+    batch_size: int = 8
+    """Prompts decoded together."""
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise BadInput(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise BadInput(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.temperature < 0:
+            raise BadInput(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise BadInput(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise BadInput(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "strategy": "greedy" if self.greedy else "sample",
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+        }
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One prompt's output."""
+
+    ids: list[int]
+    text: str
+    n_tokens: int
+    finish_reason: str  # "stop" | "length"
+
+
+class Generator(Protocol):
+    """What an engine's generator offers to the eval stage."""
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
+        on_tokens: Callable[[int], None] | None = None,
+    ) -> list[Generation]: ...
+
+
+def finish(ids: list[int], stop_ids: Sequence[int], tok: "ChatTokenizer", max_new_tokens: int) -> Generation:
+    """Build a Generation from the ids one prompt produced (shared by both engines)."""
+    stopped = bool(ids) and ids[-1] in stop_ids
+    body = ids[:-1] if stopped else ids
+    reason = FINISH_STOP if stopped else FINISH_LENGTH
+    if not stopped and len(ids) < max_new_tokens:
+        raise TunixRtError(f"generation ended after {len(ids)} < {max_new_tokens} tokens without a stop token")
+    return Generation(ids=list(ids), text=tok.decode(body), n_tokens=len(ids), finish_reason=reason)
+
+
+def length_sorted_batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """Prompt indices grouped into batches of similar length (longest first: the first batch
+    is the most expensive, so a memory problem shows at once, not at the end)."""
+    order = sorted(range(len(prompts)), key=lambda i: (-len(prompts[i]), i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+class TorchGenerator:
+    """Batched greedy/sampling decode with a KV cache on a transformers causal LM."""
+
+    def __init__(self, model, tok: "ChatTokenizer", device: str = "cpu"):
+        self.model = model.eval()
+        self.tok = tok
+        self.device = device
+        self.stop_ids = tuple(tok.stop_ids)
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        cfg: DecodeConfig,
+        on_tokens: Callable[[int], None] | None = None,
+    ) -> list[Generation]:
+        import torch
+
+        if any(len(p) == 0 for p in prompts):
+            raise BadInput("cannot generate from an empty prompt")
+        out: list[Generation | None] = [None] * len(prompts)
+        with torch.inference_mode():
+            for batch in length_sorted_batches(prompts, cfg.batch_size):
+                rngs = None if cfg.greedy else [_row_rng(cfg.seed, i) for i in batch]
+                rows = self._decode_batch([list(prompts[i]) for i in batch], cfg, rngs, on_tokens)
+                for i, ids in zip(batch, rows):
+                    out[i] = finish(ids, self.stop_ids, self.tok, cfg.max_new_tokens)
+        return out  # type: ignore[return-value]
+
+    def _decode_batch(self, prompts, cfg: DecodeConfig, rngs, on_tokens) -> list[list[int]]:
+        """Decode one batch; returns each row's generated ids (stop token included)."""
+        import torch
+        from transformers import DynamicCache
+
+        dev = self.device
+        ids, mask = left_pad(prompts, self.tok.pad_id, dev)
+        pos = position_ids(mask)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, pos, cache)
+        next_pos = pos[:, -1] + 1
+        alive = list(range(len(prompts)))  # original row of each batch row
+        outs: list[list[int]] = [[] for _ in prompts]
+        stop = torch.tensor(self.stop_ids, device=dev)
+        for step in range(cfg.max_new_tokens):
+            nxt = pick(logits, cfg, [rngs[r] for r in alive] if rngs else None)
+            for row, t in zip(alive, nxt.tolist()):
+                outs[row].append(t)
+            if on_tokens:
+                on_tokens(len(alive))
+            done = torch.isin(nxt, stop)
+            if step == cfg.max_new_tokens - 1 or bool(done.all()):
+                break
+            if bool(done.any()):
+                keep = (~done).nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                mask, next_pos, nxt = mask[keep], next_pos[keep], nxt[keep]
+                alive = [alive[k] for k in keep.tolist()]
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
+            next_pos = next_pos + 1
+        return outs
+
+    def _forward(self, ids, mask, pos, cache):
+        """Last-position logits only, fp32."""
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float()
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """[B, L] ids padded on the left with pad_id, and the 0/1 attention mask."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[r, width - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def position_ids(mask: "torch.Tensor") -> "torch.Tensor":
+    """Positions that count real tokens only (pads get 0), as HF generate makes them."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def _row_rng(seed: int, index: int):
+    import torch
+
+    g = torch.Generator()
+    g.manual_seed(seed * 1_000_003 + index)
+    return g
+
+
+def pick(logits: "torch.Tensor", cfg: DecodeConfig, rngs) -> "torch.Tensor":
+    """Next token of each row: argmax, or a draw after temperature/top-k/top-p."""
+    import torch
+
+    if cfg.greedy:
+        return logits.argmax(dim=-1)
+    probs = filtered_probs(logits, cfg).cpu()
+    draws = [torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(rngs)]
+    return torch.cat(draws).to(logits.device)
+
+
+def filtered_probs(logits: "torch.Tensor", cfg: DecodeConfig) -> "torch.Tensor":
+    """Softmax of logits/temperature restricted to the top-k, then to the top-p nucleus
+    (the most likely token always survives)."""
+    import torch
+
+    logits = logits / cfg.temperature
+    if cfg.top_k and cfg.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, cfg.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= cfg.top_p  # mass before this token
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(-1)

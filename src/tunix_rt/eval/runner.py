@@ -1,0 +1,321 @@
+"""The eval stage: resolve model, adapter and dataset; render prompts exactly as training
+did; generate; score; write predictions.jsonl and eval_summary.json.
+
+Where the files go:
+- evaluating a run (an adapter of a run, or a run's final/merged model):
+  runs/<run_id>/eval/<eval_id>/
+- anything else (a base model, an adapter dir outside a run): <home>/evals/<eval_id>/
+- or `out`, when given.
+eval_id = <dataset>-<split>-<YYYYmmdd-HHMMSS>-<4 hex>. The directory is written under a
+temporary name and renamed when complete, so a failed eval leaves nothing half-written.
+
+No field is ever null: an eval without an adapter says "none" (adapter, run_id); a
+completion without reasoning or answer has "" there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.generate import DecodeConfig, Generation, Generator
+from tunix_rt.eval.scoring import by_category, category_of, metrics, score_completion
+from tunix_rt.home import Home
+from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
+
+PREDICTIONS = "predictions.jsonl"
+SUMMARY = "eval_summary.json"
+NONE = "none"
+ENGINES = ("torch", "jax")
+DEVICES = {"torch": ("auto", "cpu", "cuda"), "jax": ("auto", "cpu", "gpu", "tpu")}
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """One evaluation, as `tunix-rt eval` takes it; defaults live here."""
+
+    dataset: str
+    """Dataset NAME, NAME@VERSION, or a trace JSONL path."""
+    model: str | None = None
+    """Catalog name or HF model dir; may be omitted when `adapter` names a run."""
+    adapter: str | None = None
+    """A run id, a run dir, or a PEFT adapter dir."""
+    split: str | None = None
+    """train|dev|all; None: dev for a named dataset, all for a JSONL path."""
+    limit: int | None = None
+    """Evaluate only the first N records of the split."""
+    engine: str = "torch"
+    """torch | jax | auto (jax for gpu/tpu devices, torch otherwise)."""
+    device: str = "auto"
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    out: Path | None = None
+    """Write here instead of the default place."""
+
+    def __post_init__(self) -> None:
+        if self.engine == "auto":  # as `tunix-rt train` picks: JAX for the devices only it serves
+            object.__setattr__(self, "engine", "jax" if self.device in ("gpu", "tpu") else "torch")
+        if self.engine not in ENGINES:
+            raise BadInput(f"engine must be one of {'|'.join(ENGINES)}, got {self.engine!r}")
+        if self.device not in DEVICES[self.engine]:
+            raise BadInput(f"device for engine {self.engine} must be one of {'|'.join(DEVICES[self.engine])}, got {self.device!r}")
+        if self.limit is not None and self.limit < 1:
+            raise BadInput(f"limit must be >= 1, got {self.limit}")
+        if self.split not in (None, "train", "dev", "all"):
+            raise BadInput(f"split must be train, dev or all, got {self.split!r}")
+        if not self.model and not self.adapter:
+            raise BadInput("give --model (and optionally --adapter RUN_OR_DIR)")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What is evaluated: base model dir, optional adapter dir, the run they belong to."""
+
+    model: str  # as named by the user or the run config
+    model_dir: Path
+    adapter_dir: Path | None
+    run_dir: Path | None
+    system_prompt: str
+    tokenizer: str
+    """Where the tokenizer is read: the model dir when it has tokenizer.json, else the base model."""
+
+
+# ---------------------------------------------------------------------------------------
+# Resolution
+
+
+def run_of_adapter(adapter_dir: Path) -> Path | None:
+    """runs/<id>/final/adapter → runs/<id> (when it holds config.yaml)."""
+    run = adapter_dir.resolve().parent.parent
+    return run if adapter_dir.resolve().parent.name == "final" and (run / "config.yaml").is_file() else None
+
+
+def resolve_adapter(ref: str, home: Home) -> tuple[Path | None, Path | None, Path]:
+    """RUN_OR_DIR → (adapter dir or None, merged model dir or None, run dir or adapter dir).
+    A run without final/adapter but with final/merged (full fine-tune) yields the merged model."""
+    path = Path(ref)
+    if (path / "adapter_config.json").is_file():
+        return path, None, run_of_adapter(path) or path
+    run = path if (path / "final").is_dir() or (path / "config.yaml").is_file() else home.runs / ref
+    if not run.is_dir():
+        raise BadInput(f"--adapter {ref!r}: not an adapter dir, a run dir, or a run id under {home.runs}")
+    if (run / "final" / "adapter" / "adapter_config.json").is_file():
+        return run / "final" / "adapter", None, run
+    if (run / "final" / "merged" / "config.json").is_file():
+        return None, run / "final" / "merged", run
+    raise BadInput(f"run {run.name}: no final/adapter/ or final/merged/ (did training finish?)")
+
+
+def run_config(run_dir: Path) -> dict:
+    """The run's resolved TrainConfig as a mapping (model and system_prompt are read)."""
+    path = run_dir / "config.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise TunixRtError(f"{path}: unreadable run config ({e})") from None
+    for key in ("model", "system_prompt"):
+        if key not in data:
+            raise TunixRtError(f"{path}: no {key!r} field")
+    return data
+
+
+def resolve_target(req: EvalRequest, home: Home) -> Target:
+    """Model dir, adapter dir and system prompt, from the flags and the run's config.yaml."""
+    from tunix_rt.models.store import ensure_model
+
+    adapter_dir, merged_dir, run_dir = (None, None, None)
+    if req.adapter:
+        adapter_dir, merged_dir, run_dir = resolve_adapter(req.adapter, home)
+        if not (run_dir / "config.yaml").is_file():
+            run_dir = None  # a bare adapter dir: no run, no config
+    elif req.model and Path(req.model).is_dir():
+        run_dir = run_of_adapter(Path(req.model))  # runs/<id>/final/merged
+    cfg = run_config(run_dir) if run_dir else None
+    system_prompt = cfg["system_prompt"] if cfg else DEFAULT_SYSTEM_PROMPT
+    if merged_dir is not None:
+        return Target(str(merged_dir), merged_dir, None, run_dir, system_prompt, _tokenizer_of(merged_dir, cfg))
+    name = req.model or (cfg["model"] if cfg else None)
+    if not name:
+        raise BadInput(f"--adapter {req.adapter}: no run config to read the base model from; give --model")
+    model_dir = ensure_model(name, home)
+    if cfg and req.model and req.adapter:
+        trained_on = ensure_model(cfg["model"], home)
+        if trained_on.resolve() != model_dir.resolve():
+            raise BadInput(f"the adapter was trained on {cfg['model']} ({trained_on}), not {req.model} ({model_dir})")
+    return Target(name, model_dir, adapter_dir, run_dir, system_prompt, _tokenizer_of(model_dir, cfg))
+
+
+def _tokenizer_of(model_dir: Path, cfg: dict | None) -> str:
+    if (model_dir / "tokenizer.json").is_file() or cfg is None:
+        return str(model_dir)
+    return cfg["model"]  # a merged model saved without its tokenizer: the base model's
+
+
+def resolve_device(engine: str, device: str) -> str:
+    """"auto" made concrete, so the summary names the device that ran."""
+    if device != "auto":
+        return device
+    if engine == "jax":
+        import jax
+
+        return jax.default_backend()  # cpu | gpu | tpu
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ---------------------------------------------------------------------------------------
+# Generators
+
+
+def load_model(model_dir: Path, adapter_dir: Path | None, device: str):
+    """The transformers model in eval mode, fp32, with the LoRA adapter merged in (merging
+    is exact up to float rounding and makes each decode step as cheap as the base model's)."""
+    from tunix_rt.models.hf import load_causal_lm
+
+    model = load_causal_lm(model_dir, dtype="fp32", device=device, attn="eager")
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False).merge_and_unload()
+    return model.eval()
+
+
+def make_generator(engine: str, target: Target, tok, device: str) -> Generator:
+    """The engine's Generator: TorchGenerator, or tunix_rt.eval.jax_generate's."""
+    if engine == "jax":
+        from tunix_rt.eval import jax_generate
+
+        return jax_generate.load_generator(target.model_dir, target.adapter_dir, tok, device)
+    from tunix_rt.eval.generate import TorchGenerator
+
+    return TorchGenerator(load_model(target.model_dir, target.adapter_dir, device), tok, device)
+
+
+# ---------------------------------------------------------------------------------------
+# The stage
+
+
+def new_eval_id(dataset: str, split: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in dataset).strip("-.") or "dataset"
+    return f"{safe}-{split}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_eval(
+    req: EvalRequest,
+    home: Home | None = None,
+    on_tokens: Callable[[int], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> Path:
+    """Evaluate and write the eval dir; returns its path. `on_start(n_prompts,
+    max_tokens)` and `on_tokens(n)` feed a progress display."""
+    from tunix_rt.models.store import load_tokenizer
+    from tunix_rt.traces.dataset import load_dataset
+
+    home = (home or Home.resolve()).ensure()
+    started, t0 = _now(), time.perf_counter()
+    target = resolve_target(req, home)
+    ds = load_dataset(req.dataset, home)
+    split = req.split or ("all" if ds.version == "file" else "dev")
+    records = ds.split(split)[: req.limit]
+    if not records:
+        raise BadInput(f"dataset {ds.ref} split {split!r} is empty")
+    dest = eval_dest(req, target, home, ds.name, split)
+    tok = load_tokenizer(target.tokenizer, home)
+    prompts = [prompt_ids(r.question, tok, target.system_prompt) for r in records]
+    device = resolve_device(req.engine, req.device)
+    gen = make_generator(req.engine, target, tok, device)
+    if on_start:
+        on_start(len(prompts), len(prompts) * req.decode.max_new_tokens)
+    g0 = time.perf_counter()
+    outs = gen.generate(prompts, req.decode, on_tokens)
+    gen_s = time.perf_counter() - g0
+    preds = [prediction(r, p, o) for r, p, o in zip(records, prompts, outs)]
+    summary = {
+        "eval_id": "",
+        "model": target.model,
+        "model_path": str(target.model_dir.resolve()),
+        "adapter": str(target.adapter_dir.resolve()) if target.adapter_dir else NONE,
+        "run_id": target.run_dir.name if target.run_dir else NONE,
+        "engine": req.engine,
+        "device": device,
+        "dataset": {"name": ds.name, "version": ds.version, "split": split, "sha256": ds.sha256, "n": len(records)},
+        "system_prompt": target.system_prompt,
+        "decoding": req.decode.to_dict(),
+        "metrics": metrics(preds).to_dict(),
+        "by_category": by_category(preds),
+        "started_at": started,
+        "finished_at": _now(),
+        "duration_s": round(time.perf_counter() - t0, 3),
+        "generation_s": round(gen_s, 3),
+        "tokens_per_s": round(sum(o.n_tokens for o in outs) / gen_s, 3) if gen_s > 0 else 0.0,
+    }
+    summary["eval_id"] = dest.name
+    return write_eval_dir(dest, preds, summary)
+
+
+def eval_dest(req: EvalRequest, target: Target, home: Home, dataset: str, split: str) -> Path:
+    """runs/<run>/eval/<eval_id> for a run, <home>/evals/<eval_id> otherwise, or --out;
+    checked before any generation so a clash costs nothing."""
+    if req.out is not None:
+        dest = Path(req.out)
+    else:
+        root = target.run_dir / "eval" if target.run_dir else home.root / "evals"
+        dest = root / new_eval_id(dataset, split)
+    if dest.exists():
+        raise BadInput(f"{dest} already exists; choose another --out")
+    return dest
+
+
+def prediction(record, prompt: list[int], out: Generation) -> dict:
+    """One predictions.jsonl line (DESIGN §2 fields first, then ours)."""
+    s = score_completion(out.text, record.answer)
+    return {
+        "id": record.id,
+        "question": record.question,
+        "gold": record.answer,
+        "completion": out.text,
+        "reasoning": s.reasoning,
+        "answer": s.answer,
+        "correct": s.correct,
+        "format_ok": s.format_ok,
+        "n_tokens": out.n_tokens,
+        "finish_reason": out.finish_reason,
+        "answer_source": s.answer_source,
+        "correct_lenient": s.correct_lenient,
+        "category": category_of(record.meta),
+        "prompt_tokens": len(prompt),
+    }
+
+
+def write_eval_dir(dest: Path, preds: list[dict], summary: dict) -> Path:
+    """Write both files into a temp dir beside dest, then rename: all or nothing."""
+    if dest.exists():
+        raise BadInput(f"{dest} already exists; choose another --out")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with (tmp / PREDICTIONS).open("w", encoding="utf-8") as f:
+            for p in preds:
+                f.write(json.dumps(p, ensure_ascii=False) + "\n")
+        (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
