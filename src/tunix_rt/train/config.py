@@ -32,6 +32,8 @@ class TrainConfig:
     """Split to train on: train, dev or all."""
     eval_split: str = "dev"
     """Split for the held-out loss at eval_interval."""
+    eval_limit: int | None = 256
+    """Held-out examples for that loss (the first N of the split; None: the whole split)."""
     limit: int | None = None
     """Use only the first N examples of the split (None: all)."""
     method: str = "lora"
@@ -133,6 +135,10 @@ class TrainConfig:
         for name in ("eval_interval", "save_interval", "warmup_steps", "weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise BadInput(f"config: {name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_limit is not None and self.eval_limit < 1:
+            raise BadInput(f"config: eval_limit must be >= 1 (or null for the whole split), got {self.eval_limit}")
+        if self.limit is not None and self.limit < 1:
+            raise BadInput(f"config: limit must be >= 1 (or null for the whole split), got {self.limit}")
         if self.max_steps is not None and self.max_steps < 1:
             raise BadInput(f"config: max_steps must be >= 1, got {self.max_steps}")
         if self.epochs is not None and self.epochs <= 0:
@@ -224,6 +230,11 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
             raise BadInput(f"{source}: {key} must be an integer, got {value!r}")
         return value
     if hint is float or text.startswith("float"):
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadInput(f"{source}: {key} must be a number, got {value!r}")
         return float(value)

@@ -1,0 +1,69 @@
+"""`tunix-rt train`: a YAML config or preset plus key=value overrides, then one engine.
+
+torch and jax are imported inside the command, so `tunix-rt --help` stays fast."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from tunix_rt.errors import BadInput
+
+ENGINES = ("auto", "torch", "jax")
+DEVICES = ("auto", "cpu", "cuda", "gpu", "tpu")
+
+
+def pick_engine(engine: str, device: str) -> str:
+    """auto: JAX for the device names only it serves (gpu, tpu), PyTorch otherwise."""
+    if engine != "auto":
+        return engine
+    return "jax" if device in ("gpu", "tpu") else "torch"
+
+
+def train_cmd(
+    overrides: Annotated[Optional[list[str]], typer.Argument(
+        help="Config overrides as key=value (values parsed as YAML), e.g. max_steps=20 lr=1e-4.",
+        show_default=False)] = None,
+    config: Annotated[Optional[str], typer.Option(
+        "--config", "-c", help="A YAML config file or a shipped preset: smoke, cpu-demo, gpu.")] = None,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", help="auto | torch | jax (default: the config's engine, auto).")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        "--device", help="auto | cpu | cuda (torch) | gpu | tpu (jax) (default: the config's).")] = None,
+    resume: Annotated[Optional[str], typer.Option(
+        "--resume", help="Continue the run RUN (an id under <home>/runs, or its path) from its last checkpoint.")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Run even when the memory plan predicts the run will not fit.")] = False,
+    merge: Annotated[bool, typer.Option(
+        "--merge", help="Also write final/merged/ (HF layout) at the end of a LoRA run.")] = False,
+) -> None:
+    """Fine-tune a Gemma model on a trace dataset (LoRA or full); writes runs/<run_id>/."""
+    from tunix_rt.home import Home
+    from tunix_rt.train.config import TrainConfig
+
+    home = Home.resolve()
+    items = list(overrides or [])
+    if resume:
+        if config or items:
+            raise BadInput("--resume continues a run with its own config; drop --config and key=value overrides")
+        from tunix_rt.train.run import resolve_run
+
+        config = str(resolve_run(resume, home) / "config.yaml")
+    for flag, value, allowed in (("engine", engine, ENGINES), ("device", device, DEVICES)):
+        if value is not None:
+            if value not in allowed:
+                raise BadInput(f"--{flag} must be one of {'|'.join(allowed)}, got {value!r}")
+            items.append(f"{flag}={value}")
+    if force:
+        items.append("force=true")
+    if merge and not resume:
+        items.append("merge=true")
+    cfg = TrainConfig.load(config, items)
+    chosen = pick_engine(cfg.engine, cfg.device)
+    if chosen == "jax":
+        from tunix_rt.train.jax_engine import train as run_train
+    else:
+        from tunix_rt.train.torch_engine import train as run_train
+    run_dir = run_train(cfg, home, resume)
+    typer.echo(str(run_dir))

@@ -1,0 +1,126 @@
+"""Rendered examples → micro-batches: a seeded order, right padding, labels, optional packing.
+
+The order is an endless stream of epochs, each a permutation drawn from (seed, epoch); a
+micro-batch takes the next examples of the stream. The whole data state is therefore the
+`DataPosition` (epoch, cursor): a checkpoint stores it and a resumed run sees exactly the
+examples an uninterrupted run would have seen.
+
+Packing puts consecutive examples of the stream into one row while they fit. Attention is
+kept inside each example by the position ids: they restart at 0 for every example, and transformers' mask builder turns a restart into a block boundary
+(`masking_utils.find_packed_sequence_indices`), giving a block-diagonal causal mask for both
+full and sliding-window layers with no 4D mask built here. RoPE positions are the same as
+unpacked, so a packed example has the same loss as alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tunix_rt.errors import BadInput
+from tunix_rt.render import Rendered
+from tunix_rt.train.loss import IGNORE
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where the stream is: the epoch and the index of the next example in its permutation."""
+
+    epoch: int = 0
+    cursor: int = 0
+
+
+@dataclass
+class Batch:
+    """One micro-batch as torch tensors [B, L] plus what the logs need."""
+
+    input_ids: "torch.Tensor"
+    labels: "torch.Tensor"  # next-token targets, IGNORE where no loss
+    position_ids: "torch.Tensor"
+    example_ids: list[str]
+    n_tokens: int  # real (non-padding) tokens
+    n_supervised: int  # positions with a target
+
+    def to(self, device) -> "Batch":
+        return Batch(self.input_ids.to(device), self.labels.to(device), self.position_ids.to(device),
+                     self.example_ids, self.n_tokens, self.n_supervised)
+
+
+class BatchStream:
+    """Deterministic micro-batches from rendered examples, resumable from a DataPosition."""
+
+    def __init__(self, examples: list[Rendered], batch_size: int, max_seq_len: int, packing: bool,
+                 seed: int, pad_id: int, position: DataPosition = DataPosition()):
+        if not examples:
+            raise BadInput("no training examples left (empty split, or all dropped as too long)")
+        self.examples, self.batch_size, self.max_seq_len = examples, batch_size, max_seq_len
+        self.packing, self.seed, self.pad_id = packing, seed, pad_id
+        self.position = position
+        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
+            self._perm_epoch = epoch
+        return self._perm
+
+    def _peek(self) -> Rendered:
+        return self.examples[int(self._order(self.position.epoch)[self.position.cursor])]
+
+    def _take(self) -> Rendered:
+        ex = self._peek()
+        epoch, cursor = self.position.epoch, self.position.cursor + 1
+        if cursor == len(self.examples):
+            epoch, cursor = epoch + 1, 0
+        self.position = DataPosition(epoch, cursor)
+        return ex
+
+    def next_rows(self) -> list[list[Rendered]]:
+        """The examples of the next micro-batch, one list per row."""
+        if not self.packing:
+            return [[self._take()] for _ in range(self.batch_size)]
+        rows: list[list[Rendered]] = []
+        for _ in range(self.batch_size):
+            row = [self._take()]
+            used = len(row[0].ids)
+            while used + len(self._peek().ids) <= self.max_seq_len:
+                row.append(self._take())
+                used += len(row[-1].ids)
+            rows.append(row)
+        return rows
+
+    def next_batch(self) -> Batch:
+        return collate(self.next_rows(), self.pad_id)
+
+
+def collate(rows: list[list[Rendered]], pad_id: int) -> Batch:
+    """Right-pad rows to the longest; labels[t] = ids[t+1] where the loss mask of t+1 is on,
+    inside the same example only."""
+    import torch
+
+    width = max(sum(len(ex.ids) for ex in row) for row in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    labels = np.full((len(rows), width), IGNORE, dtype=np.int64)
+    pos = np.zeros((len(rows), width), dtype=np.int64)
+    for r, row in enumerate(rows):
+        at = 0
+        for ex in row:
+            n = len(ex.ids)
+            x, m = np.asarray(ex.ids), np.asarray(ex.loss_mask, dtype=bool)
+            ids[r, at:at + n] = x
+            lab = np.where(m[1:], x[1:], IGNORE)
+            labels[r, at:at + n - 1] = lab
+            pos[r, at:at + n] = np.arange(n)
+            at += n
+        # The padding tail continues the last example's positions: it comes after it (causal)
+        # and carries no label, so it changes nothing, and an unpacked batch stays a plain
+        # arange, which keeps attention on the fast causal path.
+        pos[r, at:] = np.arange(n, n + width - at) if row else np.arange(width)
+    n_tokens = sum(len(ex.ids) for row in rows for ex in row)
+    return Batch(
+        input_ids=torch.from_numpy(ids), labels=torch.from_numpy(labels),
+        position_ids=torch.from_numpy(pos),
+        example_ids=[ex.id for row in rows for ex in row],
+        n_tokens=n_tokens, n_supervised=int((labels != IGNORE).sum()),
+    )

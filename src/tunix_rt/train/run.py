@@ -1,0 +1,229 @@
+"""The run directory both engines write: runs/<run_id>/.
+
+    config.yaml         the resolved config
+    run_manifest.json   command, config, engine, device facts, package versions, git sha,
+                        dataset and model sha256, seed, started/finished, status, error
+    metrics.jsonl       one JSON object per logged step (and eval lines with "eval_loss")
+    tensorboard/        TensorBoard events of the same scalars
+    loss.png            the loss curve, drawn at the end
+    checkpoints/, final/
+
+`RunDir.recording()` wraps the work: whatever happens (an exception, Ctrl-C), the manifest
+leaves the "running" state with the error recorded. Only SIGKILL can leave a run marked
+running, and `--resume` takes such a run over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.evidence import (environment_snapshot, find_placeholders, git_sha, now_iso,
+                               write_bytes_atomic, write_json_atomic)
+from tunix_rt.home import Home
+from tunix_rt.train.config import TrainConfig
+
+MANIFEST = "run_manifest.json"
+METRICS = "metrics.jsonl"
+DATA_ORDER = "data_order.jsonl"
+
+_FAULT_COUNTS: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """Test hook for crash safety: with TUNIX_RT_FAULT=<name>@<n>, the n-th time this process
+    reaches the point named <name> it kills itself with SIGKILL (no cleanup can run)."""
+    spec = os.environ.get("TUNIX_RT_FAULT")
+    if not spec or not spec.startswith(name + "@"):
+        return
+    _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1
+    if _FAULT_COUNTS[name] == int(spec.split("@", 1)[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def new_run_id(cfg: TrainConfig) -> str:
+    """<run_name or model>-<YYYYmmdd-HHMMSS>-<4 hex>; a model path contributes its dir name."""
+    prefix = cfg.run_name or Path(cfg.model).name
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in prefix).strip("-.") or "run"
+    return f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def resolve_run(ref: str, home: Home) -> Path:
+    """A run id under <home>/runs, or a path to a run directory."""
+    path = Path(ref)
+    if not (path / MANIFEST).is_file():
+        path = home.runs / ref
+    if not (path / MANIFEST).is_file():
+        known = sorted(p.name for p in home.runs.glob("*") if (p / MANIFEST).is_file())[-10:]
+        raise BadInput(f"run {ref!r}: no such run (no {MANIFEST}); recent runs: {known}")
+    return path
+
+
+@dataclass
+class RunDir:
+    """A run directory and its manifest, kept in memory and rewritten atomically."""
+
+    path: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, cfg: TrainConfig, home: Home, engine: str) -> "RunDir":
+        home.ensure()
+        run_id = new_run_id(cfg)
+        tmp = home.runs / f".tmp-{run_id}"
+        tmp.mkdir(parents=True)
+        write_bytes_atomic(tmp / "config.yaml", cfg.to_yaml().encode())
+        run = cls(home.runs / run_id, {
+            "run_id": run_id,
+            "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else "python api: tunix_rt.train",
+            "engine": engine,
+            "config": cfg.to_dict(),
+            "seed": cfg.seed,
+            "git_sha": git_sha(),
+            "started_at": now_iso(),
+            "status": "created",
+        })
+        write_json_atomic(tmp / MANIFEST, run._clean(run.manifest))
+        os.rename(tmp, run.path)  # the run appears complete with its config, or not at all
+        return run
+
+    @classmethod
+    def open(cls, path: Path) -> "RunDir":
+        return cls(path, json.loads((path / MANIFEST).read_text()))
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    def update(self, **fields: Any) -> None:
+        self.manifest.update(fields)
+        self.manifest = self._clean(self.manifest)
+        write_json_atomic(self.path / MANIFEST, self.manifest)
+
+    def config(self) -> TrainConfig:
+        return TrainConfig.load(self.path / "config.yaml")
+
+    @staticmethod
+    def _clean(obj: Any) -> Any:
+        """Drop keys whose value is None: a manifest holds real values or omits the key.
+        (Config fields left unset, like limit, are omitted the same way.)"""
+        if isinstance(obj, dict):
+            return {k: RunDir._clean(v) for k, v in obj.items() if v is not None}
+        if isinstance(obj, list):
+            return [RunDir._clean(v) for v in obj]
+        return obj
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator["RunDir"]:
+        """Mark the run running; on the way out, succeeded, failed or interrupted."""
+        self.manifest.pop("error", None)  # a resumed run starts clean
+        self.update(status="running", environment=environment_snapshot())
+        try:
+            yield self
+        except KeyboardInterrupt:
+            self.update(status="interrupted", finished_at=now_iso(), error="interrupted by the user (Ctrl-C)")
+            raise
+        except BaseException as e:
+            self.update(status="failed", finished_at=now_iso(), error=f"{type(e).__name__}: {e}")
+            raise
+        finished = now_iso()
+        bad = find_placeholders({**self.manifest, "status": "succeeded", "finished_at": finished})
+        if bad:  # evidence with holes is a failed run, said so in the manifest
+            self.update(status="failed", finished_at=finished, error=f"manifest holds placeholder values at {bad}")
+            raise TunixRtError(f"{self.path / MANIFEST}: placeholder values at {bad}")
+        self.update(status="succeeded", finished_at=finished)
+
+
+class MetricsLog:
+    """metrics.jsonl plus TensorBoard; on resume, lines past the checkpoint step are cut so
+    every step appears exactly once."""
+
+    def __init__(self, run_dir: Path, resume_step: int = 0):
+        self.path = run_dir / METRICS
+        self.order_path = run_dir / DATA_ORDER
+        for p in (self.path, self.order_path):
+            _truncate_after(p, resume_step)
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+
+    def log(self, record: dict[str, Any]) -> None:
+        _append(self.path, record)
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)):
+                self.tb.add_scalar(f"train/{key}" if not key.startswith("eval") else f"eval/{key}", value, record["step"])
+
+    def log_order(self, step: int, example_ids: list[str]) -> None:
+        """Which examples made each optimizer step (data provenance; the resume test reads it)."""
+        _append(self.order_path, {"step": step, "ids": example_ids})
+
+    def close(self) -> None:
+        self.tb.flush()
+        self.tb.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, allow_nan=False) + "\n")
+        f.flush()
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep the lines of steps <= step (a killed run may have logged past its checkpoint,
+    and may have died mid-line)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("step", 0) <= step:
+            kept.append(line + "\n")
+    write_bytes_atomic(path, "".join(kept).encode())
+
+
+def plot_loss(run_dir: Path) -> Path:
+    """loss.png: training loss per step, and eval loss where measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(run_dir / METRICS)
+    train = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    evals = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
+    if not train:
+        raise TunixRtError(f"{run_dir / METRICS}: no loss to plot")
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(*zip(*train), label="train loss")
+    if evals:
+        ax.plot(*zip(*evals), "o-", label="eval loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy per supervised token")
+    ax.set_title(run_dir.name)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = run_dir / "loss.png"
+    tmp = run_dir / ".loss.png.tmp"
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out
