@@ -129,6 +129,9 @@ class RunDir:
         self.update(status="running", environment=environment_snapshot())
         try:
             yield self
+        except RunStopped as e:  # asked to stop between steps: a checkpoint was committed
+            self.update(status="stopped", finished_at=now_iso(), error=str(e))
+            return
         except KeyboardInterrupt:
             self.update(status="interrupted", finished_at=now_iso(), error="interrupted by the user (Ctrl-C)")
             raise
@@ -141,6 +144,16 @@ class RunDir:
             self.update(status="failed", finished_at=finished, error=f"manifest holds placeholder values at {bad}")
             raise TunixRtError(f"{self.path / MANIFEST}: placeholder values at {bad}")
         self.update(status="succeeded", finished_at=finished)
+
+
+class RunStopped(Exception):
+    """Raised by an engine's loop when its should_stop() hook says so (a cancelled job, a
+    worker shutting down). `recording()` marks the run stopped and swallows it."""
+
+
+def never() -> bool:
+    """The default should_stop hook: a run stops only when its steps are done."""
+    return False
 
 
 class MetricsLog:

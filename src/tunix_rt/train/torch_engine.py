@@ -20,7 +20,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import Batch, BatchStream
 from tunix_rt.train.loss import chunked_linear_ce, plain_ce, supervised_rows
-from tunix_rt.train.run import MetricsLog, RunDir, fault_point, plot_loss, resolve_run
+from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, fault_point, never, plot_loss, resolve_run
 from tunix_rt.train.schedule import lr_at
 
 # Fields a resumed run may change: where it runs, not what it computes.
@@ -280,8 +280,10 @@ def optimizer_step(s: Setup, step: int) -> tuple[float, float, list[Batch]]:
 
 # --------------------------------------------------------------------------- fit / validate
 
-def fit(s: Setup, run: RunDir, log: MetricsLog, start: int) -> dict[str, float]:
-    """Steps start+1 .. total_steps, with logging, eval and checkpoints at their intervals."""
+def fit(s: Setup, run: RunDir, log: MetricsLog, start: int,
+        should_stop: Callable[[], bool] = never) -> dict[str, float]:
+    """Steps start+1 .. total_steps, with logging, eval and checkpoints at their intervals.
+    When should_stop() turns true, the step just done is checkpointed and RunStopped raised."""
     from tunix_rt.train.progress import TrainProgress
 
     cfg, last = s.cfg, {}
@@ -301,8 +303,14 @@ def fit(s: Setup, run: RunDir, log: MetricsLog, start: int) -> dict[str, float]:
             fault_point("step")
             if cfg.eval_interval and done % cfg.eval_interval == 0 and done < s.total_steps:
                 log.log({"step": done, "eval_loss": validate(s)})
-            if cfg.save_interval and done % cfg.save_interval == 0 and done < s.total_steps:
+            saved = cfg.save_interval and done % cfg.save_interval == 0 and done < s.total_steps
+            if saved:
                 save_checkpoint(s, run, done)
+            if done < s.total_steps and should_stop():
+                if not saved:
+                    save_checkpoint(s, run, done)
+                raise RunStopped(f"stopped at step {done} of {s.total_steps} on request; "
+                                 f"checkpoint step-{done:06d} kept (continue with --resume {run.run_id})")
     return last
 
 
@@ -415,8 +423,10 @@ def check_plan(cfg: TrainConfig, device) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- entry point
 
-def train(cfg: TrainConfig, home: Home, resume: str | None = None) -> Path:
-    """Train with PyTorch; returns the run directory. `resume` is a run id or directory."""
+def train(cfg: TrainConfig, home: Home, resume: str | None = None,
+          should_stop: Callable[[], bool] = never) -> Path:
+    """Train with PyTorch; returns the run directory. `resume` is a run id or directory;
+    `should_stop` is polled after every step (the job worker's cancel hook)."""
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -434,7 +444,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None) -> Path:
                    **({"resumed_from_step": start} if start else {}))
         log = MetricsLog(run.path, start)
         try:
-            last = fit(s, run, log, start) if start < s.total_steps else {}
+            last = fit(s, run, log, start, should_stop) if start < s.total_steps else {}
             eval_loss = validate(s)
             if math.isfinite(eval_loss):
                 log.log({"step": s.total_steps, "eval_loss": eval_loss})
