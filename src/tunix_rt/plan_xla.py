@@ -1,0 +1,230 @@
+"""XLA's own memory estimate of the JAX engine's train step, with no weight allocated.
+
+    python -m tunix_rt.plan_xla '<PlanInputs as JSON>'   # prints one JSON line
+
+The step is the engine's: Tunix's Gemma (`models.jax_loader`: the config built from the
+preset's config.json fields, hidden states without the vocabulary head), qwix LoRA/QLoRA
+(`train.jax_engine.apply_lora`), the chunked loss (`train.jax_loss`) and the engine's optax
+optimizer (clipping included), jitted with the parameters and optimizer state donated. The
+model is built under `nnx.eval_shape` (abstract shapes with Tunix's sharding annotations),
+the step is lowered with `jax.ShapeDtypeStruct` arguments sharded over an ('fsdp', 'tp')
+mesh of fake CPU devices, compiled, and `memory_analysis()` gives argument + output - alias
++ temp bytes per device.
+
+Why a subprocess: the fake device count (`--xla_force_host_platform_device_count`) is read
+once, when jax is first imported; `tunix_rt.plan.xla_estimate` sets it and runs this module.
+
+What the CPU compiler does differently from a TPU's: Tunix skips its activation sharding
+constraints on CPU, so we apply them (`_force_activation_sharding`), and we ask for XLA's
+memory-optimised CPU scheduler. It still keeps more all-gathered FSDP weights alive at once
+than a TPU's memory-aware scheduler would, so on many devices this estimate is an upper
+bound (see plan.py and the tests for measured agreement).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+SCHEDULER_FLAG = "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+
+
+def _setup_env(devices: int) -> None:
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        flags += f" --xla_force_host_platform_device_count={devices}"
+    if "xla_cpu_scheduler_type" not in flags:
+        flags += " " + SCHEDULER_FLAG
+    os.environ["XLA_FLAGS"] = flags.strip()
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def _force_activation_sharding(mesh) -> None:
+    """Tunix's `shard()` returns its input unchanged on a CPU platform; a TPU run applies
+    the constraints (batch on fsdp). Make the fake CPU devices behave like the TPU."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+    from tunix.models.gemma import model as gemma
+    from tunix.utils import sharding_utils
+
+    def shard(x, s, eager: bool = False):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*s)))
+
+    gemma.shard = shard
+    sharding_utils.shard = shard
+
+
+def _train_config(spec: dict[str, Any]):
+    from tunix_rt.train.config import TrainConfig
+
+    return TrainConfig(
+        model=spec["model"], dataset="(plan)", method=spec["method"], lora_rank=spec["lora_rank"],
+        lora_targets=list(spec["lora_targets"]), lora_weight_qtype=spec["weight_qtype"],
+        optimizer=spec["optimizer"], batch_size=spec["batch"], grad_accum=spec["grad_accum"],
+        max_seq_len=spec["seq"], dtype=spec["dtype"], loss_impl=spec["loss_impl"],
+        loss_chunk_tokens=spec["loss_chunk_tokens"], gradient_checkpointing=spec["remat"],
+        grad_clip=spec["grad_clip"], engine="jax", max_steps=1,
+    )
+
+
+def _abstract_model(spec: dict[str, Any], mesh):
+    """Tunix's Gemma (with LoRA when asked) as abstract arrays: no weight is allocated."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from tunix_rt.models import jax_loader
+    from tunix_rt.plan import resolve_preset
+    from tunix_rt.train.jax_engine import apply_lora
+
+    hf = dict(resolve_preset(spec["model"]).hf_config)
+    family = jax_loader.family_of(hf)
+    dtype = jnp.float32 if spec["dtype"] == "fp32" else jnp.bfloat16
+    if family == "gemma3":
+        tcfg = jax_loader.gemma3_config(hf, dtype, spec["remat"])
+    else:
+        tcfg = jax_loader.gemma_config(hf, spec["remat"])
+    cls = jax_loader._model_class(family, jax_loader.layer_types(hf))
+    cfg = _train_config(spec)
+
+    def build():
+        model = cls(tcfg, rngs=nnx.Rngs(0))
+        if family != "gemma3" and dtype != jnp.float32:  # Tunix's Gemma 1/2 is built in fp32
+            state = nnx.state(model, nnx.Param)
+            nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), state))
+        if spec["method"] == "lora":
+            model = apply_lora(model, cfg, tcfg)
+        return model
+
+    with jax.set_mesh(mesh):
+        model = nnx.eval_shape(build)
+    return model, cfg
+
+
+def _sharded(tree, mesh, n: int):
+    """ShapeDtypeStructs with NamedShardings: the model's own annotations where they divide
+    the shape, else the largest dimension divisible by the fsdp size, else replicated."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def one(x):
+        spec = getattr(getattr(x, "sharding", None), "spec", None)
+        if spec is not None and _divides(x.shape, spec, mesh):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec))
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, _largest_dim_spec(x.shape, n)))
+
+    return jax.tree.map(one, tree)
+
+
+def _divides(shape, spec, mesh) -> bool:
+    for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        size = 1
+        for a in names:
+            size *= mesh.shape[a]
+        if dim % size:
+            return False
+    return True
+
+
+def _largest_dim_spec(shape, n: int):
+    from jax.sharding import PartitionSpec
+
+    order = sorted(range(len(shape)), key=lambda i: -shape[i])
+    for i in order:
+        if n > 1 and shape[i] % n == 0:
+            spec = [None] * len(shape)
+            spec[i] = "fsdp"
+            return PartitionSpec(*spec)
+    return PartitionSpec()
+
+
+def estimate(spec: dict[str, Any]) -> dict[str, Any]:
+    """Lower and compile the train step with abstract arguments; XLA's bytes per device."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from tunix_rt.train import jax_loss
+    from tunix_rt.train.jax_engine import make_optimizer
+
+    t0 = time.perf_counter()
+    n, tp = spec["devices"], spec.get("tp", 1)
+    if len(jax.devices()) < n:
+        raise SystemExit(f"need {n} devices, jax sees {len(jax.devices())} (XLA_FLAGS set too late?)")
+    mesh = jax.make_mesh((n // tp, tp), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    _force_activation_sharding(mesh)
+    model, cfg = _abstract_model(spec, mesh)
+    wrt = nnx.LoRAParam if spec["method"] == "lora" else nnx.Param
+    graphdef, trainable, rest = nnx.split(model, wrt, ...)
+    trainable = _sharded(trainable, mesh, n // tp)
+    rest = _sharded(rest, mesh, n // tp)
+    tx = make_optimizer(cfg, total_steps=1)
+    if spec["grad_accum"] > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=spec["grad_accum"])
+    opt_shapes = jax.eval_shape(tx.init, trainable)
+    by_shape = {}
+    for leaf in jax.tree.leaves(trainable):
+        by_shape.setdefault((leaf.shape, leaf.dtype), leaf.sharding)
+    opt_state = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_shape.get((x.shape, x.dtype))
+                                       or NamedSharding(mesh, _largest_dim_spec(x.shape, n // tp))),
+        opt_shapes)
+    chunk, impl = spec["loss_chunk_tokens"], spec["loss_impl"]
+
+    def step(trainable, opt_state, rest, tokens, positions, mask, weights):
+        def loss_fn(tr):
+            m = nnx.merge(graphdef, tr, rest)
+            h, _ = m(tokens, positions, None, mask, return_hidden=True)
+            emb, softcap = jax_loss.head_of(m)
+            targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
+            if impl == "plain":
+                return jax_loss.plain_ce_sum(h, emb, targets, weights, softcap)
+            return jax_loss.chunked_ce_sum(h, emb, targets, weights, chunk, softcap)
+
+        loss, grads = jax.value_and_grad(loss_fn)(trainable)
+        updates, opt_state = tx.update(grads, opt_state, trainable)
+        return optax.apply_updates(trainable, updates), opt_state, loss
+
+    b, seq = spec["batch"], spec["seq"]
+    data = NamedSharding(mesh, PartitionSpec("fsdp") if b % (n // tp) == 0 else PartitionSpec())
+    args = (
+        trainable, opt_state, rest,
+        jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=data),
+        jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=data),
+        jax.ShapeDtypeStruct((b, seq, seq), jnp.bool_, sharding=data),
+        jax.ShapeDtypeStruct((b, seq), jnp.float32, sharding=data),
+    )
+    out_sh = (jax.tree.map(lambda x: x.sharding, trainable), jax.tree.map(lambda x: x.sharding, opt_state),
+              NamedSharding(mesh, PartitionSpec()))
+    t1 = time.perf_counter()
+    with jax.set_mesh(mesh):
+        compiled = jax.jit(step, donate_argnums=(0, 1), out_shardings=out_sh).lower(*args).compile()
+    t2 = time.perf_counter()
+    ma = compiled.memory_analysis()
+    peak = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+    return {
+        "peak_bytes_per_device": int(peak),
+        "argument_bytes": int(ma.argument_size_in_bytes), "output_bytes": int(ma.output_size_in_bytes),
+        "alias_bytes": int(ma.alias_size_in_bytes), "temp_bytes": int(ma.temp_size_in_bytes),
+        "devices": n, "build_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
+    }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tunix_rt.plan_xla '<PlanInputs JSON>'", file=sys.stderr)
+        return 2
+    spec = json.loads(argv[0])
+    _setup_env(int(spec["devices"]))
+    print(json.dumps(estimate(spec)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
