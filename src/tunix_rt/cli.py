@@ -25,7 +25,7 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
     home: Annotated[Optional[str], typer.Option("--home", help="Home directory (default: $TUNIX_RT_HOME or ~/.tunix-rt).")] = None,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,

@@ -3,6 +3,8 @@ McNemar p-value, --fail-below exit codes, --json, and run ids resolving to their
 
 from __future__ import annotations
 
+from tunix_rt.eval.runner import NO_ADAPTER, NO_RUN
+
 import json
 import math
 
@@ -21,7 +23,7 @@ def make_eval(root, name, correct: dict[str, bool], finished_at="2026-11-22T06:0
     metrics = {"accuracy": acc, "format_rate": acc, "answer_found_rate": 1.0, "lenient_accuracy": acc,
                "mean_completion_tokens": 5.0, "truncated_rate": 0.0, "n": len(correct), **metric_over}
     (d / "eval_summary.json").write_text(json.dumps({
-        "eval_id": name, "model": "tiny-gemma3", "adapter": "none", "run_id": "none", "engine": "torch",
+        "eval_id": name, "model": "tiny-gemma3", "adapter": NO_ADAPTER, "run_id": NO_RUN, "engine": "torch",
         "device": "cpu", "dataset": {"name": "toy", "version": "v1", "split": "dev", "sha256": "ab" * 32, "n": len(correct)},
         "decoding": {}, "metrics": metrics, "by_category": {}, "started_at": finished_at,
         "finished_at": finished_at, "duration_s": 1.0, "tokens_per_s": 10.0}))

@@ -3,6 +3,8 @@ never null, prompts rendered with the run's system prompt, bad input refused cle
 
 from __future__ import annotations
 
+from tunix_rt.eval.runner import NO_ADAPTER, NO_RUN
+
 import json
 import re
 
@@ -60,7 +62,7 @@ def test_eval_base_model_on_a_trace_file(cli, home, traces, tiny_dirs):
     _no_nulls(summary)
     assert all(k in summary for k in SUMMARY_FIELDS)
     assert all(k in summary["metrics"] for k in METRIC_FIELDS)
-    assert summary["adapter"] == "none" and summary["run_id"] == "none"
+    assert summary["adapter"] == NO_ADAPTER and summary["run_id"] == NO_RUN
     assert summary["engine"] == "torch" and summary["device"] == "cpu"
     assert summary["dataset"]["name"] == "toy" and summary["dataset"]["n"] == 6
     assert summary["dataset"]["split"] == "all" and len(summary["dataset"]["sha256"]) == 64

@@ -9,6 +9,8 @@ the bar below leaves room for float differences across machines."""
 
 from __future__ import annotations
 
+from tunix_rt.eval.runner import NO_ADAPTER, NO_RUN
+
 import json
 import shutil
 
@@ -76,7 +78,7 @@ def test_toy_model_reaches_known_accuracy(tiny_dirs, home, tmp_path):
     assert out.parent == run / "eval"  # evaluating a run writes under the run
     s = json.loads((out / SUMMARY).read_text())
     preds = [json.loads(line) for line in (out / PREDICTIONS).read_text().splitlines()]
-    assert s["system_prompt"] == SYSTEM and s["run_id"] == "toy-run" and s["adapter"] == "none"
+    assert s["system_prompt"] == SYSTEM and s["run_id"] == "toy-run" and s["adapter"] == NO_ADAPTER
     assert s["dataset"]["split"] == "all" and s["dataset"]["n"] == 25
     assert s["metrics"]["accuracy"] >= ACCURACY_BAR, preds
     assert s["metrics"]["format_rate"] >= ACCURACY_BAR

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.eval.runner import PREDICTIONS, SUMMARY
+from tunix_rt.eval.runner import NO_RUN, PREDICTIONS, SUMMARY
 from tunix_rt.home import Home
 
 METRICS = ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy",
@@ -35,7 +35,7 @@ class EvalResult:
     @property
     def label(self) -> str:
         s = self.summary
-        who = s["run_id"] if s.get("run_id", "none") != "none" else s["model"]
+        who = s["model"] if s.get("run_id", NO_RUN) == NO_RUN else s["run_id"]
         return f"{who} / {s.get('eval_id', self.path.name)}"
 
 

@@ -127,11 +127,15 @@ def length_sorted_batches(prompts: Sequence[Sequence[int]], batch_size: int) -> 
 class TorchGenerator:
     """Batched greedy/sampling decode with a KV cache on a transformers causal LM."""
 
-    def __init__(self, model, tok: "ChatTokenizer", device: str = "cpu"):
+    def __init__(self, model, tok: "ChatTokenizer", device: str = "cpu", lean: bool = True):
+        from tunix_rt.eval.fast_gemma import LeanGemma
+
         self.model = model.eval()
         self.tok = tok
         self.device = device
         self.stop_ids = tuple(tok.stop_ids)
+        self.lean = LeanGemma.for_model(self.model) if lean else None
+        """The lean decode step (Gemma 3/2), or None: every step through transformers."""
 
     def generate(
         self,
@@ -163,6 +167,9 @@ class TorchGenerator:
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(ids, mask, pos, cache)
         next_pos = pos[:, -1] + 1
+        state = self.lean.start(cache, mask, next_pos, cfg.max_new_tokens) if self.lean else None
+        if state is not None:
+            cache = None  # its contents now live in the preallocated buffers
         alive = list(range(len(prompts)))  # original row of each batch row
         outs: list[list[int]] = [[] for _ in prompts]
         stop = torch.tensor(self.stop_ids, device=dev)
@@ -177,9 +184,16 @@ class TorchGenerator:
                 break
             if bool(done.any()):
                 keep = (~done).nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
-                mask, next_pos, nxt = mask[keep], next_pos[keep], nxt[keep]
+                if state is not None:
+                    state.select(keep)
+                else:
+                    cache.batch_select_indices(keep)
+                    mask, next_pos = mask[keep], next_pos[keep]
+                nxt = nxt[keep]
                 alive = [alive[k] for k in keep.tolist()]
+            if state is not None:
+                logits = self.lean.step(nxt, state)
+                continue
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1

@@ -9,7 +9,7 @@ Where the files go:
 eval_id = <dataset>-<split>-<YYYYmmdd-HHMMSS>-<4 hex>. The directory is written under a
 temporary name and renamed when complete, so a failed eval leaves nothing half-written.
 
-No field is ever null: an eval without an adapter says "none" (adapter, run_id); a
+No field is ever null: an eval without an adapter says so in words (adapter, run_id); a
 completion without reasoning or answer has "" there.
 """
 
@@ -35,7 +35,8 @@ from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
 
 PREDICTIONS = "predictions.jsonl"
 SUMMARY = "eval_summary.json"
-NONE = "none"
+NO_ADAPTER = "base model (no adapter)"
+NO_RUN = "not a run (base model)"
 ENGINES = ("torch", "jax")
 DEVICES = {"torch": ("auto", "cpu", "cuda"), "jax": ("auto", "cpu", "gpu", "tpu")}
 
@@ -248,8 +249,8 @@ def run_eval(
         "eval_id": "",
         "model": target.model,
         "model_path": str(target.model_dir.resolve()),
-        "adapter": str(target.adapter_dir.resolve()) if target.adapter_dir else NONE,
-        "run_id": target.run_dir.name if target.run_dir else NONE,
+        "adapter": str(target.adapter_dir.resolve()) if target.adapter_dir else NO_ADAPTER,
+        "run_id": target.run_dir.name if target.run_dir else NO_RUN,
         "engine": req.engine,
         "device": device,
         "dataset": {"name": ds.name, "version": ds.version, "split": split, "sha256": ds.sha256, "n": len(records)},

@@ -1,0 +1,193 @@
+"""Our chunked loss against Tunix's default loss, both inside Tunix's PeftTrainer.
+
+    .venv/bin/python benchmarks/bench_jax_loss.py --home /work/main/.cache/test-home \
+        [--steps 3] [--warmup 1] [--rounds 1] [--chunk 256]
+
+Gemma 3 270M (real weights, `ensure_model("gemma3-270m")`), GSM8K traces rendered by
+tunix_rt.render (longer than --seq dropped), qwix LoRA r=16 alpha=32 on all projections,
+batch 4 x 256 (every batch padded to 256), fp32, CPU, AdamW at constant lr 2e-4, the
+same batches in the same order on both sides. Only the loss differs:
+
+- tunix: `peft_trainer._default_loss_fn` (full [B, L, V] logits, log_softmax, one-hot);
+  its target mask is our loss mask (the model turn), so both compute the same number;
+- ours: `tunix_rt.train.jax_loss` (hidden states, then a scan over --chunk-token chunks;
+  a custom VJP computes each chunk's gradient in the forward pass, targets by index).
+
+Each side runs in its own subprocess (peak RSS is its own, model loading included); sides
+alternate (ours, tunix, then tunix, ours, ...). Step time is the median of the measured
+steps (the first --warmup steps, which compile, are not measured). Also prints the loss of
+each side on the first batch, which must agree. Last line:
+`RESULT mem_ratio=<ours/tunix peak RSS> speed_ratio=<ours/tunix tokens/s>
+cpu_speed_ratio=<tunix/ours CPU-seconds per step> ...` (medians; CPU time is what a shared
+machine disturbs least).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TAG = "BENCH_JSON "
+
+
+def prepare(args) -> Path:
+    """Render GSM8K once and write the batches both sides train on, in order."""
+    from tunix_rt.home import Home
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.render import render_dataset
+    from tunix_rt.traces.dataset import load_dataset
+    from tunix_rt.train.data import BatchStream
+
+    home = Home.resolve()
+    model_dir = ensure_model(args.model, home)
+    tok = load_tokenizer(str(model_dir), home)
+    records = load_dataset("gsm8k", home).split("train")[: 64 * args.batch]
+    examples, stats = render_dataset(records, tok, args.seq, on_overlong="drop")
+    stream = BatchStream(examples, args.batch, args.seq, False, seed=0, pad_id=tok.pad_id)
+    steps = [[row[0] for row in stream.next_rows()] for _ in range(args.warmup + args.steps)]
+    data = {"model_dir": str(model_dir), "pad_id": tok.pad_id, "dropped_overlong": stats.dropped_overlong,
+            "steps": [[{"ids": e.ids, "loss_mask": e.loss_mask} for e in s] for s in steps]}
+    out = Path(tempfile.mkdtemp(prefix="bench-jax-loss-")) / "batches.json"
+    out.write_text(json.dumps(data))
+    return out
+
+
+def run_side(side: str, data: Path, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--seq", str(args.seq),
+           "--chunk", str(args.chunk), "--warmup", str(args.warmup)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+    line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
+    if r.returncode != 0 or line is None:
+        raise SystemExit(f"{side} failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
+    return json.loads(line[len(TAG):])
+
+
+# --------------------------------------------------------------------------- worker
+
+def batch_arrays(step, seq: int, pad_id: int, side: str):
+    import numpy as np
+
+    b = len(step)
+    ids = np.full((b, seq), pad_id, np.int32)
+    mask = np.zeros((b, seq), np.int32)
+    for r, e in enumerate(step):
+        ids[r, : len(e["ids"])] = e["ids"]
+        mask[r, : len(e["loss_mask"])] = e["loss_mask"]
+    if side == "tunix":  # its default loss uses input_mask as the target mask
+        return {"input_tokens": ids, "input_mask": mask.astype(bool), "real": ids != pad_id}
+    from tunix_rt.train.jax_loss import weights
+
+    return {"input_tokens": ids, "input_mask": ids != pad_id,
+            "loss_weights": weights(mask, mask[:, 1:].sum())}
+
+
+def worker(args) -> None:
+    import jax
+    import numpy as np
+    import optax
+    from tunix.sft import peft_trainer, utils
+
+    from tunix_rt.models.jax_loader import load_model, make_mesh
+    from tunix_rt.train.config import TrainConfig
+    from tunix_rt.train.jax_engine import apply_lora
+    from tunix_rt.train.jax_loss import make_loss_fn, model_inputs
+
+    data = json.loads(Path(args.data).read_text())
+    mesh = make_mesh()
+    cfg = TrainConfig(dataset="bench", lora_rank=16, lora_alpha=32.0)
+    with jax.set_mesh(mesh):
+        model, tcfg = load_model(data["model_dir"], mesh, "fp32")
+        model = apply_lora(model, cfg, tcfg)
+        rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        trainer = peft_trainer.PeftTrainer(
+            model, optax.adamw(2e-4), peft_trainer.TrainingConfig(eval_every_n_steps=10**9, max_steps=None,
+                                                                  max_inflight_computations=1))
+        if args.worker == "tunix":
+            def gen(b):
+                real = b["real"]
+                return {"input_tokens": b["input_tokens"], "input_mask": b["input_mask"],
+                        "positions": utils.build_positions_from_mask(real),
+                        "attention_mask": utils.make_causal_attn_mask(real)}
+            trainer.with_gen_model_input_fn(gen)
+        else:
+            trainer.with_gen_model_input_fn(lambda b: model_inputs(**b))
+            trainer.with_loss_fn(make_loss_fn(args.chunk))
+        step_fn, _ = trainer.jit_train_and_eval_step()
+        times, cpu, losses, tokens = [], [], [], []
+        for i, step in enumerate(data["steps"]):
+            batch = {k: jax.numpy.asarray(v) for k, v in batch_arrays(step, args.seq, data["pad_id"], args.worker).items()}
+            t0, c0 = time.perf_counter(), time.process_time()
+            loss, _, _ = step_fn(batch)
+            loss = float(loss)
+            dt, dc = time.perf_counter() - t0, time.process_time() - c0
+            losses.append(loss)
+            if i >= args.warmup:
+                times.append(dt)
+                cpu.append(dc)
+                tokens.append(sum(len(e["ids"]) for e in step))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    step_s = statistics.median(times)
+    print(TAG + json.dumps({"side": args.worker, "step_s": step_s, "tokens_per_s": statistics.median(tokens) / step_s,
+                            "cpu_s_per_step": statistics.median(cpu),
+                            "peak_rss": peak, "rss_after_load": rss_loaded, "losses": losses,
+                            "cpu_s": time.process_time()}))
+
+
+# --------------------------------------------------------------------------- parent
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--home", help="TUNIX_RT_HOME holding (or to receive) gemma3-270m")
+    ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--chunk", type=int, default=256, help="tokens per chunk of our loss")
+    ap.add_argument("--worker", choices=("ours", "tunix"), help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.home:
+        os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
+    data = prepare(args)
+    results: dict[str, list[dict]] = {"ours": [], "tunix": []}
+    for r in range(args.rounds):
+        for side in (("ours", "tunix") if r % 2 == 0 else ("tunix", "ours")):
+            res = run_side(side, data, args)
+            results[side].append(res)
+            print(f"round {r + 1} {side:5s}: {res['step_s']:.2f} s/step ({res['cpu_s_per_step']:.1f} CPU-s), "
+                  f"{res['tokens_per_s']:.0f} tok/s, "
+                  f"peak RSS {res['peak_rss'] / 2**30:.2f} GiB (after load {res['rss_after_load'] / 2**30:.2f}), "
+                  f"first loss {res['losses'][0]:.5f}", flush=True)
+    med = {s: {k: statistics.median(x[k] for x in v) for k in ("step_s", "cpu_s_per_step", "tokens_per_s", "peak_rss", "rss_after_load")}
+           for s, v in results.items()}
+    print(f"\nGemma 3 270M, LoRA r16 on all projections, batch {args.batch} x {args.seq}, fp32, CPU, "
+          f"{args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); our chunk {args.chunk} tokens")
+    print(f"{'side':8s} {'s/step':>8s} {'CPU-s/step':>11s} {'tok/s':>8s} {'peak RSS GiB':>13s} {'train extra GiB':>16s}")
+    for s in ("ours", "tunix"):
+        m = med[s]
+        print(f"{s:8s} {m['step_s']:8.2f} {m['cpu_s_per_step']:11.1f} {m['tokens_per_s']:8.0f} {m['peak_rss'] / 2**30:13.2f} "
+              f"{(m['peak_rss'] - m['rss_after_load']) / 2**30:16.2f}")
+    a, b = results["ours"][0]["losses"][0], results["tunix"][0]["losses"][0]
+    print(f"first-batch loss: ours {a:.6f}, tunix {b:.6f} (|diff| {abs(a - b):.2e})")
+    extra = lambda s: med[s]["peak_rss"] - med[s]["rss_after_load"]  # noqa: E731
+    print(f"RESULT mem_ratio={med['ours']['peak_rss'] / med['tunix']['peak_rss']:.3f} "
+          f"speed_ratio={med['ours']['tokens_per_s'] / med['tunix']['tokens_per_s']:.3f} "
+          f"cpu_speed_ratio={med['tunix']['cpu_s_per_step'] / med['ours']['cpu_s_per_step']:.3f} "
+          f"extra_mem_ratio={extra('ours') / max(extra('tunix'), 1):.3f} "
+          f"loss_diff={abs(a - b):.2e}")
+
+
+if __name__ == "__main__":
+    main()

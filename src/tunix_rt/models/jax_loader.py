@@ -1,0 +1,352 @@
+"""A google-tunix model from an HF-layout model directory (config.json + safetensors).
+
+Tunix's safetensors loaders ignore config.json: they need a `ModelConfig` that matches the
+weights. We build it from the directory's config.json (the same file transformers reads), so
+the real presets and the tiny test presets load through one path. Two things Tunix 0.1.7
+hard-codes are fixed here from config.json:
+
+- Gemma 3's attention pattern: Tunix cycles 5 sliding + 1 global layers; we take the
+  per-layer `layer_types` (the tiny preset alternates sliding/global every 2 layers).
+- Gemma 1's norm names: HF calls the pre-MLP norm `post_attention_layernorm`; Tunix's
+  Gemma loader maps that name to Gemma 2's post-attention norm, so we remap it.
+
+Never reads gs:// or a hub: only local files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tunix_rt.errors import BadInput
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+FAMILIES = {"gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2", "gemma": "gemma"}
+
+
+def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
+    """config.json of a model directory, with the text config of a multimodal Gemma 3."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise BadInput(f"{model_dir}: not an HF-layout model directory (no config.json)")
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    if cfg.get("model_type") == "gemma3" and "text_config" in cfg:
+        cfg = {**cfg["text_config"], "model_type": "gemma3_text"}
+    if not list(Path(model_dir).glob("*.safetensors")):
+        raise BadInput(f"{model_dir}: no *.safetensors weights")
+    return cfg
+
+
+def family_of(hf: dict[str, Any]) -> str:
+    try:
+        return FAMILIES[hf["model_type"]]
+    except KeyError:
+        raise BadInput(
+            f"model_type {hf.get('model_type')!r} is not supported by the JAX engine; "
+            f"supported: {sorted(FAMILIES)}"
+        ) from None
+
+
+def _rope_theta(hf: dict[str, Any], layer_type: str, default: float) -> float:
+    """rope_theta from a transformers 4 (flat) or 5 (rope_parameters) config."""
+    params = hf.get("rope_parameters") or {}
+    if layer_type in params:
+        return float(params[layer_type]["rope_theta"])
+    if "rope_theta" in params:
+        return float(params["rope_theta"])
+    if layer_type == "sliding_attention" and "rope_local_base_freq" in hf:
+        return float(hf["rope_local_base_freq"])
+    return float(hf.get("rope_theta", default))
+
+
+def _rope_factor(hf: dict[str, Any]) -> float:
+    """Linear RoPE scaling of the global layers (Gemma 3 4B and up use 8)."""
+    params = hf.get("rope_parameters") or {}
+    scaling = params.get("full_attention", params) if isinstance(params, dict) else {}
+    scaling = scaling if scaling.get("rope_type", "default") != "default" else hf.get("rope_scaling") or {}
+    if scaling and scaling.get("rope_type", scaling.get("type")) not in (None, "default", "linear"):
+        raise BadInput(f"RoPE scaling {scaling} is not supported by Tunix's Gemma 3")
+    return float(scaling.get("factor", 1.0)) if scaling else 1.0
+
+
+def layer_types(hf: dict[str, Any]) -> list[str]:
+    n = int(hf["num_hidden_layers"])
+    types = hf.get("layer_types")
+    if types is None:  # Gemma 2 before layer_types: sliding, global, sliding, ...
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    if len(types) != n:
+        raise BadInput(f"config.json: {len(types)} layer_types for {n} layers")
+    return list(types)
+
+
+def _check_query_scale(hf: dict[str, Any]) -> str:
+    """Tunix scales queries by 1/sqrt(head_dim) or 1/sqrt(width/heads); say which."""
+    q = hf.get("query_pre_attn_scalar", hf["head_dim"])
+    if q == hf["head_dim"]:
+        return "head_dim"
+    if q == hf["hidden_size"] // hf["num_attention_heads"]:
+        return "embed_div_heads"
+    raise BadInput(f"query_pre_attn_scalar={q} is neither head_dim nor width/heads")
+
+
+def gemma3_config(hf: dict[str, Any], param_dtype, remat: bool):
+    from tunix.models.gemma3 import model as g3
+
+    scale = _check_query_scale(hf)
+    return g3.ModelConfig(
+        num_layers=int(hf["num_hidden_layers"]),
+        num_embed=int(hf["vocab_size"]),
+        embed_dim=int(hf["hidden_size"]),
+        hidden_dim=int(hf["intermediate_size"]),
+        num_heads=int(hf["num_attention_heads"]),
+        head_dim=int(hf["head_dim"]),
+        num_kv_heads=int(hf["num_key_value_heads"]),
+        sliding_window_size=int(hf["sliding_window"]),
+        local_base_frequency=_rope_theta(hf, "sliding_attention", 10_000.0),
+        global_base_frequency=_rope_theta(hf, "full_attention", 1_000_000.0),
+        global_scale_factor=_rope_factor(hf),
+        query_pre_attn_norm=(
+            g3.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_HEAD_DIM
+            if scale == "head_dim"
+            else g3.QueryPreAttentionNormalisation.BY_ONE_OVER_SQRT_EMBED_DIM_DIV_NUM_HEADS
+        ),
+        remat_config=g3.RematConfig.DECODER if remat else g3.RematConfig.NONE,
+        param_dtype=param_dtype,
+    )
+
+
+def gemma_config(hf: dict[str, Any], remat: bool):
+    """Gemma 1 and Gemma 2 share Tunix's `tunix.models.gemma` code."""
+    from tunix.models.gemma import model as g
+
+    if _check_query_scale(hf) != "head_dim":
+        raise BadInput("Tunix's Gemma 1/2 scales queries by 1/sqrt(head_dim) only")
+    gemma2 = hf["model_type"] == "gemma2"
+    kinds = {"sliding_attention": g.AttentionType.LOCAL_SLIDING, "full_attention": g.AttentionType.GLOBAL}
+    types = layer_types(hf) if gemma2 else ["full_attention"] * int(hf["num_hidden_layers"])
+    if _rope_theta(hf, "full_attention", 10_000.0) != 10_000.0:
+        raise BadInput("Tunix's Gemma 1/2 uses rope_theta 10000 only")
+    return g.ModelConfig(
+        num_layers=int(hf["num_hidden_layers"]),
+        num_embed=int(hf["vocab_size"]),
+        embed_dim=int(hf["hidden_size"]),
+        hidden_dim=int(hf["intermediate_size"]),
+        num_heads=int(hf["num_attention_heads"]),
+        head_dim=int(hf["head_dim"]),
+        num_kv_heads=int(hf["num_key_value_heads"]),
+        final_logit_softcap=hf.get("final_logit_softcapping") if gemma2 else None,
+        use_post_attn_norm=gemma2,
+        use_post_ffw_norm=gemma2,
+        attention_types=tuple(kinds[t] for t in types),
+        attn_logits_soft_cap=hf.get("attn_logit_softcapping") if gemma2 else None,
+        sliding_window_size=int(hf["sliding_window"]) if gemma2 else None,
+        remat_config=g.RematConfig.DECODER if remat else g.RematConfig.NONE,
+    )
+
+
+def _hidden(model, tokens, positions, cache, attention_mask):
+    """Embed, run the layers (with the KV cache when given), final norm: the hidden states
+    before the vocabulary head, and the new cache."""
+    x = model.embedder.encode(tokens)
+    new_cache = None if cache is None else {}
+    for i, layer in enumerate(model.layers):
+        name = f"layer_{i}"
+        layer_cache, x = layer(x, positions, cache[name] if cache else None, attention_mask)
+        if cache is not None:
+            new_cache[name] = layer_cache
+    return model.final_norm(x), new_cache
+
+
+def _model_class(family: str, types: list[str]):
+    """Tunix's Gemma class with two changes: `return_hidden=True` stops before the vocabulary
+    projection (our chunked loss computes logits itself; it goes through `__call__` so that
+    qwix's LoRA interception, which wraps only `__call__`, applies), and for Gemma 3 the
+    attention type (and RoPE base) of each layer is taken from config.json."""
+    if family != "gemma3":
+        from tunix.models.gemma import model as g
+
+        class Gemma(g.Gemma):
+            def __call__(self, last_tokens, positions, cache, attention_mask,
+                         output_hidden_states=False, return_hidden=False):
+                if return_hidden:
+                    return _hidden(self, last_tokens, positions, cache, attention_mask)
+                return super().__call__(last_tokens, positions, cache, attention_mask, output_hidden_states)
+
+        Gemma.__module__ = __name__
+        return Gemma
+
+    from tunix.models.gemma3 import model as g3
+
+    pattern = tuple(
+        g3.AttentionType.LOCAL_SLIDING if t == "sliding_attention" else g3.AttentionType.GLOBAL
+        for t in types
+    )
+
+    class Gemma3(g3.Gemma3):
+        def __init__(self, config, *, rngs):
+            super().__init__(config, rngs=rngs)
+            for layer, kind in zip(self.layers, pattern):
+                attn = layer.attn
+                attn.attn_type = kind
+                local = kind == g3.AttentionType.LOCAL_SLIDING
+                attn.rope_base_frequency = config.local_base_frequency if local else config.global_base_frequency
+                attn.rope_scale_factor = config.local_scale_factor if local else config.global_scale_factor
+
+        def __call__(self, last_tokens, positions=None, cache=None, attention_mask=None,
+                     output_hidden_states=False, return_hidden=False):
+            if return_hidden:
+                return _hidden(self, last_tokens, positions, cache, attention_mask)
+            return super().__call__(last_tokens, positions, cache, attention_mask, output_hidden_states)
+
+    Gemma3.__module__ = __name__
+    return Gemma3
+
+
+def _gemma1_key_mapping(base):
+    """HF Gemma 1's `post_attention_layernorm` is the pre-MLP norm (Tunix: pre_ffw_norm)."""
+
+    def mapping(cfg):
+        out = dict(base(cfg))
+        out[r"model\.layers\.([0-9]+)\.post_attention_layernorm\.weight"] = (
+            r"layers.\1.pre_ffw_norm.scale",
+            None,
+        )
+        return out
+
+    return mapping
+
+
+def tunix_config(model_dir: str | Path, dtype: str = "fp32", remat: bool = False):
+    """(family, Tunix ModelConfig) of an HF-layout model directory."""
+    import jax.numpy as jnp
+
+    hf = read_hf_config(model_dir)
+    family = family_of(hf)
+    if family == "gemma3":
+        return family, gemma3_config(hf, getattr(jnp, DTYPES[dtype]), remat)
+    return family, gemma_config(hf, remat)
+
+
+def make_mesh(shape: dict[str, int] | str = "auto", devices=None):
+    """An (fsdp, tp) mesh with Auto axes (Explicit axes fail in Tunix's embedding lookup).
+    auto: every device on fsdp. A mesh smaller than the device count uses the first ones."""
+    import jax
+
+    devices = list(devices if devices is not None else jax.devices())
+    if shape == "auto":
+        shape = {"fsdp": len(devices), "tp": 1}
+    fsdp, tp = int(shape.get("fsdp", 1)), int(shape.get("tp", 1))
+    if fsdp * tp > len(devices):
+        raise BadInput(
+            f"mesh fsdp={fsdp} x tp={tp} needs {fsdp * tp} devices; {len(devices)} "
+            f"{devices[0].platform} device(s) found"
+        )
+    return jax.make_mesh(
+        (fsdp, tp), ("fsdp", "tp"),
+        axis_types=(jax.sharding.AxisType.Auto,) * 2,
+        devices=devices[: fsdp * tp],
+    )
+
+
+def load_model(model_dir: str | Path, mesh=None, dtype: str = "fp32", remat: bool = False):
+    """(Tunix model, Tunix ModelConfig) with the directory's weights, sharded over `mesh`."""
+    import jax
+    import jax.numpy as jnp
+    from tunix.models import safetensors_loader
+
+    model_dir = str(Path(model_dir).resolve())
+    family, cfg = tunix_config(model_dir, dtype, remat)
+    mesh = mesh if mesh is not None else make_mesh("auto")
+    jdtype = getattr(jnp, DTYPES[dtype])
+    if family == "gemma3":
+        from tunix.models.gemma3 import params_safetensors as ps
+
+        key_mapping = ps._get_key_and_transform_mapping
+    else:
+        from tunix.models.gemma import params_safetensors as ps
+
+        key_mapping = ps._get_key_and_transform_mapping
+        if family == "gemma":
+            key_mapping = _gemma1_key_mapping(key_mapping)
+    model_class = _model_class(family, layer_types(read_hf_config(model_dir)))
+    with jax.set_mesh(mesh):
+        model = safetensors_loader.load_and_create_model(
+            file_dir=model_dir,
+            model_class=model_class,
+            config=cfg,
+            key_mapping=key_mapping,
+            mesh=mesh,
+            preprocess_fn=ps._make_preprocess_fn(cfg),
+            dtype=jdtype,
+            mode="optimized",
+        )
+    _check_loaded(model, model_dir)
+    return model, cfg
+
+
+def _check_loaded(model, model_dir: str) -> None:
+    """The loader leaves a parameter it found no tensor for as None: say which."""
+    from flax import nnx
+
+    missing = [
+        ".".join(map(str, path))
+        for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param))
+        if getattr(value, "value", value) is None
+    ]
+    if missing:
+        raise BadInput(f"{model_dir}: weights missing for {missing[:5]}{' …' if len(missing) > 5 else ''}")
+
+
+def hf_state(model, family: str) -> dict:
+    """The model's weights as HF-layout numpy tensors (the inverse of Tunix's loader
+    mapping), for final/merged/ after full fine-tuning. Tied embeddings: no lm_head."""
+    import numpy as np
+    from flax import nnx
+
+    norms = {
+        "pre_attention_norm": "input_layernorm",
+        "post_attention_norm": "post_attention_layernorm",  # gemma3
+        "post_attn_norm": "post_attention_layernorm",  # gemma2
+        "pre_ffw_norm": "post_attention_layernorm" if family == "gemma" else "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    }
+    out: dict[str, np.ndarray] = {}
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        keys = [str(k) for k in path]
+        w = np.asarray(var[...], np.float32)
+        if keys[:2] == ["embedder", "input_embedding"]:
+            out["model.embed_tokens.weight"] = w
+        elif keys[:2] == ["final_norm", "scale"]:
+            out["model.norm.weight"] = w
+        elif keys[0] == "layers":
+            out.update(_layer_to_hf(f"model.layers.{keys[1]}", keys[2:], w, norms))
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _layer_to_hf(pre: str, keys: list[str], w, norms: dict[str, str]) -> dict:
+    """One Tunix layer parameter → HF tensor(s). Einsum weights are [N, D, H] (q), [2, K, D, H]
+    (kv), [3, N, D, H] (qkv) and [N, H, D] (o); HF stores [out, in]."""
+    def proj(x):  # [N, D, H] -> [N*H, D]
+        return x.transpose(0, 2, 1).reshape(-1, x.shape[1])
+
+    name = ".".join(keys)
+    if keys[0] in norms and keys[-1] == "scale":
+        return {f"{pre}.{norms[keys[0]]}.weight": w}
+    table = {
+        "attn.q_einsum.w": lambda: {"self_attn.q_proj": proj(w)},
+        "attn.kv_einsum.w": lambda: {"self_attn.k_proj": proj(w[0]), "self_attn.v_proj": proj(w[1])},
+        "attn.qkv_einsum.w": lambda: {"self_attn.q_proj": proj(w[0]), "self_attn.k_proj": proj(w[1]),
+                                      "self_attn.v_proj": proj(w[2])},
+        "attn.attn_vec_einsum.w": lambda: {"self_attn.o_proj": w.reshape(-1, w.shape[-1]).T},
+        "attn._query_norm.scale": lambda: {"self_attn.q_norm": w},
+        "attn._key_norm.scale": lambda: {"self_attn.k_norm": w},
+        "mlp.gate_proj.kernel": lambda: {"mlp.gate_proj": w.T},
+        "mlp.up_proj.kernel": lambda: {"mlp.up_proj": w.T},
+        "mlp.down_proj.kernel": lambda: {"mlp.down_proj": w.T},
+    }
+    if name not in table:
+        raise BadInput(f"cannot export Tunix parameter {pre}.{name} to HF layout")
+    return {f"{pre}.{k}.weight": v for k, v in table[name]().items()}

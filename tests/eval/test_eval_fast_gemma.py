@@ -1,0 +1,74 @@
+"""The lean Gemma decode step against transformers' own forward, step by step: same logits
+with left padding, mixed prompt lengths and the sliding window (16 on the tiny models)
+overrun, for Gemma 3 (q/k norms, two RoPE bases) and Gemma 2 (softcaps, 2 KV heads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eval_testlib import QUESTIONS
+from tunix_rt.eval.fast_gemma import LeanGemma
+from tunix_rt.eval.generate import DecodeConfig, TorchGenerator, left_pad, position_ids
+from tunix_rt.eval.runner import load_model
+from tunix_rt.render import prompt_ids
+
+
+@pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma2"])
+def model_and_tok(request, tiny_dirs):
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs[request.param]
+    return load_model(d, None, "cpu"), ChatTokenizer.from_file(d)
+
+
+def _prompts(tok):
+    return [prompt_ids(q, tok, "" if i % 2 else "Think, then answer.") for i, q in enumerate(QUESTIONS)]
+
+
+def test_lean_step_logits_match_transformers(model_and_tok):
+    """Feed the same tokens to both for 30 steps (past the window of 16): the lean logits
+    equal transformers' to float rounding, and the argmax is the same everywhere."""
+    from transformers import DynamicCache
+
+    model, tok = model_and_tok
+    lean = LeanGemma.for_model(model)
+    assert lean is not None
+    prompts = _prompts(tok)
+    ids, mask = left_pad(prompts, tok.pad_id, "cpu")
+    pos = position_ids(mask)
+    steps = 30
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        state = lean.start(cache, mask, pos[:, -1] + 1, steps)
+        ref_cache = DynamicCache(config=model.config)
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=ref_cache, use_cache=True, logits_to_keep=1)
+        gen = torch.Generator().manual_seed(0)
+        nxt_pos = pos[:, -1] + 1
+        for _ in range(steps):
+            feed = torch.randint(6, tok.vocab_size, (len(prompts),), generator=gen)
+            ours = lean.step(feed, state)
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            ref = model(input_ids=feed[:, None], attention_mask=mask, position_ids=nxt_pos[:, None],
+                        past_key_values=ref_cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            nxt_pos = nxt_pos + 1
+            torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+            assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def test_lean_and_transformers_paths_decode_the_same(model_and_tok):
+    model, tok = model_and_tok
+    prompts = _prompts(tok)
+    cfg = DecodeConfig(max_new_tokens=24, batch_size=len(prompts))
+    fast, plain = TorchGenerator(model, tok), TorchGenerator(model, tok, lean=False)
+    assert fast.lean is not None and plain.lean is None
+    assert [g.ids for g in fast.generate(prompts, cfg)] == [g.ids for g in plain.generate(prompts, cfg)]
+
+
+def test_other_architectures_keep_the_transformers_path():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    assert LeanGemma.for_model(LlamaForCausalLM(cfg)) is None
