@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+from tunix_rt.evidence import peak_rss_bytes
 import statistics
 import subprocess
 import sys
@@ -106,7 +106,7 @@ def worker(args) -> None:
     with jax.set_mesh(mesh):
         model, tcfg = load_model(data["model_dir"], mesh, "fp32")
         model = apply_lora(model, cfg, tcfg)
-        rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        rss_loaded = peak_rss_bytes()
         trainer = peft_trainer.PeftTrainer(
             model, optax.adamw(2e-4), peft_trainer.TrainingConfig(eval_every_n_steps=10**9, max_steps=None,
                                                                   max_inflight_computations=1))
@@ -133,7 +133,7 @@ def worker(args) -> None:
                 times.append(dt)
                 cpu.append(dc)
                 tokens.append(sum(len(e["ids"]) for e in step))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     step_s = statistics.median(times)
     print(TAG + json.dumps({"side": args.worker, "step_s": step_s, "tokens_per_s": statistics.median(tokens) / step_s,
                             "cpu_s_per_step": statistics.median(cpu),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
+from tunix_rt.evidence import peak_rss_bytes
 import statistics
 import subprocess
 import sys
@@ -110,7 +110,7 @@ def _report(step_times: list[float], tokens: list[int], losses: list[float], war
         "tokens_per_cpu_s": sum(measured_tok) / sum(cpu_times[warmup:]),
         "step_s_mean": sum(measured_t) / len(measured_t),
         "step_s": step_times, "losses": losses, "last_loss": losses[-1],
-        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_rss_bytes": peak_rss_bytes(),
     }), flush=True)
 
 

@@ -59,6 +59,24 @@ def now_iso() -> str:
 
 # --------------------------------------------------------------------------- hashes, files
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size. On Linux, VmHWM from /proc/self/status: the
+    high-water mark of this process's own memory map. getrusage's ru_maxrss is not used
+    there because Linux carries it across fork and exec, so a child started by a large
+    parent (a pytest process holding models, a benchmark driver) reports the parent's size."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     """Hex sha256 of a file, streamed (model weights are GBs)."""
     import hashlib

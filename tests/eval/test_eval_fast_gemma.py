@@ -72,3 +72,19 @@ def test_other_architectures_keep_the_transformers_path():
     cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1)
     assert LeanGemma.for_model(LlamaForCausalLM(cfg)) is None
+
+
+def test_chunked_head_is_bit_identical_to_one_matmul(model_and_tok):
+    """Greedy equality with HF rests on this: chunking the vocabulary changes no sum."""
+    import tunix_rt.eval.fast_gemma as fg
+
+    model, _ = model_and_tok
+    lean = LeanGemma.for_model(model)
+    x = torch.randn(8, model.config.hidden_size, generator=torch.Generator().manual_seed(1))
+    before = fg.HEAD_CHUNK
+    try:
+        fg.HEAD_CHUNK = 100  # several chunks on the tiny vocabulary, the last one partial
+        with torch.inference_mode():
+            assert torch.equal(lean._head(x), torch.nn.functional.linear(x, model.lm_head.weight))
+    finally:
+        fg.HEAD_CHUNK = before

@@ -9,7 +9,7 @@ or the shared test home that holds the imported gemma3-270m).
 from __future__ import annotations
 
 import json
-import resource
+from tunix_rt.evidence import peak_rss_bytes
 import sys
 import time
 
@@ -35,7 +35,7 @@ def main() -> None:
     else:
         from tunix_rt.train.torch_engine import train
     train(cfg, home)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    peak = peak_rss_bytes()
     print(json.dumps({"measured_peak_rss": peak, "predicted": plan.peak_bytes_per_device,
                       "items": plan.items, "train_s": round(time.perf_counter() - t0, 1)}))
 

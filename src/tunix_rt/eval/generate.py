@@ -23,6 +23,11 @@ token against a KV cache. Prompts are sorted by length so a batch carries little
 padding is on the left, with an attention mask and position ids that count real tokens
 only, so a row decodes exactly as it would alone. Finished rows leave the batch and the
 cache is compacted, so the tail of a batch does not pay for rows that already stopped.
+
+For Gemma 3 and Gemma 2 the decode steps after that prefill run through
+`tunix_rt.eval.fast_gemma.LeanGemma` (same arithmetic on the same weights, a preallocated
+cache written in place, none of transformers' per-step mask/cache/RoPE work); any other
+model, or `lean=False`, steps through the transformers forward.
 """
 
 from __future__ import annotations
@@ -184,19 +189,18 @@ class TorchGenerator:
                 break
             if bool(done.any()):
                 keep = (~done).nonzero().squeeze(1)
+                nxt, alive = nxt[keep], [alive[k] for k in keep.tolist()]
                 if state is not None:
                     state.select(keep)
                 else:
                     cache.batch_select_indices(keep)
                     mask, next_pos = mask[keep], next_pos[keep]
-                nxt = nxt[keep]
-                alive = [alive[k] for k in keep.tolist()]
             if state is not None:
                 logits = self.lean.step(nxt, state)
-                continue
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
-            next_pos = next_pos + 1
+            else:
+                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+                logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
+                next_pos = next_pos + 1
         return outs
 
     def _forward(self, ids, mask, pos, cache):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import resource
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.evidence import peak_rss_bytes
 from tunix_rt.home import Home
 from tunix_rt.train.config import TrainConfig
 
@@ -115,7 +115,7 @@ def peak_memory_bytes(devices) -> int:
             peaks.append(0)
     if max(peaks, default=0) > 0:
         return max(peaks)
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return peak_rss_bytes()
 
 
 # --------------------------------------------------------------------------- model, LoRA, optimizer

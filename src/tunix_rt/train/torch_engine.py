@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import random
-import resource
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tunix_rt.errors import BadInput
+from tunix_rt.evidence import peak_rss_bytes
 from tunix_rt.home import Home
 from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
@@ -97,7 +97,7 @@ def peak_memory_bytes(device) -> int:
 
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    return peak_rss_bytes()
 
 
 # --------------------------------------------------------------------------- setup
