@@ -33,7 +33,6 @@ from tunix_rt.evidence import peak_rss_bytes
 from tunix_rt.home import Home
 from tunix_rt.train.config import TrainConfig
 
-RESUMABLE_CHANGES = ("device", "engine", "force")
 PLATFORMS = {"auto": None, "cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}
 HOW_TO_GET = {
     "tpu": "on Kaggle set Accelerator to TPU v3-8 / v5e-8 (Notebook options); elsewhere run on a "
@@ -667,21 +666,6 @@ def check_plan(cfg: TrainConfig, platform: str, n: int) -> dict[str, Any]:
             "plan_fits": bool(plan.fits)}
 
 
-def open_run(cfg: TrainConfig, home: Home, resume: str | None):
-    from tunix_rt.train.run import RunDir, resolve_run
-
-    if not resume:
-        return RunDir.create(cfg, home, "jax")
-    run = RunDir.open(resolve_run(resume, home))
-    stored = run.config().to_dict()
-    diff = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES and stored.get(k) != v)
-    if diff:
-        raise BadInput(f"--resume {run.run_id}: the config differs from the run's in {diff}; "
-                       "a resumed run continues the same config")
-    if run.manifest.get("status") == "succeeded":
-        raise BadInput(f"run {run.run_id} already succeeded; nothing to resume")
-    return run
-
 
 def train(cfg: TrainConfig, home: Home, resume: str | None = None, should_stop=None) -> Path:
     """Train with JAX / google-tunix; returns the run directory (the torch engine's layout).
@@ -698,7 +682,9 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None, should_stop=N
     facts = device_facts(devices)
     check_dtype(cfg, facts["platform"])
     predicted = check_plan(cfg, facts["platform"], len(devices))
-    run = open_run(cfg, home, resume)
+    from tunix_rt.train.run import open_run
+
+    run = open_run(cfg, home, resume, "jax")
     console.print(f"[bold]jax[/bold] {facts['platform']} x{facts['count']} "
                   f"(processes: {facts['process_count']}): " + ", ".join(facts["names"]))
     with run.recording():

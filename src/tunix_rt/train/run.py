@@ -240,3 +240,23 @@ def plot_loss(run_dir: Path) -> Path:
     plt.close(fig)
     os.replace(tmp, out)
     return out
+
+
+# Fields a resumed run may change: where it runs, not what it computes.
+RESUMABLE_CHANGES = ("device", "engine", "force")
+
+
+def open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "RunDir":
+    """A new run directory, or the one `resume` names when its config is the same (only
+    RESUMABLE_CHANGES may differ) and it has not already succeeded."""
+    if not resume:
+        return RunDir.create(cfg, home, engine)
+    run = RunDir.open(resolve_run(resume, home))
+    stored = run.config().to_dict()
+    diff = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES and stored.get(k) != v)
+    if diff:
+        raise BadInput(f"--resume {run.run_id}: the config differs from the run's in {diff}; "
+                       "a resumed run continues the same config")
+    if run.manifest.get("status") == "succeeded":
+        raise BadInput(f"run {run.run_id} already succeeded; nothing to resume")
+    return run

@@ -30,11 +30,9 @@ from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import Batch, BatchStream
 from tunix_rt.train.loss import chunked_linear_ce, plain_ce, supervised_rows
-from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, fault_point, never, plot_loss, resolve_run
+from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, fault_point, never, open_run, plot_loss
 from tunix_rt.train.schedule import lr_at
 
-# Fields a resumed run may change: where it runs, not what it computes.
-RESUMABLE_CHANGES = ("device", "engine", "force")
 
 
 # --------------------------------------------------------------------------- devices
@@ -433,7 +431,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
     device = resolve_device(cfg)
     predicted = check_plan(cfg, device)
     tune_cpu_allocator(device)
-    run = _open_run(cfg, home, resume)
+    run = open_run(cfg, home, resume, "torch")
     with run.recording():
         s = setup(cfg, home, device)
         start = restore(s, run)
@@ -468,19 +466,6 @@ def _final_metrics(run_dir: Path, last: dict, eval_loss: float) -> dict[str, Any
         out["eval_loss"] = eval_loss
     return out
 
-
-def _open_run(cfg: TrainConfig, home: Home, resume: str | None) -> RunDir:
-    if not resume:
-        return RunDir.create(cfg, home, "torch")
-    run = RunDir.open(resolve_run(resume, home))
-    stored = run.config().to_dict()
-    diff = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES and stored.get(k) != v)
-    if diff:
-        raise BadInput(f"--resume {run.run_id}: the config differs from the run's in {diff}; "
-                       "a resumed run continues the same config")
-    if run.manifest.get("status") == "succeeded":
-        raise BadInput(f"run {run.run_id} already succeeded; nothing to resume")
-    return run
 
 
 def _print_summary(console, run: RunDir, facts: dict, info: dict, start: int) -> None:
