@@ -71,6 +71,11 @@ def test_eval_base_model_on_a_trace_file(cli, home, traces, tiny_dirs):
     assert set(summary["by_category"]) == {"even", "odd"}
     assert summary["system_prompt"] == DEFAULT_SYSTEM_PROMPT
     assert [p["id"] for p in preds] == [f"q{i}" for i in range(6)]  # dataset order kept
+    import sqlite3  # `eval` records the evaluation and its per-item predictions in the registry
+
+    with sqlite3.connect(home.registry_db) as db:
+        assert db.execute("select count(*) from evaluations").fetchone()[0] == 1
+        assert db.execute("select count(*) from predictions").fetchone()[0] == 6
     tok = ChatTokenizer.from_file(tiny_dirs["tiny-gemma3"])
     for p, rec in zip(preds, _records()):
         _no_nulls(p)

@@ -70,6 +70,12 @@ def test_smoke_preset_through_the_cli_writes_every_file_and_loss_falls(home):
     first, last = steps[0]["loss"], sum(r["loss"] for r in steps[-3:]) / 3
     assert last < first - 0.1, (first, last)  # loss falls
     assert any("eval_loss" in r for r in read_jsonl(run / "metrics.jsonl"))
+    # `train` records the run: the registry points at the directory, with its metrics.
+    import sqlite3
+
+    with sqlite3.connect(home.registry_db) as db:
+        assert db.execute("select status from runs where id = ?", (run.name,)).fetchall() == [("succeeded",)]
+        assert db.execute("select count(*) from metrics where run_id = ?", (run.name,)).fetchone()[0] >= 12
 
 
 def test_lora_packing_accum_merge_outputs_load(home, tmp_path):

@@ -45,6 +45,9 @@ def eval_cmd(
                       engine=engine, device=device, decode=decode, out=out_dir)
     with GenerationProgress() as progress:
         path = run_eval(req, on_start=progress.start, on_tokens=progress.advance)
+    from tunix_rt.registry.record import record_eval
+
+    record_eval(path)
     summary = json.loads((path / SUMMARY).read_text(encoding="utf-8"))
     if as_json:
         print(json.dumps(summary, indent=2))

@@ -66,4 +66,7 @@ def train_cmd(
     else:
         from tunix_rt.train.torch_engine import train as run_train
     run_dir = run_train(cfg, home, resume)
+    from tunix_rt.registry.record import record_run
+
+    record_run(run_dir)  # the run directory stays the source of truth; the registry points at it
     typer.echo(str(run_dir))
