@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.evidence import fsync_dir, sha256_file
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import Preset, get_preset
 from tunix_rt.models.store import MODEL_MANIFEST, installed_dir
@@ -182,7 +182,7 @@ def _install(target: Path, build: Callable[[Path], _Built], say: Say) -> Path:
         _fsync_tree(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp made it private
         os.rename(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -227,23 +227,7 @@ def _fsync_tree(root: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    fsync_dir(root)
 
 
 def _version(dist: str) -> str | None:

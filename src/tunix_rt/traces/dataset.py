@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import tunix_rt
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.evidence import fsync_dir
 from tunix_rt.home import Home
 from tunix_rt.traces.importers import FORMATS, get_importer, gsm8k_split_name
 from tunix_rt.traces.reader import DEFAULT_MAX_LINE_BYTES, Scan, scan
@@ -323,14 +324,6 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _rejects_bytes(result: Scan) -> bytes:
     rows = (
         {"file": e.file, "line": e.line, "field": e.field, "reason": e.reason,
@@ -403,10 +396,10 @@ def _commit(staging: Path, target: Path, files: dict[str, bytes]) -> None:
     """Write and fsync every file in staging, then rename staging to target (atomic)."""
     for name, data in files.items():
         _write_file(staging / name, data)
-    _fsync_dir(staging)
+    fsync_dir(staging)
     target.parent.mkdir(exist_ok=True)
     try:
         os.rename(staging, target)
     except OSError as e:  # e.g. another import took this version meanwhile
         raise TunixRtError(f"{target}: could not move the dataset into place ({e}); nothing imported") from None
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
