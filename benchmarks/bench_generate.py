@@ -10,6 +10,9 @@ machine disturbs less than wall time (use --threads 1 there: idle OpenMP threads
 
     .venv/bin/python benchmarks/bench_generate.py [--model gemma3-270m] [--rounds 3]
 
+`--no-screen` turns off the int8-screened greedy head (tunix_rt.eval.screened_head) to show
+what it adds over the lean decode step alone.
+
 Last line: RESULT speed_ratio=<ours/HF tokens/s> ours_tok_s=… hf_tok_s=… identical=1
 """
 
@@ -76,6 +79,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    ap.add_argument("--no-screen", action="store_true",
+                    help="ours without the int8-screened greedy head (full fp32 logits each step)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -87,7 +92,11 @@ def main() -> None:
     prompts = gsm8k_prompts(tok, args.batch)
     cfg = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=args.batch)
     gen = TorchGenerator(model, tok, "cpu")
-    print(f"model {model_dir}  threads {torch.get_num_threads()}  lean step {'on' if gen.lean else 'off'}  batch {args.batch}  "
+    if args.no_screen and gen.lean is not None:
+        gen.lean._screen = None
+    screen = gen.lean.screen() if gen.lean is not None else None
+    print(f"model {model_dir}  threads {torch.get_num_threads()}  lean step {'on' if gen.lean else 'off'}  "
+          f"int8 screen {'on' if screen else 'off'}  batch {args.batch}  "
           f"prompt lengths {sorted(len(p) for p in prompts)}  new tokens {args.new_tokens}")
 
     # Warm-up both paths (allocator, first-call overheads) on a short decode.
@@ -120,6 +129,9 @@ def main() -> None:
     for who, name in (("hf", "HF generate"), ("ours", "tunix-rt TorchGen")):
         print(f"{name:<20}{med[who]:>10.2f}{min(times[who]):>8.2f}{statistics.median(cpu[who]):>8.2f}"
               f"{n_tokens:>8}{n_tokens / med[who]:>10.1f}")
+    if screen is not None and screen.steps:
+        print(f"int8 screen: {screen.candidates / screen.steps:.1f} tokens rescored in fp32 per row-step "
+              f"(of {screen.vocab}), over {screen.steps} row-steps")
     print(f"ratio by min wall time {min(times['hf']) / min(times['ours']):.2f}, "
           f"by median CPU time {statistics.median(cpu['hf']) / statistics.median(cpu['ours']):.2f}")
     print(f"RESULT speed_ratio={ours_tps / hf_tps:.2f} ours_tok_s={ours_tps:.1f} "

@@ -26,3 +26,35 @@ def test_base_model_eval_is_complete_and_honest(cli, gemma3_270m, monkeypatch, t
     assert summary["metrics"]["format_rate"] <= 0.25  # the base model never learned the tags
     assert all(1 <= p["n_tokens"] <= 64 for p in preds) and summary["tokens_per_s"] > 0
     assert "accuracy" in r.out and str(out) in r.out.replace("\n", "")
+
+
+@pytest.mark.slow
+def test_int8_screened_head_decodes_the_real_model_like_full_logits(gemma3_270m):
+    """Gemma 3 270M (262,144-token head), 4 GSM8K prompts, 48 greedy tokens: the same ids
+    with the int8 screen as with full fp32 logits, and the screen rescored few tokens."""
+    import torch
+
+    from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
+    from tunix_rt.eval.runner import load_model
+    from tunix_rt.models.store import load_tokenizer
+    from tunix_rt.render import prompt_ids
+
+    tok = load_tokenizer(str(gemma3_270m), None)
+    model = load_model(gemma3_270m, None, "cpu")
+    prompts = [prompt_ids(q, tok) for q in (
+        "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips "
+        "in May. How many clips did Natalia sell altogether in April and May?",
+        "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting. "
+        "How much did she earn?",
+        "What is 7 times 8?",
+        "A train travels 60 km in 45 minutes. What is its speed in km per hour?",
+    )]
+    cfg = DecodeConfig(max_new_tokens=48, batch_size=4)
+    on, off = TorchGenerator(model, tok), TorchGenerator(model, tok)
+    off.lean._screen = None
+    with torch.inference_mode():
+        screened = [g.ids for g in on.generate(prompts, cfg)]
+        full = [g.ids for g in off.generate(prompts, cfg)]
+    assert screened == full
+    screen = on.lean.screen()
+    assert screen.steps > 0 and screen.candidates / screen.steps < 0.01 * screen.vocab

@@ -64,6 +64,7 @@ class DecodeState:
     mask: "torch.Tensor"  # [B, 1, 1, T] additive: 0 for real tokens, dtype min for pads
     pos: "torch.Tensor"  # [B] RoPE position of the next token (counts real tokens only)
     cur: int  # cache index the next token is written to (same for every row)
+    rows: int  # the batch's row count at the start (the head's matmul shape, see screened_head)
 
     def select(self, keep: "torch.Tensor") -> None:
         """Keep only the rows in `keep` (finished rows leave the batch)."""
@@ -96,6 +97,7 @@ class LeanGemma:
         self.layers = [self._layer(cfg, i, lyr) for i, lyr in enumerate(inner.layers[: cfg.num_hidden_layers])]
         self.rotary = inner.rotary_emb
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._screen = False  # not built yet (None: does not apply)
 
     @classmethod
     def for_model(cls, model) -> "LeanGemma | None":
@@ -172,7 +174,7 @@ class LeanGemma:
         mask = torch.zeros((b, 1, 1, total), dtype=dtype, device=attn_mask.device)
         mask[:, 0, 0, :width].masked_fill_(attn_mask == 0, torch.finfo(dtype).min)
         self.rope_tables(int(next_pos.max()) + max_new + 1)
-        return DecodeState(keys, values, mask, next_pos.clone(), width)
+        return DecodeState(keys, values, mask, next_pos.clone(), width, b)
 
     # -----------------------------------------------------------------------------------
     # The step
@@ -185,6 +187,42 @@ class LeanGemma:
     def step(self, tokens: "torch.Tensor", st: DecodeState) -> "torch.Tensor":
         """Feed one token per row ([B]); returns the next-token logits [B, vocab] (fp32)."""
         import torch
+
+        logits = self._head(self._hidden(tokens, st))
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits
+
+    def step_argmax(self, tokens: "torch.Tensor", st: DecodeState) -> "torch.Tensor":
+        """Feed one token per row; returns the greedy next token of each row ([B]), the same
+        ids as `step(...).argmax(-1)`, through the int8-screened head where it applies
+        (tunix_rt.eval.screened_head: a proven bound, then exact fp32 logits)."""
+        x = self._hidden(tokens, st)
+        screen = self.screen()
+        if screen is None:
+            return self._full_argmax(x)
+        return screen.argmax(x, rows=st.rows)
+
+    def _full_argmax(self, x: "torch.Tensor") -> "torch.Tensor":
+        import torch
+
+        logits = self._head(x)
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits.argmax(dim=-1)
+
+    def screen(self):
+        """The int8 screen of the head (built on first use, ~1 s and an int8 copy of the
+        head), or None where it does not apply (not CPU fp32, small vocabulary)."""
+        if self._screen is False:
+            from tunix_rt.eval.screened_head import ScreenedArgmax
+
+            self._screen = ScreenedArgmax.build(self.head.detach(), self.final_softcap)
+        return self._screen
+
+    def _hidden(self, tokens: "torch.Tensor", st: DecodeState) -> "torch.Tensor":
+        """Run the layers on one token per row and advance the state; the final-normed
+        hidden state [B, D]."""
         import torch.nn.functional as F
 
         x = F.embedding(tokens[:, None], self.embed) * self.embed_scale  # [B, 1, D]
@@ -192,13 +230,9 @@ class LeanGemma:
                 for kind, (c, s) in self._tables.items()}
         for i, lyr in enumerate(self.layers):
             x = self._layer_step(x, lyr, st.keys[i], st.values[i], st, rope[lyr.rope])
-        x = self._rms(x[:, 0], self.final_norm)
-        logits = self._head(x)
-        if self.final_softcap is not None:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         st.cur += 1
         st.pos = st.pos + 1
-        return logits
+        return self._rms(x[:, 0], self.final_norm)
 
     def _head(self, x: "torch.Tensor") -> "torch.Tensor":
         """x @ head.T in vocabulary chunks: the same sums per logit (bit-identical to one

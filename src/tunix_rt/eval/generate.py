@@ -178,8 +178,8 @@ class TorchGenerator:
         alive = list(range(len(prompts)))  # original row of each batch row
         outs: list[list[int]] = [[] for _ in prompts]
         stop = torch.tensor(self.stop_ids, device=dev)
+        nxt = pick(logits, cfg, rngs)
         for step in range(cfg.max_new_tokens):
-            nxt = pick(logits, cfg, [rngs[r] for r in alive] if rngs else None)
             for row, t in zip(alive, nxt.tolist()):
                 outs[row].append(t)
             if on_tokens:
@@ -195,12 +195,16 @@ class TorchGenerator:
                 else:
                     cache.batch_select_indices(keep)
                     mask, next_pos = mask[keep], next_pos[keep]
+            if state is not None and cfg.greedy:
+                nxt = self.lean.step_argmax(nxt, state)  # int8-screened head, same ids
+                continue
             if state is not None:
                 logits = self.lean.step(nxt, state)
             else:
                 mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
                 logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
                 next_pos = next_pos + 1
+            nxt = pick(logits, cfg, [rngs[r] for r in alive] if rngs else None)
         return outs
 
     def _forward(self, ids, mask, pos, cache):

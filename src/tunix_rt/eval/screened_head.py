@@ -1,0 +1,175 @@
+"""Greedy argmax over a large vocabulary without the fp32 head matmul: an int8 screen with a
+proven error bound, then exact fp32 logits for the few tokens that can still win.
+
+Why: at batch 8 the tied head of Gemma 3 (262,144 x 640, 671 MB in fp32) is more than half of
+a decode step's memory traffic on this CPU. Greedy decoding only needs the argmax, and the
+argmax is decided by a handful of tokens.
+
+How (all per decode step, rows b of the batch, vocabulary rows v):
+
+1. Weights, once: vocabulary rows sorted by their largest |w| and cut into G equal groups; each
+   group g has one int8 scale s_g = max|w| / 127 and rows wq_v = round(w_v / s_g). Kept per
+   group: nw_g = max ||w_v||₂ and nd_g = max ||w_v − s_g·wq_v||₂ (the exact quantisation error).
+2. Activations, two int8 levels: q1 = round(x / s), q2 = round((x − s·q1)·127 / s) with
+   s = max|x| / 127, so x̂ = (s/127)(127·q1 + q2) and |x − x̂| ≤ s/254 per element.
+3. One int8 matmul `torch._int_mm([q1; q2], wq.T)` (exact int32: checked for saturation in the
+   tests) gives comb = 127·acc1 + acc2 and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
+4. The bound: x·w − x̂·ŵ = (x − x̂)·w + x̂·(w − ŵ), so by Cauchy–Schwarz
+   |x·w − a| ≤ ||x − x̂||·nw_g + ||x̂||·nd_g, plus the fp32 rounding of the reference matmul
+   itself (at most D·2⁻²⁴·||x||·||w|| for any summation order), plus a safety margin.
+   Call it E_bg. L_b = max over groups of (max_v a − E_bg) is a lower bound on the best logit;
+   a token whose a + E_bg < L_b (minus a margin of 1e-3 + 1e-5·|L_b|) provably cannot be the
+   argmax. The test is one integer compare per logit: comb ≥ T_bg. (With a softcap the
+   margin is taken after the cap, where the argmax is taken.)
+5. The survivors (a median of about 1 token per row on GSM8K, at most a few thousand) get their
+   exact fp32 logits, as the reference computes them, and the first maximum wins, as
+   `torch.argmax` picks it. Gemma 2's final softcap is applied to those exact logits.
+
+Bit-exactness of step 5: MKL's sgemm gives the same bits for a logit when the number of
+vocabulary columns is a multiple of 256 and the batch has the same number of rows, so the
+survivors are padded to a multiple of 256 columns and the rows to the batch's original size.
+The bench (`benchmarks/bench_generate.py`) and the tests check the ids against full logits.
+
+CPU only (`torch._int_mm` on CUDA wants other shapes, and there the fp32 head is not the
+bottleneck); `ScreenedArgmax.build` returns None elsewhere and the caller keeps full logits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+GROUPS = 64
+"""Scale groups (equal-sized after sorting rows by their largest |w|)."""
+PAD_COLS = 256
+"""The exact rescoring uses a multiple of this many vocabulary columns (see module doc)."""
+REL_SAFETY = 1e-4
+"""Relative slack on every computed norm (they are computed in fp64; this is generous)."""
+ABS_MARGIN = 1e-3
+REL_MARGIN = 1e-5
+
+
+class ScreenedArgmax:
+    """argmax_v (x @ head.T)[b, v] (after an optional softcap), with int8 screening."""
+
+    def __init__(self, head: "torch.Tensor", softcap: float | None = None, groups: int = GROUPS,
+                 pad_cols: int = PAD_COLS):
+        import torch
+
+        if head.dim() != 2 or head.dtype != torch.float32:
+            raise ValueError("the head must be a 2-D fp32 matrix")
+        vocab, dim = head.shape
+        self.head = head
+        self.softcap = softcap
+        self.vocab, self.dim = vocab, dim
+        self.groups = max(1, min(groups, vocab))
+        per = -(-vocab // self.groups)
+        padded = per * self.groups
+        with torch.no_grad():
+            rowmax = head.abs().amax(1)
+            order = torch.argsort(rowmax, stable=True)
+            if padded > vocab:  # pad with copies of real rows: their logits are real logits
+                order = torch.cat([order, order[: padded - vocab]])
+            self.perm = order  # position in the screen -> token id
+            rows = head.index_select(0, order).view(self.groups, per, dim)
+            gmax = rowmax.index_select(0, order).view(self.groups, per).amax(1)
+            scale = (gmax / 127).clamp_min(torch.finfo(torch.float32).tiny)
+            q = torch.round(rows / scale[:, None, None]).clamp_(-127, 127)
+            err = rows - q * scale[:, None, None]
+            self.wq = q.to(torch.int8).view(padded, dim)
+            self.scale = scale.double()
+            self.nw = rows.double().norm(dim=2).amax(1) * (1 + REL_SAFETY)
+            self.nd = err.double().norm(dim=2).amax(1) * (1 + REL_SAFETY)
+        self.per = per
+        self.pad_cols = max(1, pad_cols)
+        self.gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
+        self.steps = 0
+        self.candidates = 0
+        """Running totals: screened rows and tokens rescored exactly (for benchmarks)."""
+
+    @classmethod
+    def build(cls, head: "torch.Tensor", softcap: float | None = None) -> "ScreenedArgmax | None":
+        """The screen for a CPU fp32 head, or None where it does not apply."""
+        import torch
+
+        if head.device.type != "cpu" or head.dtype != torch.float32 or not hasattr(torch, "_int_mm"):
+            return None
+        if head.shape[0] < 4 * PAD_COLS:
+            return None  # a small vocabulary: the plain matmul is already cheap
+        return cls(head, softcap)
+
+    def argmax(self, x: "torch.Tensor", rows: int | None = None) -> "torch.Tensor":
+        """The greedy next token of each row of x [B, D] (fp32). `rows`: the batch's original
+        row count, so the exact rescoring runs at the matmul shape the reference used."""
+        import torch
+
+        b = x.shape[0]
+        cand = self.candidates_of(x)
+        tokens = self._padded(cand)
+        xr = x
+        if rows is not None and rows > b:
+            xr = torch.cat([x, x.new_zeros((rows - b, x.shape[1]))])
+        exact = torch.mm(xr, self.head.index_select(0, tokens).t())[:b]
+        if self.softcap is not None:
+            exact = torch.tanh(exact / self.softcap) * self.softcap
+        self.steps += b
+        self.candidates += int(cand.numel()) * b
+        return tokens[exact.argmax(dim=1)]
+
+    def candidates_of(self, x: "torch.Tensor") -> "torch.Tensor":
+        """Sorted token ids that may hold some row's maximum (the union over the rows)."""
+        import torch
+
+        b, g = x.shape[0], self.groups
+        sx = (x.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        q1 = torch.round(x / sx[:, None]).clamp_(-127, 127)
+        q2 = torch.round((x - q1 * sx[:, None]) * 127 / sx[:, None]).clamp_(-127, 127)
+        acc = torch._int_mm(torch.cat([q1, q2]).to(torch.int8), self.wq.t())  # [2B, V] int32
+        comb = acc[b:].add_(acc[:b], alpha=127).view(b, g, self.per)  # 127*q1 + q2, exact
+        top = comb.amax(2).double()  # [B, G]
+
+        x64 = x.double()
+        c = sx.double() / 127  # x̂ = c * (127 q1 + q2)
+        xh = (q1.double() * 127 + q2.double()) * c[:, None]
+        dx = (x64 - xh).norm(dim=1) * (1 + REL_SAFETY)
+        nxh = xh.norm(dim=1) * (1 + REL_SAFETY)
+        nx = x64.norm(dim=1) * (1 + REL_SAFETY)
+        err = dx[:, None] * self.nw + nxh[:, None] * self.nd + self.gamma * nx[:, None] * self.nw
+        step = c[:, None] * self.scale[None, :]  # logit per unit of comb, [B, G]
+        low = self._margin((step * top - err).amax(1))  # under each row's best logit
+        thr = torch.floor((low[:, None] - err) / step).clamp_(-(2.0**31), 2.0**31 - 1)
+        keep = comb >= thr.to(torch.int32)[:, :, None]
+        pos = keep.view(b, -1).any(0).nonzero().squeeze(1)
+        return torch.unique(self.perm.index_select(0, pos))
+
+    def _margin(self, low: "torch.Tensor") -> "torch.Tensor":
+        """The threshold below a lower bound on the best logit under which no token can win,
+        with the margin taken where the argmax is taken: after the softcap, whose rounding
+        could otherwise tie a raw logit just under the bound with the best one (at large
+        logits tanh flattens many raw values onto one float)."""
+        import torch
+
+        if self.softcap is None:
+            return low - (ABS_MARGIN + REL_MARGIN * low.abs())
+        c = float(self.softcap)
+        capped = torch.tanh(low / c) * c
+        capped = capped - (ABS_MARGIN + REL_MARGIN * capped.abs())
+        ratio = capped / c
+        raw = torch.atanh(ratio.clamp(-1 + 1e-12, 1 - 1e-12)) * c
+        return torch.where(ratio > -1 + 1e-12, raw, torch.full_like(raw, float("-inf")))
+
+    def _padded(self, tokens: "torch.Tensor") -> "torch.Tensor":
+        """tokens (sorted, unique) plus filler ids up to a multiple of PAD_COLS, sorted."""
+        import torch
+
+        want = -(-max(1, tokens.numel()) // self.pad_cols) * self.pad_cols
+        if want >= self.vocab:
+            return torch.arange(self.vocab)
+        if tokens.numel() == want:
+            return tokens
+        taken = torch.zeros(self.vocab, dtype=torch.bool)
+        taken[tokens] = True
+        filler = (~taken[: want + tokens.numel()]).nonzero().squeeze(1)[: want - tokens.numel()]
+        return torch.cat([tokens, filler]).sort().values
