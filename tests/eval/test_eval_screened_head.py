@@ -78,6 +78,26 @@ def test_every_token_near_the_top_survives_the_screen_and_few_others_do():
     assert len(cand) < 0.05 * head.shape[0]
 
 
+def test_wide_hidden_sizes_do_not_overflow_the_integer_screen():
+    """At D = 1152 (Gemma 3 1B) 127*acc1 + acc2 can pass 2^31: flat activations against a
+    flat row reach it; the screen must still find that row (it wrapped negative once)."""
+    head = torch.randn(2048, 1152, generator=torch.Generator().manual_seed(5)) * 0.01
+    head[1234] = 1.0
+    x = torch.ones(2, 1152)
+    screen = ScreenedArgmax(head, groups=8, pad_cols=1)
+    assert screen.wide
+    assert screen.argmax(x).tolist() == (x @ head.t()).argmax(1).tolist() == [1234, 1234]
+
+
+def test_non_finite_hidden_states_fall_back_to_full_logits():
+    head = _head(4096, 32, seed=6)
+    x = torch.randn(3, 32, generator=torch.Generator().manual_seed(7))
+    x[1, 4] = float("nan")
+    x[2, 0] = float("inf")
+    screen = ScreenedArgmax(head, groups=8)
+    assert torch.equal(screen.argmax(x), (x @ head.t()).argmax(1))
+
+
 def test_build_applies_to_large_cpu_fp32_heads_only():
     assert ScreenedArgmax.build(torch.randn(4096, 16)) is not None
     assert ScreenedArgmax.build(torch.randn(300, 16)) is None  # small vocabulary: plain matmul

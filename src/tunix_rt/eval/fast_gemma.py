@@ -64,7 +64,6 @@ class DecodeState:
     mask: "torch.Tensor"  # [B, 1, 1, T] additive: 0 for real tokens, dtype min for pads
     pos: "torch.Tensor"  # [B] RoPE position of the next token (counts real tokens only)
     cur: int  # cache index the next token is written to (same for every row)
-    rows: int  # the batch's row count at the start (the head's matmul shape, see screened_head)
 
     def select(self, keep: "torch.Tensor") -> None:
         """Keep only the rows in `keep` (finished rows leave the batch)."""
@@ -174,7 +173,7 @@ class LeanGemma:
         mask = torch.zeros((b, 1, 1, total), dtype=dtype, device=attn_mask.device)
         mask[:, 0, 0, :width].masked_fill_(attn_mask == 0, torch.finfo(dtype).min)
         self.rope_tables(int(next_pos.max()) + max_new + 1)
-        return DecodeState(keys, values, mask, next_pos.clone(), width, b)
+        return DecodeState(keys, values, mask, next_pos.clone(), width)
 
     # -----------------------------------------------------------------------------------
     # The step
@@ -201,7 +200,7 @@ class LeanGemma:
         screen = self.screen()
         if screen is None:
             return self._full_argmax(x)
-        return screen.argmax(x, rows=st.rows)
+        return screen.argmax(x)
 
     def _full_argmax(self, x: "torch.Tensor") -> "torch.Tensor":
         import torch

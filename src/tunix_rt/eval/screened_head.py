@@ -13,7 +13,7 @@ How (all per decode step, rows b of the batch, vocabulary rows v):
 2. Activations, two int8 levels: q1 = round(x / s), q2 = round((x − s·q1)·127 / s) with
    s = max|x| / 127, so x̂ = (s/127)(127·q1 + q2) and |x − x̂| ≤ s/254 per element.
 3. One int8 matmul `torch._int_mm([q1; q2], wq.T)` (exact int32: checked for saturation in the
-   tests) gives comb = 127·acc1 + acc2 and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
+   tests) gives comb = 127·acc1 + acc2 (int64 when D > 1040 could overflow int32) and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
 4. The bound: x·w − x̂·ŵ = (x − x̂)·w + x̂·(w − ŵ), so by Cauchy–Schwarz
    |x·w − a| ≤ ||x − x̂||·nw_g + ||x̂||·nd_g, plus the fp32 rounding of the reference matmul
    itself (at most D·2⁻²⁴·||x||·||w|| for any summation order), plus a safety margin.
@@ -26,8 +26,8 @@ How (all per decode step, rows b of the batch, vocabulary rows v):
    `torch.argmax` picks it. Gemma 2's final softcap is applied to those exact logits.
 
 Bit-exactness of step 5: MKL's sgemm gives the same bits for a logit when the number of
-vocabulary columns is a multiple of 256 and the batch has the same number of rows, so the
-survivors are padded to a multiple of 256 columns and the rows to the batch's original size.
+vocabulary columns is a multiple of 256 (at the same number of rows), so the survivors are
+padded to a multiple of 256 columns.
 The bench (`benchmarks/bench_generate.py`) and the tests check the ids against full logits.
 
 CPU only (`torch._int_mm` on CUDA wants other shapes, and there the fp32 head is not the
@@ -73,15 +73,26 @@ class ScreenedArgmax:
             if padded > vocab:  # pad with copies of real rows: their logits are real logits
                 order = torch.cat([order, order[: padded - vocab]])
             self.perm = order  # position in the screen -> token id
-            rows = head.index_select(0, order).view(self.groups, per, dim)
-            gmax = rowmax.index_select(0, order).view(self.groups, per).amax(1)
-            scale = (gmax / 127).clamp_min(torch.finfo(torch.float32).tiny)
-            q = torch.round(rows / scale[:, None, None]).clamp_(-127, 127)
-            err = rows - q * scale[:, None, None]
-            self.wq = q.to(torch.int8).view(padded, dim)
-            self.scale = scale.double()
-            self.nw = rows.double().norm(dim=2).amax(1) * (1 + REL_SAFETY)
-            self.nd = err.double().norm(dim=2).amax(1) * (1 + REL_SAFETY)
+            self.wq = torch.empty((padded, dim), dtype=torch.int8)
+            scale = torch.empty(self.groups, dtype=torch.float64)
+            nw = torch.empty(self.groups, dtype=torch.float64)
+            nd = torch.empty(self.groups, dtype=torch.float64)
+            tiny = torch.finfo(torch.float32).tiny
+            for g in range(self.groups):  # one group at a time: no full-size fp64 copies
+                rows = head.index_select(0, order[g * per: (g + 1) * per])
+                sg = (rows.abs().amax() / 127).clamp_min(tiny)
+                q = torch.round(rows / sg).clamp_(-127, 127)
+                self.wq[g * per: (g + 1) * per] = q.to(torch.int8)
+                rows64 = rows.double()
+                scale[g] = sg.double()
+                nw[g] = rows64.norm(dim=1).amax()
+                nd[g] = (rows64 - q.double() * scale[g]).norm(dim=1).amax()  # exact error, fp64
+            self.scale = scale
+            self.nw = nw * (1 + REL_SAFETY)
+            self.nd = nd * (1 + REL_SAFETY)
+        self.wide = 128 * 127 * 127 * dim >= 2**31
+        """comb = 127*acc1 + acc2 can pass int32 above D = 1040 (Gemma 3 1B, Gemma 2 2B):
+        it is then formed in int64."""
         self.per = per
         self.pad_cols = max(1, pad_cols)
         self.gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
@@ -100,18 +111,17 @@ class ScreenedArgmax:
             return None  # a small vocabulary: the plain matmul is already cheap
         return cls(head, softcap)
 
-    def argmax(self, x: "torch.Tensor", rows: int | None = None) -> "torch.Tensor":
-        """The greedy next token of each row of x [B, D] (fp32). `rows`: the batch's original
-        row count, so the exact rescoring runs at the matmul shape the reference used."""
+    def argmax(self, x: "torch.Tensor") -> "torch.Tensor":
+        """The greedy next token of each row of x [B, D] (fp32)."""
         import torch
 
         b = x.shape[0]
-        cand = self.candidates_of(x)
-        tokens = self._padded(cand)
-        xr = x
-        if rows is not None and rows > b:
-            xr = torch.cat([x, x.new_zeros((rows - b, x.shape[1]))])
-        exact = torch.mm(xr, self.head.index_select(0, tokens).t())[:b]
+        if not bool(torch.isfinite(x).all()):  # no bound holds: full logits, as the reference
+            tokens, cand = torch.arange(self.vocab), torch.arange(self.vocab)
+        else:
+            cand = self.candidates_of(x)
+            tokens = self._padded(cand)
+        exact = torch.mm(x, self.head.index_select(0, tokens).t())
         if self.softcap is not None:
             exact = torch.tanh(exact / self.softcap) * self.softcap
         self.steps += b
@@ -127,7 +137,10 @@ class ScreenedArgmax:
         q1 = torch.round(x / sx[:, None]).clamp_(-127, 127)
         q2 = torch.round((x - q1 * sx[:, None]) * 127 / sx[:, None]).clamp_(-127, 127)
         acc = torch._int_mm(torch.cat([q1, q2]).to(torch.int8), self.wq.t())  # [2B, V] int32
-        comb = acc[b:].add_(acc[:b], alpha=127).view(b, g, self.per)  # 127*q1 + q2, exact
+        if self.wide:
+            comb = acc[b:].long().add_(acc[:b].long(), alpha=127).view(b, g, self.per)
+        else:
+            comb = acc[b:].add_(acc[:b], alpha=127).view(b, g, self.per)  # 127*q1 + q2, exact
         top = comb.amax(2).double()  # [B, G]
 
         x64 = x.double()
@@ -140,7 +153,7 @@ class ScreenedArgmax:
         step = c[:, None] * self.scale[None, :]  # logit per unit of comb, [B, G]
         low = self._margin((step * top - err).amax(1))  # under each row's best logit
         thr = torch.floor((low[:, None] - err) / step).clamp_(-(2.0**31), 2.0**31 - 1)
-        keep = comb >= thr.to(torch.int32)[:, :, None]
+        keep = comb >= thr.to(comb.dtype)[:, :, None]
         pos = keep.view(b, -1).any(0).nonzero().squeeze(1)
         return torch.unique(self.perm.index_select(0, pos))
 
