@@ -28,10 +28,10 @@
 
 # %% tags=["parameters"]
 ALLOW_CPU = False  # True runs on the CPU when no TPU is found (tests; very slow for real models)
-INSTALL = "tunix-rt[torch,jax,hub]"  # the JAX engine batches with torch today; pip requirement for tunix-rt (a wheel path, a git URL); "" skips
+INSTALL = "tunix-rt[jax,hub]"  # pip requirement for tunix-rt (a wheel path, a git URL); "" skips. No torch: the JAX path needs none
 INSTALL_JAX_TPU = True  # also install jax[tpu] matching the pinned jax when a TPU is present
 MODEL = "gemma3-270m"  # catalog preset of the checkpoint
-WEIGHTS = "dir"  # "dir": a mounted Kaggle model dir; "kagglehub": download; "builtin": offline preset
+WEIGHTS = "dir"  # "dir": a mounted Kaggle model dir; "kagglehub": download; "builtin": offline preset (needs tunix-rt[torch,demo-model])
 WEIGHTS_DIR = "/kaggle/input/gemma-3/transformers/gemma-3-270m/1"
 KAGGLE_HANDLE = "google/gemma-3/transformers/gemma-3-270m"
 CONFIG = "gpu"  # training preset (bf16 LoRA; its batch is split over the chips)

@@ -128,7 +128,7 @@ def test_chunked_equals_plain_on_gemma3_270m(gemma3_270m, tmp_path):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.01)
-    batch = collate([[ex] for ex in _examples(tok, 2)], tok.pad_id)
+    batch = te.on_device(collate([[ex] for ex in _examples(tok, 2)], tok.pad_id))  # numpy → tensors
     chunked = _loss_and_grads(model, head, batch, cfg)
     exact, exact_grads, plain32 = _plain64_loss_and_grads(model, head, batch)
     assert chunked[0] == pytest.approx(exact, abs=1e-5)

@@ -161,6 +161,19 @@ def _tokenizer_of(model_dir: Path, cfg: dict | None) -> str:
     return cfg["model"]  # a merged model saved without its tokenizer: the base model's
 
 
+def require_engine(engine: str) -> None:
+    """A clear BadInput, before anything loads, when the engine's framework is not installed
+    (a JAX-only install has no torch; a torch-only one no jax)."""
+    import importlib.util
+
+    need = {"torch": ("torch", "transformers", "peft"), "jax": ("jax", "flax", "tunix")}[engine]
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
+    if missing:
+        other = "jax" if engine == "torch" else "torch"
+        raise BadInput(f"eval --engine {engine} needs {', '.join(missing)}, not installed here: pip install "
+                       f"'tunix-rt[{engine}]', or evaluate with --engine {other}")
+
+
 def resolve_device(engine: str, device: str) -> str:
     """"auto" made concrete, so the summary names the device that ran."""
     if device != "auto":
@@ -226,6 +239,7 @@ def run_eval(
     from tunix_rt.models.store import load_tokenizer
     from tunix_rt.traces.dataset import load_dataset
 
+    require_engine(req.engine)
     home = (home or Home.resolve()).ensure()
     started, t0 = _now(), time.perf_counter()
     target = resolve_target(req, home)

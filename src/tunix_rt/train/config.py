@@ -18,6 +18,9 @@ from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: qwix weight types QLoRA (lora_weight_qtype) accepts: 4-bit NormalFloat or int8, each with a
+#: float scale per tile of the contracting axis (the memory plan's QBYTES knows these two)
+LORA_QTYPES = ("nf4", "int8")
 
 
 @dataclass
@@ -47,7 +50,7 @@ class TrainConfig:
     lora_targets: list[str] = field(default_factory=lambda: list(ALL_LORA_TARGETS))
     """Projections that get an adapter."""
     lora_weight_qtype: str | None = None
-    """JAX engine only: quantise frozen weights for QLoRA (e.g. nf4, int8); None: off."""
+    """JAX engine only: quantise the frozen targeted projections for QLoRA (nf4 or int8); None: off."""
     optimizer: str = "adamw"
     """adamw or adafactor (factored second moments: far less optimizer memory)."""
     lr: float = 2e-4
@@ -150,12 +153,28 @@ class TrainConfig:
         unknown = set(self.lora_targets) - set(ALL_LORA_TARGETS)
         if unknown or not self.lora_targets:
             raise BadInput(f"config: lora_targets {sorted(unknown) or '[]'} not in {list(ALL_LORA_TARGETS)}")
+        self._check_qlora()
         if isinstance(self.mesh, str) and self.mesh != "auto":
             raise BadInput(f"config: mesh must be 'auto' or a mapping like {{fsdp: 8, tp: 1}}, got {self.mesh!r}")
         if isinstance(self.mesh, dict):
             bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or int(v) < 1}
             if bad:
                 raise BadInput(f"config: mesh axes must be fsdp/tp with sizes >= 1, got {bad}")
+
+    def _check_qlora(self) -> None:
+        """lora_weight_qtype: a qwix type we support, and a run that would honour it (only the
+        JAX engine's LoRA quantises; anything else would silently train without it)."""
+        q = self.lora_weight_qtype
+        if q is None:
+            return
+        if q not in LORA_QTYPES:
+            raise BadInput(f"config: lora_weight_qtype must be one of {'|'.join(LORA_QTYPES)} "
+                           f"(or null for plain LoRA), got {q!r}")
+        if self.method != "lora":
+            raise BadInput(f"config: lora_weight_qtype={q} (QLoRA) needs method=lora, got method={self.method}")
+        if self.engine == "torch" or (self.engine == "auto" and self.device not in ("gpu", "tpu")):
+            raise BadInput(f"config: lora_weight_qtype={q} (QLoRA) runs on the JAX engine only; set engine=jax "
+                           f"(engine={self.engine}, device={self.device} would train with PyTorch, unquantised)")
 
     def _check_choice(self, name: str, choices: tuple[str, ...]) -> None:
         if getattr(self, name) not in choices:

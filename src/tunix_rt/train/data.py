@@ -10,17 +10,22 @@ kept inside each example by the position ids: they restart at 0 for every exampl
 (`masking_utils.find_packed_sequence_indices`), giving a block-diagonal causal mask for both
 full and sliding-window layers with no 4D mask built here. RoPE positions are the same as
 unpacked, so a packed example has the same loss as alone.
+
+Batches are numpy arrays: the JAX engine feeds them as they are and the torch engine makes
+tensors of them on its device (`torch_engine.on_device`), so this module needs no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tunix_rt.errors import BadInput
 from tunix_rt.render import Rendered
-from tunix_rt.train.loss import IGNORE
+
+IGNORE = -100  # the label of a position without loss (torch's cross_entropy ignore_index default)
 
 
 @dataclass(frozen=True)
@@ -33,18 +38,15 @@ class DataPosition:
 
 @dataclass
 class Batch:
-    """One micro-batch as torch tensors [B, L] plus what the logs need."""
+    """One micro-batch as int64 arrays [B, L] plus what the logs need. `collate` builds numpy
+    arrays; the torch engine's `on_device` returns a copy holding torch tensors."""
 
-    input_ids: "torch.Tensor"
-    labels: "torch.Tensor"  # next-token targets, IGNORE where no loss
-    position_ids: "torch.Tensor"
+    input_ids: Any
+    labels: Any  # next-token targets, IGNORE where no loss
+    position_ids: Any
     example_ids: list[str]
     n_tokens: int  # real (non-padding) tokens
     n_supervised: int  # positions with a target
-
-    def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.labels.to(device), self.position_ids.to(device),
-                     self.example_ids, self.n_tokens, self.n_supervised)
 
 
 class BatchStream:
@@ -96,9 +98,7 @@ class BatchStream:
 
 def collate(rows: list[list[Rendered]], pad_id: int) -> Batch:
     """Right-pad rows to the longest; labels[t] = ids[t+1] where the loss mask of t+1 is on,
-    inside the same example only."""
-    import torch
-
+    inside the same example only. numpy int64 arrays."""
     width = max(sum(len(ex.ids) for ex in row) for row in rows)
     ids = np.full((len(rows), width), pad_id, dtype=np.int64)
     labels = np.full((len(rows), width), IGNORE, dtype=np.int64)
@@ -119,8 +119,7 @@ def collate(rows: list[list[Rendered]], pad_id: int) -> Batch:
         pos[r, at:] = np.arange(n, n + width - at) if row else np.arange(width)
     n_tokens = sum(len(ex.ids) for row in rows for ex in row)
     return Batch(
-        input_ids=torch.from_numpy(ids), labels=torch.from_numpy(labels),
-        position_ids=torch.from_numpy(pos),
+        input_ids=ids, labels=labels, position_ids=pos,
         example_ids=[ex.id for row in rows for ex in row],
         n_tokens=n_tokens, n_supervised=int((labels != IGNORE).sum()),
     )

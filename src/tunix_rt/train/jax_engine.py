@@ -187,19 +187,18 @@ def jax_batch(rows, pad_id: int, norm: float, process: tuple[int, int] = (0, 1))
     """One micro-batch as numpy arrays for the trainer: the torch engine's collate (same ids,
     labels, positions), and loss weights = supervised mask / norm. On several hosts each
     process feeds its own rows."""
-    from tunix_rt.train.data import collate
-    from tunix_rt.train.loss import IGNORE
+    from tunix_rt.train.data import IGNORE, collate
 
     b = collate(rows, pad_id)
-    ids = b.input_ids.numpy().astype(np.int32)
-    labels = b.labels.numpy()
+    ids = b.input_ids.astype(np.int32)
+    labels = b.labels
     idx, count = process
     per = ids.shape[0] // count
     sl = slice(idx * per, (idx + 1) * per)
     return {
         "input_tokens": ids[sl],
         "input_mask": (ids != pad_id)[sl],
-        "positions": b.position_ids.numpy().astype(np.int32)[sl],
+        "positions": b.position_ids.astype(np.int32)[sl],
         "loss_weights": ((labels != IGNORE).astype(np.float32) / np.float32(norm))[sl],
     }
 
@@ -403,7 +402,7 @@ def setup(cfg: TrainConfig, home: Home, devices) -> Setup:
     from tunix_rt.models.jax_loader import load_model, make_mesh
     from tunix_rt.models.store import ensure_model, load_tokenizer
     from tunix_rt.train.data import BatchStream
-    from tunix_rt.train.torch_engine import load_data, model_sha256, steps_for
+    from tunix_rt.train.common import load_data, model_sha256, steps_for
 
     tok = load_tokenizer(cfg.model, home)
     train_ex, eval_ex, data_facts = load_data(cfg, home, tok)
@@ -506,7 +505,10 @@ def param_counts(model, method: str) -> dict[str, int]:
     import jax
     from flax import nnx
 
-    count = lambda kind: sum(x.size for x in jax.tree.leaves(nnx.state(model, kind)))  # noqa: E731
+    def count(kind) -> int:  # a QLoRA weight counts once (its qvalue), not its quantisation scales
+        return sum(x.size for path, var in nnx.to_flat_state(nnx.state(model, kind))
+                   if tuple(map(str, path[-2:])) not in (("array", "scale"), ("array", "zero_point"))
+                   for x in jax.tree.leaves(var))
     lora = count(nnx.LoRAParam)
     total = count(nnx.Param)
     return {"params": total - lora, "trainable_params": lora if method == "lora" else total}
@@ -566,13 +568,22 @@ def _to_peft(i: str, kind: str, a: np.ndarray, b: np.ndarray) -> dict[str, np.nd
 
 def write_adapter(model, s: Setup, target: Path) -> None:
     cfg = s.cfg
-    export_adapter(model, s.model_dir, target, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets)
+    export_adapter(model, s.model_dir, target, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets,
+                   weight_qtype=cfg.lora_weight_qtype)
 
 
 def export_adapter(model, model_dir: Path, target: Path, rank: int, alpha: float, dropout: float,
-                   targets: list[str]) -> None:
+                   targets: list[str], weight_qtype: str | None = None) -> None:
     """final/adapter: adapter_model.safetensors + adapter_config.json, loadable by
-    `peft.PeftModel.from_pretrained` (and so by the torch eval)."""
+    `peft.PeftModel.from_pretrained` (and so by the torch eval).
+
+    QLoRA (`weight_qtype` set): the factors were trained on the quantised base, but PEFT
+    adds them to the full-precision base in model_dir (as final/merged/ does): the exported
+    model is the trained one with the base's quantisation error taken out. Its logits equal
+    the JAX model's with the same factors on the unquantised base; they differ from the QLoRA
+    model's by that error (nf4 on the tiny test model: ~9% relative RMS per weight, ~0.17 of
+    the largest logit), and equal them on the dequantised base. tunix_rt_adapter.json records
+    the qtype."""
     import json
 
     from safetensors.numpy import save_file
@@ -588,10 +599,17 @@ def export_adapter(model, model_dir: Path, target: Path, rank: int, alpha: float
     (target / "adapter_config.json").write_text(json.dumps(config, indent=2))
     (target / "tunix_rt_adapter.json").write_text(json.dumps(
         {"engine": "jax", "note": "exported from qwix LoRA; Tunix fuses k/v (and q/k/v) projections, "
-                                  "so their lora_A matrices are equal copies"}, indent=2))
+                                  "so their lora_A matrices are equal copies",
+         **({"weight_qtype": weight_qtype,
+             "qlora_note": f"trained on a {weight_qtype}-quantised base; PEFT applies it to the "
+                           "full-precision base (differences of the order of the quantisation error)"}
+            if weight_qtype else {})}, indent=2))
 
 
 def write_merged(model, s: Setup, target: Path) -> None:
+    """final/merged/. After QLoRA the factors are merged into the full-precision base of
+    model_dir (not the quantised one they were trained on): the same model PEFT builds from
+    final/adapter/ (see export_adapter)."""
     lora = s.cfg.lora_alpha / s.cfg.lora_rank if s.cfg.method == "lora" else None
     export_merged(model, s.family, s.model_dir, target, lora)
 
@@ -631,15 +649,15 @@ def merge_lora(model_dir: Path, lora: dict[str, np.ndarray], scale: float) -> di
 
 
 def write_final(model, s: Setup, run_dir: Path) -> dict[str, str]:
-    from tunix_rt.train.torch_engine import _atomic_dir
+    from tunix_rt.train.common import atomic_dir
 
     final = run_dir / "final"
     final.mkdir(exist_ok=True)
     out = {}
     if s.cfg.method == "lora":
-        out["adapter"] = str(_atomic_dir(final / "adapter", lambda d: write_adapter(model, s, d)))
+        out["adapter"] = str(atomic_dir(final / "adapter", lambda d: write_adapter(model, s, d)))
     if s.cfg.method == "full" or s.cfg.merge:
-        out["merged"] = str(_atomic_dir(final / "merged", lambda d: write_merged(model, s, d)))
+        out["merged"] = str(atomic_dir(final / "merged", lambda d: write_merged(model, s, d)))
     return out
 
 
@@ -658,7 +676,7 @@ def check_plan(cfg: TrainConfig, platform: str, n: int) -> dict[str, Any]:
         return {"predicted_peak": "memory plan not available (tunix_rt.plan missing)"}
     from tunix_rt.plan import plan_train
 
-    plan = plan_train(cfg, platform, n)
+    plan = plan_train(cfg, platform, n, engine="jax")  # cfg.engine auto would plan as torch on one device
     if not plan.fits and not cfg.force:
         raise BadInput(f"the memory plan predicts this run does not fit:\n{plan.render()}\n"
                        "change the config as suggested, or pass --force to run anyway")

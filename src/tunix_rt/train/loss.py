@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-IGNORE = -100
+from tunix_rt.train.data import IGNORE  # noqa: F401 (defined where the labels are built, torch-free)
 
 
 class FusedLinearCrossEntropy(torch.autograd.Function):

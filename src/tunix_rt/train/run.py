@@ -4,7 +4,8 @@
     run_manifest.json   command, config, engine, device facts, package versions, git sha,
                         dataset and model sha256, seed, started/finished, status, error
     metrics.jsonl       one JSON object per logged step (and eval lines with "eval_loss")
-    tensorboard/        TensorBoard events of the same scalars
+    tensorboard/        TensorBoard events of the same scalars (torch's writer in a torch run,
+                        tensorboardX's otherwise: the JAX engine needs no torch)
     loss.png            the loss curve, drawn at the end
     checkpoints/, final/
 
@@ -165,12 +166,12 @@ class MetricsLog:
         self.order_path = run_dir / DATA_ORDER
         for p in (self.path, self.order_path):
             _truncate_after(p, resume_step)
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+        self.tb = summary_writer(run_dir / "tensorboard", resume_step + 1 if resume_step else None)
 
     def log(self, record: dict[str, Any]) -> None:
         _append(self.path, record)
+        if self.tb is None:
+            return
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)):
                 self.tb.add_scalar(f"train/{key}" if not key.startswith("eval") else f"eval/{key}", value, record["step"])
@@ -180,8 +181,31 @@ class MetricsLog:
         _append(self.order_path, {"step": step, "ids": example_ids})
 
     def close(self) -> None:
-        self.tb.flush()
-        self.tb.close()
+        if self.tb is not None:
+            self.tb.flush()
+            self.tb.close()
+
+
+TB_WRITERS = ("torch.utils.tensorboard", "tensorboardX")
+
+
+def summary_writer(logdir: Path, purge_step: int | None):
+    """A TensorBoard SummaryWriter, or None (with a note) when no writer is installed.
+    torch's (the [torch] extra's tensorboard) when torch is already loaded: the torch engine,
+    as before. Otherwise tensorboardX first: the [jax] extra brings it (google-tunix needs
+    google-metrax, which needs it) and it writes the same event files without torch."""
+    import importlib
+
+    order = TB_WRITERS if "torch" in sys.modules else TB_WRITERS[::-1]
+    for name in order:
+        try:
+            writer = importlib.import_module(name).SummaryWriter
+        except ImportError:
+            continue
+        return writer(str(logdir), purge_step=purge_step)
+    print(f"note: no TensorBoard writer installed ({' or '.join(TB_WRITERS)}); metrics go to "
+          f"{METRICS} only", file=sys.stderr)
+    return None
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ The loop is short on purpose. Three choices carry it:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import shutil
@@ -27,15 +28,24 @@ from tunix_rt.errors import BadInput
 from tunix_rt.evidence import peak_rss_bytes
 from tunix_rt.home import Home
 from tunix_rt.train import checkpoint
+from tunix_rt.train.common import atomic_dir, load_data, model_sha256, steps_for
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import Batch, BatchStream
-from tunix_rt.train.loss import chunked_linear_ce, plain_ce, supervised_rows
 from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, fault_point, never, open_run, plot_loss
 from tunix_rt.train.schedule import lr_at
 
 
 
 # --------------------------------------------------------------------------- devices
+
+def require_torch() -> None:
+    """A clear BadInput where torch is not installed (a JAX-only install, `tunix-rt[jax]`)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise BadInput("the PyTorch engine needs torch, which is not installed here: pip install "
+                       "'tunix-rt[torch]', or train with the JAX engine (--engine jax)") from None
+
 
 def resolve_device(cfg: TrainConfig):
     """The torch device for cfg.device; a clear error naming what was asked and what exists."""
@@ -125,25 +135,6 @@ class Setup:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-def load_data(cfg: TrainConfig, home: Home, tok) -> tuple[list, list, dict[str, Any]]:
-    """Rendered train and eval examples, and the dataset facts for the manifest."""
-    from tunix_rt.render import render_dataset
-    from tunix_rt.traces.dataset import load_dataset
-
-    ds = load_dataset(cfg.dataset, home)
-    records = list(ds.split(cfg.split))[: cfg.limit]
-    train, stats = render_dataset(records, tok, cfg.max_seq_len, cfg.system_prompt,
-                                  on_overlong="drop" if cfg.drop_overlong else "fail")
-    held_out = list(ds.split(cfg.eval_split))[: cfg.eval_limit]
-    evals, eval_stats = render_dataset(held_out, tok, cfg.max_seq_len, cfg.system_prompt, on_overlong="drop")
-    facts = {"name": ds.name, "version": ds.version, "path": str(ds.path), "sha256": ds.sha256,
-             "split": cfg.split, "n_records": len(records), "n_examples": len(train),
-             "dropped_overlong": stats.dropped_overlong, "max_rendered_len": stats.max_len,
-             "eval_split": cfg.eval_split, "n_eval_examples": len(evals),
-             "eval_dropped_overlong": eval_stats.dropped_overlong}
-    return train, evals, facts
-
-
 def load_model(cfg: TrainConfig, model_dir: Path, device):
     """The HF causal LM, with a LoRA adapter (PEFT) or every weight trainable."""
     import torch
@@ -180,18 +171,6 @@ def make_optimizer(cfg: TrainConfig, params: list):
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def steps_for(cfg: TrainConfig, examples: list, pad_id: int) -> int:
-    """max_steps, or the optimizer steps of `epochs` passes (packing simulated on lengths)."""
-    if cfg.max_steps is not None:
-        return cfg.max_steps
-    probe = BatchStream(examples, cfg.batch_size, cfg.max_seq_len, cfg.packing, cfg.seed, pad_id)
-    micro = 0
-    while probe.position.epoch == 0:
-        probe.next_rows()
-        micro += 1
-    return max(1, math.ceil(cfg.epochs * micro / cfg.grad_accum))
-
-
 def setup(cfg: TrainConfig, home: Home, device) -> Setup:
     from tunix_rt.models.store import ensure_model, load_tokenizer
 
@@ -205,19 +184,6 @@ def setup(cfg: TrainConfig, home: Home, device) -> Setup:
     facts = {"dataset": data_facts, "model": {"name": cfg.model, "dir": str(model_dir), "sha256": model_sha256(model_dir)}}
     return Setup(cfg, device, model, head, trainable, make_optimizer(cfg, list(trainable.values())), stream,
                  eval_ex, steps_for(cfg, train_ex, tok.pad_id), model_dir, facts)
-
-
-def model_sha256(model_dir: Path) -> str:
-    """sha256 of the weights (of the sorted shard digests when sharded)."""
-    import hashlib
-
-    from tunix_rt.evidence import sha256_file
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if len(files) == 1:
-        return sha256_file(files[0])
-    joined = "\n".join(f"{f.name}:{sha256_file(f)}" for f in files)
-    return hashlib.sha256(joined.encode()).hexdigest()
 
 
 def _seed_everything(seed: int) -> None:
@@ -236,8 +202,23 @@ def decoder(model):
     return base.model
 
 
+def on_device(batch: Batch, device=None) -> Batch:
+    """The batch with torch tensors (on `device`) in place of collate's numpy arrays; the
+    tensors share the arrays' memory on the CPU. A batch of tensors is moved, or kept."""
+    import torch
+
+    def tensor(a):
+        return torch.as_tensor(a, device=device)
+
+    return dataclasses.replace(batch, input_ids=tensor(batch.input_ids), labels=tensor(batch.labels),
+                               position_ids=tensor(batch.position_ids))
+
+
 def batch_loss_sum(model, head: Head, batch: Batch, cfg: TrainConfig):
-    """Summed cross-entropy of a micro-batch's supervised tokens."""
+    """Summed cross-entropy of a micro-batch's supervised tokens (numpy arrays or tensors)."""
+    from tunix_rt.train.loss import chunked_linear_ce, plain_ce, supervised_rows
+
+    batch = on_device(batch)
     if cfg.loss_impl == "plain":
         logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
         return plain_ce(logits, batch.labels)
@@ -252,7 +233,7 @@ def backward_window(model, head: Head, batches: list[Batch], cfg: TrainConfig, d
     n_sup = sum(b.n_supervised for b in batches)
     total = 0.0
     for i, b in enumerate(batches):
-        loss = batch_loss_sum(model, head, b.to(device), cfg) / n_sup
+        loss = batch_loss_sum(model, head, on_device(b, device), cfg) / n_sup
         loss.backward()
         total += float(loss.detach())
         if i + 1 < len(batches):
@@ -325,7 +306,7 @@ def validate(s: Setup) -> float:
     with torch.no_grad():
         for i in range(0, len(s.eval_examples), s.cfg.batch_size):
             b = collate([[ex] for ex in s.eval_examples[i:i + s.cfg.batch_size]], s.stream.pad_id)
-            total += float(batch_loss_sum(s.model, s.head, b.to(s.device), s.cfg))
+            total += float(batch_loss_sum(s.model, s.head, on_device(b, s.device), s.cfg))
             n += b.n_supervised
     s.model.train()
     return total / n
@@ -358,10 +339,10 @@ def write_final(s: Setup, run: RunDir) -> dict[str, str]:
     final = run.path / "final"
     final.mkdir(exist_ok=True)
     if s.cfg.method == "lora":
-        out["adapter"] = str(_atomic_dir(final / "adapter", lambda d: s.model.save_pretrained(d, safe_serialization=True)))
+        out["adapter"] = str(atomic_dir(final / "adapter", lambda d: s.model.save_pretrained(d, safe_serialization=True)))
     if s.cfg.method == "full" or s.cfg.merge:
         model = s.model.merge_and_unload() if s.cfg.method == "lora" else s.model
-        out["merged"] = str(_atomic_dir(final / "merged", lambda d: _save_hf(model, s.model_dir, d)))
+        out["merged"] = str(atomic_dir(final / "merged", lambda d: _save_hf(model, s.model_dir, d)))
     return out
 
 
@@ -370,17 +351,6 @@ def _save_hf(model, model_dir: Path, target: Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (model_dir / name).is_file():
             shutil.copyfile(model_dir / name, target / name)
-
-
-def _atomic_dir(target: Path, write) -> Path:
-    tmp = target.parent / f".tmp-{target.name}"
-    for p in (tmp, target):
-        if p.exists():
-            shutil.rmtree(p)
-    tmp.mkdir()
-    write(tmp)
-    tmp.rename(target)
-    return target
 
 
 # --------------------------------------------------------------------------- summary
@@ -428,6 +398,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
     from rich.console import Console
 
     console = Console(stderr=True)
+    require_torch()
     device = resolve_device(cfg)
     predicted = check_plan(cfg, device)
     tune_cpu_allocator(device)

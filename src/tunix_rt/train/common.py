@@ -1,0 +1,73 @@
+"""What both engines share and neither framework is needed for: the rendered examples of a
+run, its number of optimizer steps, the weights' digest, and atomic output directories.
+
+Nothing here imports torch or JAX, so the JAX engine runs where torch is not installed
+(a Kaggle TPU image with `tunix-rt[jax,hub]`), and the torch engine never loads JAX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from tunix_rt.home import Home
+from tunix_rt.train.config import TrainConfig
+from tunix_rt.train.data import BatchStream
+
+
+def load_data(cfg: TrainConfig, home: Home, tok) -> tuple[list, list, dict[str, Any]]:
+    """Rendered train and eval examples, and the dataset facts for the manifest."""
+    from tunix_rt.render import render_dataset
+    from tunix_rt.traces.dataset import load_dataset
+
+    ds = load_dataset(cfg.dataset, home)
+    records = list(ds.split(cfg.split))[: cfg.limit]
+    train, stats = render_dataset(records, tok, cfg.max_seq_len, cfg.system_prompt,
+                                  on_overlong="drop" if cfg.drop_overlong else "fail")
+    held_out = list(ds.split(cfg.eval_split))[: cfg.eval_limit]
+    evals, eval_stats = render_dataset(held_out, tok, cfg.max_seq_len, cfg.system_prompt, on_overlong="drop")
+    facts = {"name": ds.name, "version": ds.version, "path": str(ds.path), "sha256": ds.sha256,
+             "split": cfg.split, "n_records": len(records), "n_examples": len(train),
+             "dropped_overlong": stats.dropped_overlong, "max_rendered_len": stats.max_len,
+             "eval_split": cfg.eval_split, "n_eval_examples": len(evals),
+             "eval_dropped_overlong": eval_stats.dropped_overlong}
+    return train, evals, facts
+
+
+def steps_for(cfg: TrainConfig, examples: list, pad_id: int) -> int:
+    """max_steps, or the optimizer steps of `epochs` passes (packing simulated on lengths)."""
+    if cfg.max_steps is not None:
+        return cfg.max_steps
+    probe = BatchStream(examples, cfg.batch_size, cfg.max_seq_len, cfg.packing, cfg.seed, pad_id)
+    micro = 0
+    while probe.position.epoch == 0:
+        probe.next_rows()
+        micro += 1
+    return max(1, math.ceil(cfg.epochs * micro / cfg.grad_accum))
+
+
+def model_sha256(model_dir: Path) -> str:
+    """sha256 of the weights (of the sorted shard digests when sharded)."""
+    from tunix_rt.evidence import sha256_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if len(files) == 1:
+        return sha256_file(files[0])
+    joined = "\n".join(f"{f.name}:{sha256_file(f)}" for f in files)
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
+def atomic_dir(target: Path, write: Callable[[Path], Any]) -> Path:
+    """Build a directory with write(tmp) in a sibling temp dir, then rename it to target
+    (an older target, or a leftover temp dir of a killed run, is removed first)."""
+    tmp = target.parent / f".tmp-{target.name}"
+    for p in (tmp, target):
+        if p.exists():
+            shutil.rmtree(p)
+    tmp.mkdir()
+    write(tmp)
+    tmp.rename(target)
+    return target
