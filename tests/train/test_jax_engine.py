@@ -150,8 +150,9 @@ def test_fsdp8_on_fake_devices_equals_one_device(home, tmp_path):
     for k in a:
         # Adam divides by sqrt(v): where a gradient is ~0, summation-order rounding becomes a
         # visible (but lr-bounded) difference for a handful of elements; the bulk is equal.
+        # (Counted, not averaged: in a 64-element norm one such element moves the mean to 1e-6.)
         diff = np.abs(a[k] - b[k])
-        assert diff.max() < 0.05 * 1e-2 and diff.mean() < 1e-6, (k, diff.max(), diff.mean())
+        assert diff.max() < 0.05 * 1e-2 and np.mean(diff > 1e-5) < 0.02, (k, diff.max(), np.mean(diff > 1e-5))
 
 
 def test_missing_tpu_says_what_was_found_and_how_to_get_one(home, tmp_path):
