@@ -13,13 +13,19 @@ same batches in the same order on both sides. Only the loss differs:
 - ours: `tunix_rt.train.jax_loss` (hidden states, then a scan over --chunk-token chunks;
   a custom VJP computes each chunk's gradient in the forward pass, targets by index).
 
+Both JAX sides use the engine's trainer class (`jax_engine.make_trainer_class`: the model is
+donated to the jitted step) and its CPU allocator setting. A third side, `torch`, is the
+PyTorch engine's own step on the same batches (same LoRA, optimizer and lr; its chunked
+loss with 256-token chunks, as the cpu-demo preset), from bench_torch_vs_trl's worker: the
+JAX engine against the PyTorch engine on one config.
+
 Each side runs in its own subprocess (peak RSS is its own, model loading included); sides
 alternate (ours, tunix, then tunix, ours, ...). Step time is the median of the measured
 steps (the first --warmup steps, which compile, are not measured). Also prints the loss of
 each side on the first batch, which must agree. Last line:
 `RESULT mem_ratio=<ours/tunix peak RSS> speed_ratio=<ours/tunix tokens/s>
-cpu_speed_ratio=<tunix/ours CPU-seconds per step> ...` (medians; CPU time is what a shared
-machine disturbs least).
+cpu_speed_ratio=<tunix/ours CPU-seconds per step> ... jax_vs_torch_speed=<JAX engine/PyTorch
+engine tokens/s> ...` (medians; CPU time is what a shared machine disturbs least).
 """
 
 from __future__ import annotations
@@ -54,20 +60,31 @@ def prepare(args) -> Path:
     stream = BatchStream(examples, args.batch, args.seq, False, seed=0, pad_id=tok.pad_id)
     steps = [[row[0] for row in stream.next_rows()] for _ in range(args.warmup + args.steps)]
     data = {"model_dir": str(model_dir), "pad_id": tok.pad_id, "dropped_overlong": stats.dropped_overlong,
-            "steps": [[{"ids": e.ids, "loss_mask": e.loss_mask} for e in s] for s in steps]}
+            "steps": [[{"id": e.id, "ids": e.ids, "loss_mask": e.loss_mask} for e in s] for s in steps]}
     out = Path(tempfile.mkdtemp(prefix="bench-jax-loss-")) / "batches.json"
     out.write_text(json.dumps(data))
     return out
 
 
 def run_side(side: str, data: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--seq", str(args.seq),
-           "--chunk", str(args.chunk), "--warmup", str(args.warmup)]
+    if side == "torch":  # the PyTorch engine's own step (bench_torch_vs_trl's worker)
+        cmd = [sys.executable, str(Path(__file__).with_name("bench_torch_vs_trl.py")), "--worker", "ours",
+               "--data", str(data), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    else:
+        cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--seq", str(args.seq),
+               "--chunk", str(args.chunk), "--warmup", str(args.warmup)]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
     if r.returncode != 0 or line is None:
         raise SystemExit(f"{side} failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
-    return json.loads(line[len(TAG):])
+    res = json.loads(line[len(TAG):])
+    if side == "torch":
+        steps = res["step_s"][args.warmup:]
+        tokens = res["tokens_per_s"] * sum(steps) / len(steps)  # real tokens per measured step
+        res = {"side": "torch", "step_s": statistics.median(steps), "tokens_per_s": res["tokens_per_s"],
+               "cpu_s_per_step": tokens / res["tokens_per_cpu_s"], "peak_rss": res["peak_rss_bytes"],
+               "rss_after_load": None, "losses": res["losses"]}
+    return res
 
 
 # --------------------------------------------------------------------------- worker
@@ -96,10 +113,12 @@ def worker(args) -> None:
     from tunix.sft import peft_trainer, utils
 
     from tunix_rt.models.jax_loader import load_model, make_mesh
+    from tunix_rt.train.common import tune_cpu_allocator
     from tunix_rt.train.config import TrainConfig
-    from tunix_rt.train.jax_engine import apply_lora
+    from tunix_rt.train.jax_engine import apply_lora, make_trainer_class
     from tunix_rt.train.jax_loss import make_loss_fn, model_inputs
 
+    tune_cpu_allocator()  # as the JAX engine does on a CPU
     data = json.loads(Path(args.data).read_text())
     mesh = make_mesh()
     cfg = TrainConfig(dataset="bench", lora_rank=16, lora_alpha=32.0)
@@ -107,7 +126,7 @@ def worker(args) -> None:
         model, tcfg = load_model(data["model_dir"], mesh, "fp32")
         model = apply_lora(model, cfg, tcfg)
         rss_loaded = peak_rss_bytes()
-        trainer = peft_trainer.PeftTrainer(
+        trainer = make_trainer_class()(  # the engine's PeftTrainer (donates the model too)
             model, optax.adamw(2e-4), peft_trainer.TrainingConfig(eval_every_n_steps=10**9, max_steps=None,
                                                                   max_inflight_computations=1))
         if args.worker == "tunix":
@@ -153,6 +172,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--chunk", type=int, default=256, help="tokens per chunk of our loss")
+    ap.add_argument("--sides", default="ours,tunix,torch",
+                    help="ours (JAX engine, our loss), tunix (JAX engine, Tunix's default loss), torch (the PyTorch engine)")
     ap.add_argument("--worker", choices=("ours", "tunix"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -161,32 +182,46 @@ def main() -> None:
     if args.home:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
     data = prepare(args)
-    results: dict[str, list[dict]] = {"ours": [], "tunix": []}
+    sides = [x for x in args.sides.split(",") if x]
+    results: dict[str, list[dict]] = {s: [] for s in sides}
     for r in range(args.rounds):
-        for side in (("ours", "tunix") if r % 2 == 0 else ("tunix", "ours")):
+        for side in (sides if r % 2 == 0 else sides[::-1]):
             res = run_side(side, data, args)
             results[side].append(res)
+            after = f" (after load {res['rss_after_load'] / 2**30:.2f})" if res["rss_after_load"] else ""
             print(f"round {r + 1} {side:5s}: {res['step_s']:.2f} s/step ({res['cpu_s_per_step']:.1f} CPU-s), "
-                  f"{res['tokens_per_s']:.0f} tok/s, "
-                  f"peak RSS {res['peak_rss'] / 2**30:.2f} GiB (after load {res['rss_after_load'] / 2**30:.2f}), "
+                  f"{res['tokens_per_s']:.0f} tok/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB{after}, "
                   f"first loss {res['losses'][0]:.5f}", flush=True)
-    med = {s: {k: statistics.median(x[k] for x in v) for k in ("step_s", "cpu_s_per_step", "tokens_per_s", "peak_rss", "rss_after_load")}
-           for s, v in results.items()}
-    print(f"\nGemma 3 270M, LoRA r16 on all projections, batch {args.batch} x {args.seq}, fp32, CPU, "
+    keys = ("step_s", "cpu_s_per_step", "tokens_per_s", "peak_rss")
+    med = {s: {k: statistics.median(x[k] for x in v) for k in keys} for s, v in results.items()}
+    for s, v in results.items():
+        loaded = [x["rss_after_load"] for x in v if x["rss_after_load"]]
+        med[s]["rss_after_load"] = statistics.median(loaded) if loaded else None
+    print(f"\nGemma 3 270M, LoRA r16 on all projections, batch {args.batch} x {args.seq}, fp32, CPU, AdamW 2e-4, "
           f"{args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); our chunk {args.chunk} tokens")
-    print(f"{'side':8s} {'s/step':>8s} {'CPU-s/step':>11s} {'tok/s':>8s} {'peak RSS GiB':>13s} {'train extra GiB':>16s}")
-    for s in ("ours", "tunix"):
+    names = {"ours": "jax+ours", "tunix": "jax+tunix", "torch": "torch eng."}
+    print(f"{'side':11s} {'s/step':>8s} {'CPU-s/step':>11s} {'tok/s':>8s} {'peak RSS GiB':>13s} {'train extra GiB':>16s}")
+    for s in sides:
         m = med[s]
-        print(f"{s:8s} {m['step_s']:8.2f} {m['cpu_s_per_step']:11.1f} {m['tokens_per_s']:8.0f} {m['peak_rss'] / 2**30:13.2f} "
-              f"{(m['peak_rss'] - m['rss_after_load']) / 2**30:16.2f}")
-    a, b = results["ours"][0]["losses"][0], results["tunix"][0]["losses"][0]
-    print(f"first-batch loss: ours {a:.6f}, tunix {b:.6f} (|diff| {abs(a - b):.2e})")
-    extra = lambda s: med[s]["peak_rss"] - med[s]["rss_after_load"]  # noqa: E731
-    print(f"RESULT mem_ratio={med['ours']['peak_rss'] / med['tunix']['peak_rss']:.3f} "
-          f"speed_ratio={med['ours']['tokens_per_s'] / med['tunix']['tokens_per_s']:.3f} "
-          f"cpu_speed_ratio={med['tunix']['cpu_s_per_step'] / med['ours']['cpu_s_per_step']:.3f} "
-          f"extra_mem_ratio={extra('ours') / max(extra('tunix'), 1):.3f} "
-          f"loss_diff={abs(a - b):.2e}")
+        extra = f"{(m['peak_rss'] - m['rss_after_load']) / 2**30:16.2f}" if m["rss_after_load"] else f"{'-':>16s}"
+        print(f"{names[s]:11s} {m['step_s']:8.2f} {m['cpu_s_per_step']:11.1f} {m['tokens_per_s']:8.0f} "
+              f"{m['peak_rss'] / 2**30:13.2f} {extra}")
+    first = {s: results[s][0]["losses"][0] for s in sides}
+    print("first-batch loss: " + ", ".join(f"{names[s]} {first[s]:.6f}" for s in sides))
+    out = []
+    if "ours" in med and "tunix" in med:
+        extra = lambda s: med[s]["peak_rss"] - med[s]["rss_after_load"]  # noqa: E731
+        out += [f"mem_ratio={med['ours']['peak_rss'] / med['tunix']['peak_rss']:.3f}",
+                f"speed_ratio={med['ours']['tokens_per_s'] / med['tunix']['tokens_per_s']:.3f}",
+                f"cpu_speed_ratio={med['tunix']['cpu_s_per_step'] / med['ours']['cpu_s_per_step']:.3f}",
+                f"extra_mem_ratio={extra('ours') / max(extra('tunix'), 1):.3f}",
+                f"loss_diff={abs(first['ours'] - first['tunix']):.2e}"]
+    if "ours" in med and "torch" in med:
+        out += [f"jax_vs_torch_speed={med['ours']['tokens_per_s'] / med['torch']['tokens_per_s']:.3f}",
+                f"jax_vs_torch_cpu_speed={med['torch']['cpu_s_per_step'] / med['ours']['cpu_s_per_step']:.3f}",
+                f"jax_vs_torch_mem={med['ours']['peak_rss'] / med['torch']['peak_rss']:.3f}",
+                f"jax_vs_torch_loss_diff={abs(first['ours'] - first['torch']):.2e}"]
+    print("RESULT " + " ".join(out))
 
 
 if __name__ == "__main__":

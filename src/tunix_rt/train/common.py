@@ -71,3 +71,22 @@ def atomic_dir(target: Path, write: Callable[[Path], Any]) -> Path:
     write(tmp)
     tmp.rename(target)
     return target
+
+
+def tune_cpu_allocator() -> bool:
+    """On glibc: allocate blocks of 1 MiB and more with mmap, so that freed buffers go back to
+    the OS at once. glibc's default (a threshold that grows to 32 MiB) keeps freed activation
+    buffers in the heap, where fragmentation adds to the peak RSS at no gain in speed
+    (measured: ~0.5 GB for a Gemma 3 270M LoRA step on the torch engine, ~0.1 GB on the JAX
+    engine). Call it on CPU runs only, before the model is loaded; False where it does not
+    apply (musl, macOS)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False

@@ -83,20 +83,10 @@ def device_facts(device) -> dict[str, Any]:
 
 
 def tune_cpu_allocator(device) -> bool:
-    """On CPU with glibc: allocate blocks of 1 MiB and more with mmap, so that freed
-    activations go back to the OS at once. glibc's default (a threshold that grows to 32 MiB)
-    keeps freed activation buffers in the heap, where fragmentation adds ~0.5 GB to the peak
-    RSS of a Gemma 3 270M LoRA step at no gain in speed (measured with the benchmark's batches)."""
-    import ctypes
-    import ctypes.util
+    """glibc's mmap threshold at 1 MiB on CPU (see common.tune_cpu_allocator)."""
+    from tunix_rt.train.common import tune_cpu_allocator as tune
 
-    if device.type != "cpu" or not ctypes.util.find_library("c"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        return bool(libc.mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
-        return False
+    return device.type == "cpu" and tune()
 
 
 def peak_memory_bytes(device) -> int:
