@@ -164,8 +164,8 @@ def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp
                "tunix-rt[torch]", "--engine jax")
     assert not home.runs.is_dir() or not any(home.runs.iterdir())  # refused before making a run dir
 
-    r = _ok(_cli(no_torch, "train", "--config", "smoke", "--engine", "jax", *common, "max_steps=2",
-                 timeout=600))
+    r = _ok(_cli(no_torch, "train", "--config", "smoke", "--engine", "auto", *common, "max_steps=2",
+                 timeout=600))  # auto: JAX, since torch is not installed
     run = Path(r.stdout.strip().splitlines()[-1])
     assert run.parent == home.runs
     m = json.loads((run / "run_manifest.json").read_text())
@@ -183,7 +183,7 @@ def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp
                "tunix-rt[torch]", "--engine jax")  # the default eval engine is torch
 
     r = _ok(_cli(no_torch, "eval", "--adapter", run.name, "--dataset", "nt", "--split", "all", "--limit", "2",
-                 "--max-new-tokens", "4", "--engine", "jax", "--json"))
+                 "--max-new-tokens", "4", "--engine", "auto", "--json"))
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     assert summary["engine"] == "jax" and summary["run_id"] == run.name
     assert summary["dataset"]["n"] == 2 and summary["adapter"].endswith("final/adapter")

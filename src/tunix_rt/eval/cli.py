@@ -23,7 +23,7 @@ def eval_cmd(
     adapter: Annotated[Optional[str], typer.Option("--adapter", help="A run id, a run dir, or a PEFT adapter dir.")] = None,
     split: Annotated[Optional[str], typer.Option("--split", help="train | dev | all (default: dev; all for a JSONL path).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N records of the split.")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="torch | jax | auto (jax for gpu/tpu devices)")] = "torch",
+    engine: Annotated[str, typer.Option("--engine", help="torch | jax | auto (jax for gpu/tpu devices or without torch)")] = "torch",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (torch) | gpu | tpu (jax)")] = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most tokens generated per item.")] = 256,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together.")] = 8,

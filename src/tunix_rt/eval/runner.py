@@ -56,15 +56,17 @@ class EvalRequest:
     limit: int | None = None
     """Evaluate only the first N records of the split."""
     engine: str = "torch"
-    """torch | jax | auto (jax for gpu/tpu devices, torch otherwise)."""
+    """torch | jax | auto (jax for gpu/tpu devices or where torch is not installed, else torch)."""
     device: str = "auto"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     out: Path | None = None
     """Write here instead of the default place."""
 
     def __post_init__(self) -> None:
-        if self.engine == "auto":  # as `tunix-rt train` picks: JAX for the devices only it serves
-            object.__setattr__(self, "engine", "jax" if self.device in ("gpu", "tpu") else "torch")
+        if self.engine == "auto":  # as `tunix-rt train` picks (JAX for gpu/tpu or without torch)
+            from tunix_rt.train.common import auto_engine
+
+            object.__setattr__(self, "engine", auto_engine(self.device))
         if self.engine not in ENGINES:
             raise BadInput(f"engine must be one of {'|'.join(ENGINES)}, got {self.engine!r}")
         if self.device not in DEVICES[self.engine]:

@@ -15,10 +15,13 @@ DEVICES = ("auto", "cpu", "cuda", "gpu", "tpu")
 
 
 def pick_engine(engine: str, device: str) -> str:
-    """auto: JAX for the device names only it serves (gpu, tpu), PyTorch otherwise."""
+    """auto: JAX for the device names only it serves (gpu, tpu) or where torch is not
+    installed, PyTorch otherwise (common.auto_engine)."""
     if engine != "auto":
         return engine
-    return "jax" if device in ("gpu", "tpu") else "torch"
+    from tunix_rt.train.common import auto_engine
+
+    return auto_engine(device)
 
 
 def train_cmd(

@@ -90,3 +90,20 @@ def tune_cpu_allocator() -> bool:
         return bool(ctypes.CDLL(name).mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         return False
+
+
+def auto_engine(device: str) -> str:
+    """What engine=auto means, for `train` and `eval` alike: JAX for the devices only it serves
+    (gpu, tpu) and where torch is not installed but JAX is (a `tunix-rt[jax]` install, as on
+    a Kaggle TPU image); PyTorch otherwise."""
+    if device in ("gpu", "tpu"):
+        return "jax"
+    try:
+        import torch  # noqa: F401  (the torch engine would import it next anyway)
+    except ImportError:
+        try:
+            import jax  # noqa: F401
+        except ImportError:
+            return "torch"  # neither: the torch engine's own check names what to install
+        return "jax"
+    return "torch"
