@@ -147,17 +147,43 @@ def gemma_config(hf: dict[str, Any], remat: bool):
     )
 
 
+def remat_on(model) -> bool:
+    """The model was built with gradient checkpointing (Tunix's RematConfig.DECODER)."""
+    return getattr(getattr(model.config, "remat_config", None), "name", "") == "DECODER"
+
+
 def _hidden(model, tokens, positions, cache, attention_mask):
     """Embed, run the layers (with the KV cache when given), final norm: the hidden states
-    before the vocabulary head, and the new cache."""
+    before the vocabulary head, and the new cache. With gradient checkpointing and no cache
+    (training), each layer goes through `jax_remat.checkpointed_layer`, whose recomputation
+    XLA:CPU cannot hoist into the forward pass as it does Tunix's (see that module)."""
+    from tunix_rt.models.jax_remat import checkpointed_layer, has_rng_state
+
     x = model.embedder.encode(tokens)
     new_cache = None if cache is None else {}
+    remat = cache is None and remat_on(model)
     for i, layer in enumerate(model.layers):
         name = f"layer_{i}"
+        if remat and not has_rng_state(layer):
+            x = checkpointed_layer(layer, x, positions, attention_mask)
+            continue
         layer_cache, x = layer(x, positions, cache[name] if cache else None, attention_mask)
         if cache is not None:
             new_cache[name] = layer_cache
     return model.final_norm(x), new_cache
+
+
+def _logits_call(model, tokens, positions, attention_mask):
+    """Tunix's forward without a cache (training with its default loss), through `_hidden`
+    so that gradient checkpointing holds on CPU too: logits, then Gemma 2's final softcap."""
+    import jax.numpy as jnp
+
+    h, _ = _hidden(model, tokens, positions, None, attention_mask)
+    logits = model.embedder.decode(h)
+    cap = getattr(model, "final_logits_softcap", None)
+    if cap is not None:
+        logits = jnp.tanh(logits / cap) * cap
+    return logits, None
 
 
 def _model_class(family: str, types: list[str]):
@@ -173,6 +199,8 @@ def _model_class(family: str, types: list[str]):
                          output_hidden_states=False, return_hidden=False):
                 if return_hidden:
                     return _hidden(self, last_tokens, positions, cache, attention_mask)
+                if cache is None and not output_hidden_states and remat_on(self):
+                    return _logits_call(self, last_tokens, positions, attention_mask)
                 return super().__call__(last_tokens, positions, cache, attention_mask, output_hidden_states)
 
         Gemma.__module__ = __name__
@@ -199,6 +227,8 @@ def _model_class(family: str, types: list[str]):
                      output_hidden_states=False, return_hidden=False):
             if return_hidden:
                 return _hidden(self, last_tokens, positions, cache, attention_mask)
+            if cache is None and not output_hidden_states and remat_on(self):
+                return _logits_call(self, last_tokens, positions, attention_mask)
             return super().__call__(last_tokens, positions, cache, attention_mask, output_hidden_states)
 
     Gemma3.__module__ = __name__

@@ -1,0 +1,71 @@
+"""Gradient checkpointing of a decoder layer that XLA:CPU cannot undo.
+
+Tunix remats a layer with `nnx.remat` (jax.checkpoint): the backward pass recomputes the
+layer's activations from its input, and an optimization barrier is meant to keep that
+recomputation where the backward needs it. XLA:CPU expands optimization barriers away, and
+its memory scheduler then hoists every layer's recomputation to the forward pass, where it
+has its inputs: the activations are all alive again at the peak (measured on Gemma 3 270M,
+LoRA, 4 x 256, fp32: the train step's XLA temp buffer is 2.74 GiB with Tunix's remat and
+2.74 GiB without it; it peaks inside the loss, with the recomputed MLP activations of all
+18 layers alive).
+
+Here the recomputation gets a data dependence on the layer's output cotangent, which exists
+only once the backward pass reaches the layer: the layer input is replaced by
+`x + 0 * g[0]` before the recomputation. XLA keeps that (for floats, 0 * g is not 0 when g is
+inf or NaN, so it is not folded), and the schedule follows: the same train step's temp
+buffer is 0.83 GiB, the process's peak RSS 3.3 GiB instead of 5.2, step time unchanged
+within noise, losses and gradients the same as Tunix's remat.
+
+How: the layer's computation is traced once in the forward pass (`jax.closure_convert`, so
+qwix's LoRA interception, active only during the model call, is inside the traced function)
+and wrapped in a `jax.custom_vjp` whose residuals are the layer's inputs only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _checkpointed(fn, state, x, *rest):
+    return fn(state, x, *rest)
+
+
+def _fwd(fn, state, x, *rest):
+    return fn(state, x, *rest), (state, x, rest)
+
+
+def _bwd(fn, res, g):
+    state, x, rest = res
+    # The recomputation below must not start before g exists (see the module doc).
+    x = x + (g.reshape(-1)[0] * 0).astype(x.dtype)
+    _, vjp = jax.vjp(fn, state, x, *rest)
+    return vjp(g)
+
+
+_checkpointed.defvjp(_fwd, _bwd)
+
+
+def has_rng_state(layer) -> bool:
+    """A layer that draws random numbers (LoRA dropout) keeps Tunix's own remat: its RNG
+    counters advance inside the call, which a traced-once function would not carry out."""
+    from flax import nnx
+
+    return bool(jax.tree.leaves(nnx.state(layer, nnx.RngState)))
+
+
+def checkpointed_layer(layer, x, positions, attention_mask):
+    """`layer.block(x, positions, None, attention_mask)`'s output (no KV cache: training),
+    with its activations recomputed in the backward pass."""
+    from flax import nnx
+
+    graphdef, state = nnx.split(layer)
+
+    def run(state, x, positions, attention_mask):
+        _, y = nnx.merge(graphdef, state).block(x, positions, None, attention_mask)
+        return y
+
+    fn, consts = jax.closure_convert(run, state, x, positions, attention_mask)
+    return _checkpointed(fn, state, x, positions, attention_mask, *consts)
