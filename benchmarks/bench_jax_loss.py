@@ -1,7 +1,7 @@
 """Our chunked loss against Tunix's default loss, both inside Tunix's PeftTrainer.
 
     .venv/bin/python benchmarks/bench_jax_loss.py --home /work/main/.cache/test-home \
-        [--steps 3] [--warmup 1] [--rounds 1] [--chunk 256]
+        [--steps 3] [--warmup 1] [--rounds 1] [--chunk 256] [--remat] [--sides ours,tunix,torch]
 
 Gemma 3 270M (real weights, `ensure_model("gemma3-270m")`), GSM8K traces rendered by
 tunix_rt.render (longer than --seq dropped), qwix LoRA r=16 alpha=32 on all projections,
@@ -70,9 +70,10 @@ def run_side(side: str, data: Path, args) -> dict:
     if side == "torch":  # the PyTorch engine's own step (bench_torch_vs_trl's worker)
         cmd = [sys.executable, str(Path(__file__).with_name("bench_torch_vs_trl.py")), "--worker", "ours",
                "--data", str(data), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+        cmd += ["--ours-gc"] if args.remat else []
     else:
         cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--seq", str(args.seq),
-               "--chunk", str(args.chunk), "--warmup", str(args.warmup)]
+               "--chunk", str(args.chunk), "--warmup", str(args.warmup)] + (["--remat"] if args.remat else [])
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
     if r.returncode != 0 or line is None:
@@ -123,7 +124,7 @@ def worker(args) -> None:
     mesh = make_mesh()
     cfg = TrainConfig(dataset="bench", lora_rank=16, lora_alpha=32.0)
     with jax.set_mesh(mesh):
-        model, tcfg = load_model(data["model_dir"], mesh, "fp32")
+        model, tcfg = load_model(data["model_dir"], mesh, "fp32", remat=args.remat)
         model = apply_lora(model, cfg, tcfg)
         rss_loaded = peak_rss_bytes()
         trainer = make_trainer_class()(  # the engine's PeftTrainer (donates the model too)
@@ -172,6 +173,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--chunk", type=int, default=256, help="tokens per chunk of our loss")
+    ap.add_argument("--remat", action="store_true",
+                    help="gradient checkpointing on every side (JAX: tunix_rt.models.jax_remat, which holds on "
+                         "CPU; torch: the engine's gradient_checkpointing)")
     ap.add_argument("--sides", default="ours,tunix,torch",
                     help="ours (JAX engine, our loss), tunix (JAX engine, Tunix's default loss), torch (the PyTorch engine)")
     ap.add_argument("--worker", choices=("ours", "tunix"), help=argparse.SUPPRESS)
@@ -198,7 +202,8 @@ def main() -> None:
         loaded = [x["rss_after_load"] for x in v if x["rss_after_load"]]
         med[s]["rss_after_load"] = statistics.median(loaded) if loaded else None
     print(f"\nGemma 3 270M, LoRA r16 on all projections, batch {args.batch} x {args.seq}, fp32, CPU, AdamW 2e-4, "
-          f"{args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); our chunk {args.chunk} tokens")
+          f"{args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); our chunk {args.chunk} tokens; "
+          f"gradient checkpointing {'on' if args.remat else 'off'}")
     names = {"ours": "jax+ours", "tunix": "jax+tunix", "torch": "torch eng."}
     print(f"{'side':11s} {'s/step':>8s} {'CPU-s/step':>11s} {'tok/s':>8s} {'peak RSS GiB':>13s} {'train extra GiB':>16s}")
     for s in sides:

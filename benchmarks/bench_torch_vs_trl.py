@@ -135,7 +135,8 @@ def worker_ours(data: dict, args) -> None:
     cfg = TrainConfig(model=data["model_dir"], dataset="prepared-batches", method="lora", lora_rank=16,
                       lora_alpha=32, batch_size=len(data["steps"][0]), max_seq_len=256, lr=2e-4,
                       schedule="constant", dtype="fp32", max_steps=len(data["steps"]),
-                      loss_chunk_tokens=256)  # as the cpu-demo preset
+                      loss_chunk_tokens=256,  # as the cpu-demo preset
+                      gradient_checkpointing=bool(getattr(args, "ours_gc", False)))
     device = torch.device("cpu")
     te.tune_cpu_allocator(device)  # what te.train() does on a CPU
     model, head = te.load_model(cfg, Path(data["model_dir"]), device)
@@ -208,6 +209,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1, help="ours/TRL alternations")
     p.add_argument("--trl-no-gc", action="store_true", help="TRL without gradient checkpointing")
+    p.add_argument("--ours-gc", action="store_true", help="our engine with gradient checkpointing (default off)")
     p.add_argument("--worker", choices=("ours", "trl"), help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     return p.parse_args()
