@@ -32,7 +32,7 @@ from tunix_rt.home import Home
 from tunix_rt.models.store import ensure_model, load_tokenizer
 from tunix_rt.render import prompt_ids
 
-GSM8K = Path(__file__).resolve().parents[1] / "data" / "gsm8k" / "train.jsonl"
+GSM8K = Path(__file__).resolve().parents[1] / "src" / "tunix_rt" / "assets" / "gsm8k" / "train.jsonl"
 
 
 def gsm8k_prompts(tok, n: int) -> list[list[int]]:

@@ -98,6 +98,14 @@ def test_non_finite_hidden_states_fall_back_to_full_logits():
     assert torch.equal(screen.argmax(x), (x @ head.t()).argmax(1))
 
 
+def test_the_machine_probe_of_the_int8_kernel_passes_here():
+    """build() turns the screen off where the probe fails (an int8 kernel that saturates);
+    this machine's kernel is exact (test_int8_matmul_is_exact_integer_arithmetic)."""
+    from tunix_rt.eval.screened_head import int8_matmul_is_exact
+
+    assert int8_matmul_is_exact(640) and int8_matmul_is_exact(1152)
+
+
 def test_build_applies_to_large_cpu_fp32_heads_only():
     assert ScreenedArgmax.build(torch.randn(4096, 16)) is not None
     assert ScreenedArgmax.build(torch.randn(300, 16)) is None  # small vocabulary: plain matmul

@@ -15,7 +15,7 @@ from tunix_rt.render import parse_completion, render_trace, supervised_text
 
 pytestmark = pytest.mark.slow
 
-GSM8K = importer.Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "train.jsonl"
+GSM8K = importer.Path(__file__).resolve().parents[2] / "src" / "tunix_rt" / "assets" / "gsm8k" / "train.jsonl"
 ROUND_TRIP = [
     " leading space", "  two leading spaces", "trailing spaces  ", "a\n\nb\n", "\n\n\nthree newlines",
     "tab\there\t\t", "héllo wörld — naïve café", "日本語のテキスト", "emoji 🙂👍🏽", "x\u200by zero width",

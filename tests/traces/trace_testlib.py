@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
-GSM8K = Path(__file__).resolve().parents[2] / "data" / "gsm8k" / "train.jsonl"
+GSM8K = Path(__file__).resolve().parents[2] / "src" / "tunix_rt" / "assets" / "gsm8k" / "train.jsonl"
 DROP = object()  # record(question=DROP) removes the field
 
 

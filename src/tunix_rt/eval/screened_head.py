@@ -12,8 +12,8 @@ How (all per decode step, rows b of the batch, vocabulary rows v):
    group: nw_g = max ||w_v||₂ and nd_g = max ||w_v − s_g·wq_v||₂ (the exact quantisation error).
 2. Activations, two int8 levels: q1 = round(x / s), q2 = round((x − s·q1)·127 / s) with
    s = max|x| / 127, so x̂ = (s/127)(127·q1 + q2) and |x − x̂| ≤ s/254 per element.
-3. One int8 matmul `torch._int_mm([q1; q2], wq.T)` (exact int32: checked for saturation in the
-   tests) gives comb = 127·acc1 + acc2 (int64 when D > 1040 could overflow int32) and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
+3. One int8 matmul `torch._int_mm([q1; q2], wq.T)` (exact int32: probed for saturation on the
+   machine before the screen is built, `int8_matmul_is_exact`) gives comb = 127·acc1 + acc2 (int64 when D > 1040 could overflow int32) and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
 4. The bound: x·w − x̂·ŵ = (x − x̂)·w + x̂·(w − ŵ), so by Cauchy–Schwarz
    |x·w − a| ≤ ||x − x̂||·nw_g + ||x̂||·nd_g, plus the fp32 rounding of the reference matmul
    itself (at most D·2⁻²⁴·||x||·||w|| for any summation order), plus a safety margin.
@@ -36,6 +36,7 @@ bottleneck); `ScreenedArgmax.build` returns None elsewhere and the caller keeps 
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -49,6 +50,29 @@ REL_SAFETY = 1e-4
 """Relative slack on every computed norm (they are computed in fp64; this is generous)."""
 ABS_MARGIN = 1e-3
 REL_MARGIN = 1e-5
+
+
+@functools.lru_cache(maxsize=None)
+def int8_matmul_is_exact(dim: int) -> bool:
+    """Probe `torch._int_mm` on this machine at contraction length `dim` with the values that
+    would overflow an int16 pair sum (AVX2's vpmaddubsw saturates there; a VNNI or AMX kernel
+    does not) and with random ones, at the row counts a decode uses: the bound assumes exact
+    int32 sums, so a kernel that is not exact here turns the screen off."""
+    import torch
+
+    cols = 512
+    g = torch.Generator().manual_seed(0)
+    for rows in (2, 16):
+        for xv, wv in ((127, 127), (-127, 127), (-127, -127)):
+            xq = torch.full((rows, dim), xv, dtype=torch.int8)
+            wq = torch.full((cols, dim), wv, dtype=torch.int8)
+            if not torch.equal(torch._int_mm(xq, wq.t()), torch.full((rows, cols), xv * wv * dim, dtype=torch.int32)):
+                return False
+        xq = torch.randint(-127, 128, (rows, dim), dtype=torch.int8, generator=g)
+        wq = torch.randint(-127, 128, (cols, dim), dtype=torch.int8, generator=g)
+        if not torch.equal(torch._int_mm(xq, wq.t()).long(), xq.long() @ wq.long().t()):
+            return False
+    return True
 
 
 class ScreenedArgmax:
@@ -109,6 +133,8 @@ class ScreenedArgmax:
             return None
         if head.shape[0] < 4 * PAD_COLS:
             return None  # a small vocabulary: the plain matmul is already cheap
+        if not int8_matmul_is_exact(head.shape[1]):
+            return None  # this CPU's int8 kernel saturates: no bound would hold
         return cls(head, softcap)
 
     def argmax(self, x: "torch.Tensor") -> "torch.Tensor":

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 VOCAB_SIZE = 1024
 CORPUS_LINES = 2000
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer.json"
-GSM8K = Path(__file__).resolve().parents[3] / "data" / "gsm8k" / "train.jsonl"
+GSM8K = Path(__file__).resolve().parents[1] / "assets" / "gsm8k" / "train.jsonl"
 SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 
 

@@ -45,7 +45,8 @@ SPLIT_BUCKETS = 10_000
 SPLIT_METHOD = "int(sha256(id utf-8).hexdigest(), 16) % 10000 < round(dev_fraction * 10000) -> dev, else train"
 SPLITS = ("train", "dev", "all")
 DATA, MANIFEST, REJECTS = "data.jsonl", "manifest.json", "rejects.jsonl"
-VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parents[2] / "data" / "gsm8k" / "train.jsonl"
+VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parent / "assets" / "gsm8k" / "train.jsonl"
+"""GSM8K's train split (MIT), shipped inside the package so a wheel install has it too."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
