@@ -18,6 +18,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from train_testlib import write_traces  # noqa: E402
 
 pytestmark = pytest.mark.jax
 
@@ -26,13 +27,9 @@ pytest.importorskip("jax")
 MAX_STEPS = 6
 
 
+
 def _traces(path, n=16):
-    with open(path, "w") as f:
-        for i in range(n):
-            steps = [f"{i} plus {j} is {i + j}" for j in range(1 + i % 3)]
-            f.write(json.dumps({"id": f"t{i:03d}", "question": f"Add {i} and {'one ' * (i % 4)}?",
-                                "steps": steps, "answer": str(i)}) + "\n")
-    return str(path)
+    return write_traces(path, n)
 
 
 def _config(tmp_path, **over) -> str:

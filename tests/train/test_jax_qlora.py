@@ -28,6 +28,7 @@ import pytest
 
 from tunix_rt.errors import BadInput
 from tunix_rt.train.config import TrainConfig
+from train_testlib import write_traces  # noqa: E402
 
 pytestmark = pytest.mark.jax
 
@@ -41,13 +42,9 @@ EXACT = 1e-4  # float32, different summation order (the cross-engine golden test
 NF4_LOGIT_TOL = 0.3
 
 
+
 def _traces(path, n=16):
-    with open(path, "w") as f:
-        for i in range(n):
-            steps = [f"{i} plus {j} is {i + j}" for j in range(1 + i % 3)]
-            f.write(json.dumps({"id": f"t{i:03d}", "question": f"Add {i} and {'one ' * (i % 4)}?",
-                                "steps": steps, "answer": str(i)}) + "\n")
-    return str(path)
+    return write_traces(path, n)
 
 
 class Trained:

@@ -14,6 +14,7 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import BatchStream
 from tunix_rt.train import torch_engine as te
 from tunix_rt.train.run import read_jsonl
+from train_testlib import write_traces  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -25,14 +26,6 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def write_traces(path, n=16):
-    """Short, variable-length traces in the trace format."""
-    with open(path, "w") as f:
-        for i in range(n):
-            steps = [f"{i} plus {j} is {i + j}" for j in range(1 + i % 3)]
-            f.write(json.dumps({"id": f"t{i:03d}", "question": f"Add {i} and {'one ' * (i % 4)}?",
-                                "steps": steps, "answer": str(i)}) + "\n")
-    return str(path)
 
 
 def small_cfg(tmp_path, **over):

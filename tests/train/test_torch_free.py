@@ -29,7 +29,7 @@ pytestmark = pytest.mark.jax
 
 pytest.importorskip("jax")
 
-from test_jax_engine import _traces  # noqa: E402 (tests/train is on sys.path)
+from train_testlib import write_traces as _traces  # noqa: E402 (tests/train is on sys.path)
 
 from tunix_rt.models.catalog import PRESETS  # noqa: E402
 

@@ -21,17 +21,14 @@ from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.run import read_jsonl
 from tunix_rt.train import torch_engine as te
+from train_testlib import write_traces  # noqa: E402
 
 MAX_STEPS = 8
 
 
+
 def _traces(path, n=12):
-    with open(path, "w") as f:
-        for i in range(n):
-            steps = [f"{i} plus {j} is {i + j}" for j in range(1 + i % 3)]
-            f.write(json.dumps({"id": f"t{i:03d}", "question": f"Add {i} and {'one ' * (i % 4)}?",
-                                "steps": steps, "answer": str(i)}) + "\n")
-    return str(path)
+    return write_traces(path, n)
 
 
 def _config(tmp_path) -> TrainConfig:
