@@ -155,6 +155,14 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     n, tp = spec["devices"], spec.get("tp", 1)
+    from tunix_rt.models import jax_remat
+    from tunix_rt.plan import DEVICES
+
+    # Model the target's remat: the CPU engine ties each recomputation to its cotangent
+    # (XLA:CPU drops optimization barriers); accelerators keep Tunix's own remat.
+    name = spec["device"]
+    on_cpu = DEVICES[name].kind == "cpu" if name in DEVICES else name == "cpu"
+    jax_remat.use("tied" if on_cpu else "tunix")
     if len(jax.devices()) < n:
         raise SystemExit(f"need {n} devices, jax sees {len(jax.devices())} (XLA_FLAGS set too late?)")
     mesh = jax.make_mesh((n // tp, tp), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)

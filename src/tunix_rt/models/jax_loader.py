@@ -152,16 +152,23 @@ def remat_on(model) -> bool:
     return getattr(getattr(model.config, "remat_config", None), "name", "") == "DECODER"
 
 
+def _tied_remat(model) -> bool:
+    """Training forward through `_hidden`'s cotangent-tied remat (jax_remat.wanted)."""
+    from tunix_rt.models.jax_remat import wanted
+
+    return remat_on(model) and wanted()
+
+
 def _hidden(model, tokens, positions, cache, attention_mask):
     """Embed, run the layers (with the KV cache when given), final norm: the hidden states
     before the vocabulary head, and the new cache. With gradient checkpointing and no cache
     (training), each layer goes through `jax_remat.checkpointed_layer`, whose recomputation
     XLA:CPU cannot hoist into the forward pass as it does Tunix's (see that module)."""
-    from tunix_rt.models.jax_remat import checkpointed_layer, has_rng_state
+    from tunix_rt.models.jax_remat import checkpointed_layer, has_rng_state, wanted
 
     x = model.embedder.encode(tokens)
     new_cache = None if cache is None else {}
-    remat = cache is None and remat_on(model)
+    remat = cache is None and remat_on(model) and wanted()
     for i, layer in enumerate(model.layers):
         name = f"layer_{i}"
         if remat and not has_rng_state(layer):
@@ -199,7 +206,7 @@ def _model_class(family: str, types: list[str]):
                          output_hidden_states=False, return_hidden=False):
                 if return_hidden:
                     return _hidden(self, last_tokens, positions, cache, attention_mask)
-                if cache is None and not output_hidden_states and remat_on(self):
+                if cache is None and not output_hidden_states and _tied_remat(self):
                     return _logits_call(self, last_tokens, positions, attention_mask)
                 return super().__call__(last_tokens, positions, cache, attention_mask, output_hidden_states)
 
@@ -227,7 +234,7 @@ def _model_class(family: str, types: list[str]):
                      output_hidden_states=False, return_hidden=False):
             if return_hidden:
                 return _hidden(self, last_tokens, positions, cache, attention_mask)
-            if cache is None and not output_hidden_states and remat_on(self):
+            if cache is None and not output_hidden_states and _tied_remat(self):
                 return _logits_call(self, last_tokens, positions, attention_mask)
             return super().__call__(last_tokens, positions, cache, attention_mask, output_hidden_states)
 
