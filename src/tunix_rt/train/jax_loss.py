@@ -59,11 +59,20 @@ def _logits(h, emb, softcap):
 
 
 def chunked_ce_sum(h, emb, targets, weights, chunk: int, softcap: float | None = None):
-    """sum_t weights[t] * CE(h[t] @ emb.T, targets[t]) over all tokens, chunk by chunk."""
+    """sum_t weights[t] * CE(h[t] @ emb.T, targets[t]) over all tokens, chunk by chunk.
+
+    The tokens with a weight (the model turn) are moved to the front first (a stable sort on
+    "weight is zero"), so the chunks after them hold only unweighted tokens (prompt, padding)
+    and are skipped at run time (`lax.cond` in the scan): shapes stay static, and the vocabulary
+    matmuls, most of a LoRA step's FLOPs at Gemma's 262K vocabulary, run for the supervised
+    tokens only (on GSM8K batches of 4 x 256 about half the chunks). The gather's gradient
+    puts dh back in place."""
     d = h.shape[-1]
     h = h.reshape(-1, d)
     targets = targets.reshape(-1)
     weights = weights.reshape(-1).astype(jnp.float32)
+    order = jnp.argsort(weights == 0, stable=True)
+    h, targets, weights = h[order], targets[order], weights[order]
     n = h.shape[0]
     chunk = min(chunk, n)
     pad = (-n) % chunk
@@ -96,12 +105,16 @@ def _chunk_terms(h, emb, t, w, softcap):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
 def _fused_ce(hc, emb, tc, wc, softcap):
     """Forward only (eval): the summed loss, one chunk's logits alive at a time."""
-    def body(total, xs):
-        h, t, w = xs
+    def chunk_loss(h, t, w):
         z = _logits(h, emb, softcap)
         lse = jax.nn.logsumexp(z, axis=-1)
         tgt = jnp.take_along_axis(z, t[:, None], axis=-1)[:, 0]
-        return total + jnp.sum((lse - tgt) * w), None
+        return jnp.sum((lse - tgt) * w)
+
+    def body(total, xs):
+        h, t, w = xs
+        loss = jax.lax.cond(jnp.any(w != 0), chunk_loss, lambda *_: jnp.zeros((), jnp.float32), h, t, w)
+        return total + loss, None
 
     total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (hc, tc, wc))
     return total
@@ -111,11 +124,17 @@ def _fused_fwd(hc, emb, tc, wc, softcap):
     """With gradients: each chunk's dloss/dh (and dloss/demb, accumulated) computed right
     away, so backward needs no logits and no recomputation. When the head is frozen (LoRA),
     the emb gradient is dead code and XLA drops it."""
-    def body(gw, xs):
-        h, t, w = xs
+    def chunk_grads(gw, h, t, w):
         loss, dz = _chunk_terms(h, emb, t, w, softcap)
         gh = jnp.dot(dz, emb, preferred_element_type=jnp.float32).astype(h.dtype)
-        gw = gw + jnp.dot(dz.T, h, preferred_element_type=jnp.float32)
+        return gw + jnp.dot(dz.T, h, preferred_element_type=jnp.float32), loss, gh
+
+    def skip(gw, h, t, w):  # a chunk without weighted tokens: no loss, no gradient
+        return gw, jnp.zeros((), jnp.float32), jnp.zeros_like(h)
+
+    def body(gw, xs):
+        h, t, w = xs
+        gw, loss, gh = jax.lax.cond(jnp.any(w != 0), chunk_grads, skip, gw, h, t, w)
         return gw, (loss, gh)
 
     gw, (losses, gh) = jax.lax.scan(body, jnp.zeros(emb.shape, jnp.float32), (hc, tc, wc))
