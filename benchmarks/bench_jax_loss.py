@@ -37,7 +37,6 @@ from tunix_rt.evidence import peak_rss_bytes
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,25 +44,11 @@ TAG = "BENCH_JSON "
 
 
 def prepare(args) -> Path:
-    """Render GSM8K once and write the batches both sides train on, in order."""
-    from tunix_rt.home import Home
-    from tunix_rt.models.store import ensure_model, load_tokenizer
-    from tunix_rt.render import render_dataset
-    from tunix_rt.traces.dataset import load_dataset
-    from tunix_rt.train.data import BatchStream
+    """Render GSM8K once and write the batches every side trains on, in order: the same
+    file bench_torch_vs_trl writes (its worker is the `torch` side here)."""
+    from bench_torch_vs_trl import prepare as write_batches  # benchmarks/ is sys.path[0]
 
-    home = Home.resolve()
-    model_dir = ensure_model(args.model, home)
-    tok = load_tokenizer(str(model_dir), home)
-    records = load_dataset("gsm8k", home).split("train")[: 64 * args.batch]
-    examples, stats = render_dataset(records, tok, args.seq, on_overlong="drop")
-    stream = BatchStream(examples, args.batch, args.seq, False, seed=0, pad_id=tok.pad_id)
-    steps = [[row[0] for row in stream.next_rows()] for _ in range(args.warmup + args.steps)]
-    data = {"model_dir": str(model_dir), "pad_id": tok.pad_id, "dropped_overlong": stats.dropped_overlong,
-            "steps": [[{"id": e.id, "ids": e.ids, "loss_mask": e.loss_mask} for e in s] for s in steps]}
-    out = Path(tempfile.mkdtemp(prefix="bench-jax-loss-")) / "batches.json"
-    out.write_text(json.dumps(data))
-    return out
+    return write_batches(args)
 
 
 def run_side(side: str, data: Path, args) -> dict:

@@ -14,18 +14,7 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import BatchStream
 from tunix_rt.train import torch_engine as te
 from tunix_rt.train.run import read_jsonl
-from train_testlib import write_traces  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """2 shared cores: one thread avoids OpenMP oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
+from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
 
 
 def small_cfg(tmp_path, **over):

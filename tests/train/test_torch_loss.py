@@ -12,15 +12,7 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import collate
 from tunix_rt.train.loss import FusedLinearCrossEntropy, chunked_linear_ce, plain_ce, supervised_rows
 from tunix_rt.train import torch_engine as te
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """2 shared cores: one thread avoids OpenMP oversubscription stalls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from train_testlib import one_torch_thread  # noqa: E402,F401 (autouse fixture)
 
 
 def _examples(tok, n=3):

@@ -92,18 +92,22 @@ def _check_query_scale(hf: dict[str, Any]) -> str:
     raise BadInput(f"query_pre_attn_scalar={q} is neither head_dim nor width/heads")
 
 
+def _shape_fields(hf: dict[str, Any]) -> dict[str, int]:
+    """The sizes both Tunix ModelConfigs (Gemma 3, Gemma 1/2) take, from config.json."""
+    return {
+        "num_layers": int(hf["num_hidden_layers"]), "num_embed": int(hf["vocab_size"]),
+        "embed_dim": int(hf["hidden_size"]), "hidden_dim": int(hf["intermediate_size"]),
+        "num_heads": int(hf["num_attention_heads"]), "head_dim": int(hf["head_dim"]),
+        "num_kv_heads": int(hf["num_key_value_heads"]),
+    }
+
+
 def gemma3_config(hf: dict[str, Any], param_dtype, remat: bool):
     from tunix.models.gemma3 import model as g3
 
     scale = _check_query_scale(hf)
     return g3.ModelConfig(
-        num_layers=int(hf["num_hidden_layers"]),
-        num_embed=int(hf["vocab_size"]),
-        embed_dim=int(hf["hidden_size"]),
-        hidden_dim=int(hf["intermediate_size"]),
-        num_heads=int(hf["num_attention_heads"]),
-        head_dim=int(hf["head_dim"]),
-        num_kv_heads=int(hf["num_key_value_heads"]),
+        **_shape_fields(hf),
         sliding_window_size=int(hf["sliding_window"]),
         local_base_frequency=_rope_theta(hf, "sliding_attention", 10_000.0),
         global_base_frequency=_rope_theta(hf, "full_attention", 1_000_000.0),
@@ -130,13 +134,7 @@ def gemma_config(hf: dict[str, Any], remat: bool):
     if _rope_theta(hf, "full_attention", 10_000.0) != 10_000.0:
         raise BadInput("Tunix's Gemma 1/2 uses rope_theta 10000 only")
     return g.ModelConfig(
-        num_layers=int(hf["num_hidden_layers"]),
-        num_embed=int(hf["vocab_size"]),
-        embed_dim=int(hf["hidden_size"]),
-        hidden_dim=int(hf["intermediate_size"]),
-        num_heads=int(hf["num_attention_heads"]),
-        head_dim=int(hf["head_dim"]),
-        num_kv_heads=int(hf["num_key_value_heads"]),
+        **_shape_fields(hf),
         final_logit_softcap=hf.get("final_logit_softcapping") if gemma2 else None,
         use_post_attn_norm=gemma2,
         use_post_ffw_norm=gemma2,
@@ -164,11 +162,11 @@ def _hidden(model, tokens, positions, cache, attention_mask):
     before the vocabulary head, and the new cache. With gradient checkpointing and no cache
     (training), each layer goes through `jax_remat.checkpointed_layer`, whose recomputation
     XLA:CPU cannot hoist into the forward pass as it does Tunix's (see that module)."""
-    from tunix_rt.models.jax_remat import checkpointed_layer, has_rng_state, wanted
+    from tunix_rt.models.jax_remat import checkpointed_layer, has_rng_state
 
     x = model.embedder.encode(tokens)
     new_cache = None if cache is None else {}
-    remat = cache is None and remat_on(model) and wanted()
+    remat = cache is None and _tied_remat(model)
     for i, layer in enumerate(model.layers):
         name = f"layer_{i}"
         if remat and not has_rng_state(layer):
