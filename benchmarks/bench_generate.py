@@ -14,6 +14,15 @@ machine disturbs less than wall time (use --threads 1 there: idle OpenMP threads
 what it adds over the lean decode step alone.
 
 Last line: RESULT speed_ratio=<ours/HF tokens/s> ours_tok_s=… hf_tok_s=… identical=1
+
+`--mode sample` measures sampling instead (T = 1; top_p 1, top_p 0.95, and top_k 64 with
+top_p 0.95; the same seed):
+ours through the int8-screened head against ours on full fp32 logits (the lean step with the
+screen off), alternating as above; the ids must be identical (Gumbel-max with the same noise,
+tunix_rt.eval.sampling). Top-p alone runs the screen's certified path (certify_top_p, which
+is off by default). Last line: RESULT sample_speed_ratio=<screened/full tokens/s, top_p 1>
+sample_cpu_ratio=<full/screened process CPU seconds> screened_tok_s=… full_tok_s=… and the same
+with suffixes _p95 (top_p 0.95) and _k64_p95 (top_k 64, top_p 0.95), identical=1
 """
 
 from __future__ import annotations
@@ -81,9 +90,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     ap.add_argument("--no-screen", action="store_true",
                     help="ours without the int8-screened greedy head (full fp32 logits each step)")
+    ap.add_argument("--mode", choices=("greedy", "sample"), default="greedy",
+                    help="greedy: ours vs HF generate; sample: ours screened vs ours on full logits")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.mode == "sample":
+        return sample_bench(args)
 
     home = Home.resolve()
     model_dir = ensure_model(args.model, home)
@@ -136,6 +149,79 @@ def main() -> None:
           f"by median CPU time {statistics.median(cpu['hf']) / statistics.median(cpu['ours']):.2f}")
     print(f"RESULT speed_ratio={ours_tps / hf_tps:.2f} ours_tok_s={ours_tps:.1f} "
           f"hf_tok_s={hf_tps:.1f} identical=1")
+
+
+def alternate(runs: dict, rounds: int, label: str) -> tuple[dict, dict, int]:
+    """Run each of `runs` (name -> fn returning ids) once per round, the order flipping every
+    round; the ids must be identical. Returns (wall seconds per name, CPU seconds per name,
+    tokens per run)."""
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in runs}
+    n_tokens = 0
+    for r in range(rounds):
+        got = {}
+        for who in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            got[who], dt, ct = timed(runs[who])
+            times[who].append(dt)
+            cpu[who].append(ct)
+        first, *others = got.values()
+        if any(o != first for o in others):
+            raise SystemExit(f"{label}: ids differ between {list(runs)} in round {r}")
+        n_tokens = sum(len(row) for row in first)
+        print(f"{label} round {r}: " + "  ".join(f"{k} {times[k][-1]:.2f}s (cpu {cpu[k][-1]:.2f}s)" for k in runs)
+              + f"  ({n_tokens} tokens each, identical)")
+    return times, cpu, n_tokens
+
+
+SAMPLE_SETTINGS = (("", 1.0, 0), ("_p95", 0.95, 0), ("_k64_p95", 0.95, 64))
+"""(RESULT key suffix, top_p, top_k) of the sample mode, all at T = 1."""
+
+
+def sample_bench(args) -> None:
+    """Sampling through the int8-screened head vs full fp32 logits, same seed, same ids."""
+    home = Home.resolve()
+    model_dir = ensure_model(args.model, home)
+    tok = load_tokenizer(str(model_dir), home)
+    model = load_model(model_dir, None, "cpu")
+    prompts = gsm8k_prompts(tok, args.batch)
+    screened, full = TorchGenerator(model, tok, "cpu"), TorchGenerator(model, tok, "cpu")
+    if screened.lean is None:
+        raise SystemExit("sample mode needs the lean Gemma step (a Gemma 3 / Gemma 2 model)")
+    full.lean._screen = None
+    screen = screened.lean.screen()
+    if screen is not None:  # set-up outside the timing: the int8 kernel probes, the fine level
+        for b in range(1, args.batch + 1):
+            screen.kernel_exact(b)
+        screen._residual_level()
+        screen.certify_top_p = True  # measure the certified top-p path (off by default)
+    print(f"model {model_dir}  threads {torch.get_num_threads()}  int8 screen {'on' if screen else 'off'}  "
+          f"batch {args.batch}  new tokens {args.new_tokens}")
+    result = {}
+    for name, top_p, top_k in SAMPLE_SETTINGS:
+        cfg = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=args.batch, temperature=1.0,
+                           top_p=top_p, top_k=top_k)
+        warm = DecodeConfig(max_new_tokens=4, batch_size=args.batch, temperature=1.0, top_p=top_p, top_k=top_k)
+        ours_generate(screened, prompts, warm), ours_generate(full, prompts, warm)
+        if screen is not None:
+            screen.steps = screen.candidates = screen.full_rows = 0
+        times, cpu, n_tokens = alternate({"screened": lambda: ours_generate(screened, prompts, cfg),
+                                          "full": lambda: ours_generate(full, prompts, cfg)},
+                                         args.rounds, f"T=1 top_p={top_p} top_k={top_k}")
+        tps = {k: n_tokens / statistics.median(v) for k, v in times.items()}
+        result[f"sample{name}_speed_ratio"] = tps["screened"] / tps["full"]
+        result[f"sample{name}_cpu_ratio"] = statistics.median(cpu["full"]) / statistics.median(cpu["screened"])
+        result[f"screened{name}_tok_s"], result[f"full{name}_tok_s"] = tps["screened"], tps["full"]
+        rescored = f"{screen.candidates / max(1, screen.steps):.0f}" if screen else "-"
+        print(f"T=1 top_p={top_p} top_k={top_k}: screened {tps['screened']:.1f} tokens/s, "
+              f"full logits {tps['full']:.1f} tokens/s (median of {args.rounds}); "
+              f"rows screened {screen.steps if screen else 0}, "
+              f"rescored per row {rescored}, rows on full logits {screen.full_rows if screen else 0}")
+    print()
+    print(f"{'top_p':<8}{'top_k':<8}{'screened tok/s':>16}{'full tok/s':>12}{'ratio':>8}{'cpu ratio':>11}")
+    for name, top_p, top_k in SAMPLE_SETTINGS:
+        print(f"{top_p:<8}{top_k:<8}{result[f'screened{name}_tok_s']:>16.1f}{result[f'full{name}_tok_s']:>12.1f}"
+              f"{result[f'sample{name}_speed_ratio']:>8.2f}{result[f'sample{name}_cpu_ratio']:>11.2f}")
+    print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in result.items()) + " identical=1")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Our chunked loss against Tunix's default loss, both inside Tunix's PeftTrainer.
 
     .venv/bin/python benchmarks/bench_jax_loss.py --home /work/main/.cache/test-home \
-        [--steps 3] [--warmup 1] [--rounds 1] [--chunk 256] [--remat] [--sides ours,tunix,torch]
+        [--steps 3] [--warmup 1] [--rounds 1] [--chunk-bytes N] [--remat] [--sides ours,tunix,torch]
 
 Gemma 3 270M (real weights, `ensure_model("gemma3-270m")`), GSM8K traces rendered by
 tunix_rt.render (longer than --seq dropped), qwix LoRA r=16 alpha=32 on all projections,
@@ -10,13 +10,14 @@ same batches in the same order on both sides. Only the loss differs:
 
 - tunix: `peft_trainer._default_loss_fn` (full [B, L, V] logits, log_softmax, one-hot);
   its target mask is our loss mask (the model turn), so both compute the same number;
-- ours: `tunix_rt.train.jax_loss` (hidden states, then a scan over --chunk-token chunks;
+- ours: `tunix_rt.train.jax_loss` (hidden states, then a scan over chunks of tokens whose
+  logits fit in --chunk-bytes, the config's default unless given;
   a custom VJP computes each chunk's gradient in the forward pass, targets by index).
 
 Both JAX sides use the engine's trainer class (`jax_engine.make_trainer_class`: the model is
 donated to the jitted step) and its CPU allocator setting. A third side, `torch`, is the
 PyTorch engine's own step on the same batches (same LoRA, optimizer and lr; its chunked
-loss with 256-token chunks, as the cpu-demo preset), from bench_torch_vs_trl's worker: the
+loss with the config's default chunk), from bench_torch_vs_trl's worker: the
 JAX engine against the PyTorch engine on one config.
 
 Each side runs in its own subprocess (peak RSS is its own, model loading included); sides
@@ -33,7 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from tunix_rt.evidence import peak_rss_bytes
+from tunix_rt.files import peak_rss_bytes
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
 import statistics
 import subprocess
 import sys
@@ -58,7 +60,7 @@ def run_side(side: str, data: Path, args) -> dict:
         cmd += ["--ours-gc"] if args.remat else []
     else:
         cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--seq", str(args.seq),
-               "--chunk", str(args.chunk), "--warmup", str(args.warmup)] + (["--remat"] if args.remat else [])
+               "--chunk-bytes", str(args.chunk_bytes), "--warmup", str(args.warmup)] + (["--remat"] if args.remat else [])
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
     if r.returncode != 0 or line is None:
@@ -124,7 +126,7 @@ def worker(args) -> None:
             trainer.with_gen_model_input_fn(gen)
         else:
             trainer.with_gen_model_input_fn(lambda b: model_inputs(**b))
-            trainer.with_loss_fn(make_loss_fn(args.chunk))
+            trainer.with_loss_fn(make_loss_fn(args.chunk_bytes))
         step_fn, _ = trainer.jit_train_and_eval_step()
         times, cpu, losses, tokens = [], [], [], []
         for i, step in enumerate(data["steps"]):
@@ -157,7 +159,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--chunk", type=int, default=256, help="tokens per chunk of our loss")
+    ap.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES,
+                    help="bytes of one chunk's fp32 logits in our loss (TrainConfig.loss_chunk_bytes)")
     ap.add_argument("--remat", action="store_true",
                     help="gradient checkpointing on every side (JAX: tunix_rt.models.jax_remat, which holds on "
                          "CPU; torch: the engine's gradient_checkpointing)")
@@ -187,7 +190,7 @@ def main() -> None:
         loaded = [x["rss_after_load"] for x in v if x["rss_after_load"]]
         med[s]["rss_after_load"] = statistics.median(loaded) if loaded else None
     print(f"\nGemma 3 270M, LoRA r16 on all projections, batch {args.batch} x {args.seq}, fp32, CPU, AdamW 2e-4, "
-          f"{args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); our chunk {args.chunk} tokens; "
+          f"{args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); our chunks {args.chunk_bytes / 2**20:g} MiB of logits; "
           f"gradient checkpointing {'on' if args.remat else 'off'}")
     names = {"ours": "jax+ours", "tunix": "jax+tunix", "torch": "torch eng."}
     print(f"{'side':11s} {'s/step':>8s} {'CPU-s/step':>11s} {'tok/s':>8s} {'peak RSS GiB':>13s} {'train extra GiB':>16s}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from tunix_rt.evidence import peak_rss_bytes
+from tunix_rt.files import peak_rss_bytes
 import statistics
 import subprocess
 import sys
@@ -135,7 +135,6 @@ def worker_ours(data: dict, args) -> None:
     cfg = TrainConfig(model=data["model_dir"], dataset="prepared-batches", method="lora", lora_rank=16,
                       lora_alpha=32, batch_size=len(data["steps"][0]), max_seq_len=256, lr=2e-4,
                       schedule="constant", dtype="fp32", max_steps=len(data["steps"]),
-                      loss_chunk_tokens=256,  # as the cpu-demo preset
                       gradient_checkpointing=bool(getattr(args, "ours_gc", False)))
     device = torch.device("cpu")
     te.tune_cpu_allocator(device)  # what te.train() does on a CPU

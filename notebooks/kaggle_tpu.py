@@ -15,13 +15,16 @@
 # %% [markdown]
 # # tunix-rt on a Kaggle TPU: teach Gemma to show its reasoning
 #
-# This notebook fine-tunes a Gemma checkpoint with LoRA on GSM8K reasoning traces using
-# the JAX engine (google-tunix), sharded over every TPU chip, then evaluates it and
-# packages the adapter with its evidence as a verifiable zip.
+# This notebook teaches Gemma 3 1B (the hackathon's model) to answer as
+# `<reasoning>…</reasoning><answer>…</answer>` on GSM8K with the JAX engine (google-tunix),
+# sharded over every TPU chip: supervised fine-tuning (LoRA) on the reasoning traces, then
+# reinforcement learning with verifiable rewards (GRPO: the answer, the format and the
+# arithmetic of the reasoning) from the SFT model. It evaluates base, SFT and SFT+RL on the
+# same dev items and packages the RL adapter with its evidence as a verifiable zip.
 #
 # 1. Settings: Accelerator **TPU VM v5e-8** (or any TPU), Internet on for the install,
 #    or attach a tunix-rt wheel as a dataset.
-# 2. Weights: attach the Gemma model (`google/gemma-3/transformers/gemma-3-270m`) to the
+# 2. Weights: attach the Gemma model (`google/gemma-3/transformers/gemma-3-1b-it`) to the
 #    notebook (WEIGHTS = "dir"), or let kagglehub download it (WEIGHTS = "kagglehub").
 # 3. Run all. Every step runs the `tunix-rt` command line and stops the notebook at the
 #    first failure; nothing below a failed cell runs.
@@ -30,13 +33,16 @@
 ALLOW_CPU = False  # True runs on the CPU when no TPU is found (tests; very slow for real models)
 INSTALL = "tunix-rt[jax,hub]"  # pip requirement for tunix-rt (a wheel path, a git URL); "" skips. No torch: the JAX path needs none
 INSTALL_JAX_TPU = True  # also install jax[tpu] matching the pinned jax when a TPU is present
-MODEL = "gemma3-270m"  # catalog preset of the checkpoint
+MODEL = "gemma3-1b"  # catalog preset of the checkpoint (the architecture; -it or -pt weights alike)
 WEIGHTS = "dir"  # "dir": a mounted Kaggle model dir; "kagglehub": download; "builtin": offline preset (needs tunix-rt[torch,demo-model])
-WEIGHTS_DIR = "/kaggle/input/gemma-3/transformers/gemma-3-270m/1"
-KAGGLE_HANDLE = "google/gemma-3/transformers/gemma-3-270m"
-CONFIG = "gpu"  # training preset (bf16 LoRA; its batch is split over the chips)
-STEPS = 300  # optimizer steps
-EXTRA = []  # more key=value config overrides, e.g. ["lr=1e-4", "batch_size=32"]
+WEIGHTS_DIR = "/kaggle/input/gemma-3/transformers/gemma-3-1b-it/1"
+KAGGLE_HANDLE = "google/gemma-3/transformers/gemma-3-1b-it"
+CONFIG = "gpu"  # SFT preset (bf16 LoRA; its batch is split over the chips)
+STEPS = 300  # SFT optimizer steps
+EXTRA = []  # more key=value SFT overrides, e.g. ["lr=1e-4", "batch_size=32"]
+RL_CONFIG = "gpu-grpo"  # RL preset (GRPO from the SFT run; bf16 LoRA)
+RL_STEPS = 200  # GRPO steps (each: rl_prompts x group_size rollouts, then the update)
+RL_EXTRA = []  # more key=value RL overrides, e.g. ["group_size=8", "rl_loss=dapo", "epsilon_high=0.28"]
 EVAL_N = 200  # dev items evaluated before and after
 MAX_NEW_TOKENS = 256
 HOME_DIR = "/kaggle/working/tunix-rt-home"
@@ -124,8 +130,9 @@ else:
 tunix("model", "list")
 
 # %% [markdown]
-# ## Plan: will it fit?
-# The memory plan per device, before anything is allocated.
+# ## Plan: will both stages fit?
+# The memory plan per device, before anything is allocated: the SFT step, and the RL step
+# (the rollout's KV cache for every sampled completion, then the update).
 
 # %%
 from tunix_rt.plan import JAX_KINDS
@@ -133,49 +140,81 @@ from tunix_rt.train.config import TrainConfig
 
 OVERRIDES = [f"model={MODEL}", f"max_steps={STEPS}", "epochs=", "engine=jax",
              f"device={DEVICE}", "mesh=auto", *EXTRA]
+RL_OVERRIDES = [f"model={MODEL}", f"max_steps={RL_STEPS}", "epochs=", "engine=jax",
+                f"device={DEVICE}", "mesh=auto", *RL_EXTRA]
 cfg = TrainConfig.load(CONFIG, OVERRIDES)
+rl_cfg = TrainConfig.load(RL_CONFIG, RL_OVERRIDES)
 if DEVICE == "tpu" and devices["kind"] not in JAX_KINDS:
     raise RuntimeError(f"TPU kind {devices['kind']!r} has no memory model yet; known: {sorted(JAX_KINDS)}")
 PLAN_DEVICE = JAX_KINDS[devices["kind"]] if DEVICE == "tpu" else "cpu"
-plan = json.loads(tunix(
-    "plan", "--model", MODEL, "--method", cfg.method, "--seq", str(cfg.max_seq_len),
-    "--batch", str(cfg.batch_size), "--grad-accum", str(cfg.grad_accum), "--dtype", cfg.dtype,
-    "--optimizer", cfg.optimizer, "--lora-rank", str(cfg.lora_rank), "--engine", "jax",
-    "--device", PLAN_DEVICE, "--devices", str(N_DEVICES), "--json", capture=True))
-print(json.dumps({k: plan[k] for k in ("fits", "peak_bytes_per_device", "capacity_bytes", "estimators")}, indent=2))
-if not plan["fits"]:
-    raise RuntimeError(f"the plan says this run does not fit: {json.dumps(plan['suggestions'], indent=2)}")
+
+
+def plan_of(c: TrainConfig, *rl: str) -> dict:
+    out = json.loads(tunix(
+        "plan", "--model", MODEL, "--method", c.finetune, "--seq", str(c.max_seq_len),
+        "--batch", str(c.batch_size), "--grad-accum", str(c.grad_accum), "--dtype", c.dtype,
+        "--optimizer", c.optimizer, "--lora-rank", str(c.lora_rank), "--engine", "jax",
+        "--device", PLAN_DEVICE, "--devices", str(N_DEVICES), *rl, "--json", capture=True))
+    print(json.dumps({k: out[k] for k in ("fits", "peak_bytes_per_device", "capacity_bytes", "estimators")}, indent=2))
+    if not out["fits"]:
+        raise RuntimeError(f"the plan says this run does not fit: {json.dumps(out['suggestions'], indent=2)}")
+    return out
+
+
+plan = plan_of(cfg)
+rl_plan = plan_of(rl_cfg, "--rl-prompts", str(rl_cfg.rl_prompts), "--group-size", str(rl_cfg.group_size),
+                  "--rollout-tokens", str(rl_cfg.rollout_max_new_tokens))
 
 # %% [markdown]
-# ## Train with the JAX engine, sharded over all chips (`mesh=auto`: every chip on fsdp)
+# ## 1. SFT with the JAX engine, sharded over all chips (`mesh=auto`: every chip on fsdp)
 
 # %%
 runs = Path(HOME_DIR) / "runs"
-before = set(runs.glob("*")) if runs.is_dir() else set()
-tunix("train", "--config", CONFIG, "--engine", "jax", *OVERRIDES)
-new = [p for p in runs.glob("*") if p not in before and (p / "run_manifest.json").is_file()]
-if len(new) != 1:
-    raise RuntimeError(f"expected one new run under {runs}, found {new}")
-RUN = new[0]
-manifest = json.loads((RUN / "run_manifest.json").read_text())
-if manifest["status"] != "succeeded":
-    raise RuntimeError(f"run {RUN.name} ended {manifest['status']}: {manifest.get('error')}")
-print(RUN)
+
+
+def train(config: str, overrides: list[str]) -> Path:
+    """One `tunix-rt train`; the new run directory, checked to have succeeded."""
+    before = set(runs.glob("*")) if runs.is_dir() else set()
+    tunix("train", "--config", config, "--engine", "jax", *overrides)
+    new = [p for p in runs.glob("*") if p not in before and (p / "run_manifest.json").is_file()]
+    if len(new) != 1:
+        raise RuntimeError(f"expected one new run under {runs}, found {new}")
+    manifest = json.loads((new[0] / "run_manifest.json").read_text())
+    if manifest["status"] != "succeeded":
+        raise RuntimeError(f"run {new[0].name} ended {manifest['status']}: {manifest.get('error')}")
+    print(new[0])
+    return new[0]
+
+
+SFT_RUN = train(CONFIG, OVERRIDES)
 
 # %% [markdown]
-# ## Evaluate: the base model and the fine-tuned adapter on the same dev items
+# ## 2. RL (GRPO) from the SFT run: rewards for the answer, the format and the arithmetic
+
+# %%
+RUN = train(RL_CONFIG, [*RL_OVERRIDES, f"init={SFT_RUN.name}"])
+rows = [json.loads(x) for x in (RUN / "metrics.jsonl").read_text().splitlines() if x.strip()]
+steps = [r for r in rows if "reward" in r]
+print(f"mean reward, first 5 steps {sum(r['reward'] for r in steps[:5]) / len(steps[:5]):.3f} -> "
+      f"last 5 steps {sum(r['reward'] for r in steps[-5:]) / len(steps[-5:]):.3f}")
+
+# %% [markdown]
+# ## Evaluate: base model, SFT and SFT+RL on the same dev items, greedy
 
 # %%
 EVAL = ["--dataset", cfg.dataset, "--split", "dev", "--limit", str(EVAL_N),
         "--max-new-tokens", str(MAX_NEW_TOKENS), "--engine", "jax", "--device", DEVICE]
-BASE_EVAL = Path(HOME_DIR) / "evals" / f"base-for-{RUN.name}"
-TUNED_EVAL = RUN / "eval" / "kaggle-tuned"
+BASE_EVAL = Path(HOME_DIR) / "evals" / f"base-for-{SFT_RUN.name}"
+SFT_EVAL = SFT_RUN / "eval" / "kaggle-sft"
+RL_EVAL = RUN / "eval" / "kaggle-rl"
 tunix("eval", "--model", MODEL, *EVAL, "--out", str(BASE_EVAL))
-tunix("eval", "--model", MODEL, "--adapter", str(RUN), *EVAL, "--out", str(TUNED_EVAL))
-tunix("compare", str(BASE_EVAL), str(TUNED_EVAL))
+tunix("eval", "--adapter", str(SFT_RUN), *EVAL, "--out", str(SFT_EVAL))
+tunix("eval", "--adapter", str(RUN), *EVAL, "--out", str(RL_EVAL))
+tunix("compare", str(BASE_EVAL), str(SFT_EVAL))
+tunix("compare", str(SFT_EVAL), str(RL_EVAL))  # what RL added: flips and McNemar's p
 
 # %% [markdown]
-# ## Package: adapter, evaluation, report and evidence, with sha256 of every file
+# ## Package: the RL adapter, its evaluation, report and evidence, with sha256 of every file
 
 # %%
 tunix("submit", str(RUN), "--out", OUT_ZIP, "--baseline", str(BASE_EVAL))
@@ -184,6 +223,6 @@ tunix("submit", "--verify", OUT_ZIP)
 # %%
 from IPython.display import Markdown, display
 
-report = RUN / "REPORT.md"  # written by `submit`: before/after table, loss curve, examples
+report = RUN / "REPORT.md"  # written by `submit`: before/after table, reward curves, examples
 display(Markdown(report.read_text()))
 print(f"package: {OUT_ZIP} ({Path(OUT_ZIP).stat().st_size / 1e6:.1f} MB)")

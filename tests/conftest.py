@@ -1,4 +1,6 @@
-"""Shared fixtures: a temporary home for every test, and the tiny tokenizer."""
+"""Shared fixtures: a temporary home for every test, and the tiny tokenizer. What a test needs
+from outside (PostgreSQL, chromium, jax…) it asks tests/requires.py for: a skip here, a failure
+under CI=true."""
 
 from __future__ import annotations
 
@@ -9,6 +11,15 @@ import pytest
 from tunix_rt.home import Home
 
 REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["pytester"]  # tests/test_requires.py runs pytest inside pytest
+
+
+def pytest_report_header(config) -> str | None:
+    from requires import under_ci
+
+    if under_ci():
+        return "CI=true: a test whose PostgreSQL, chromium or package is missing fails (tests/requires.py)"
+    return None
 
 
 @pytest.fixture

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from requires import require_module
 
 pytestmark = pytest.mark.jax
 
-jax = pytest.importorskip("jax")
-torch = pytest.importorskip("torch")
+jax = require_module("jax")
+torch = require_module("torch")
 
 LR = 0.1
 STEPS = 3
@@ -72,7 +73,7 @@ def test_same_logits_loss_and_sgd_trajectory(name, shared_home, tiny_tok, tmp_pa
     from tunix_rt.models.hf import load_causal_lm
     from tunix_rt.models.jax_loader import load_model, make_mesh
     from tunix_rt.models.store import ensure_model
-    from tunix_rt.train.jax_engine import export_merged
+    from tunix_rt.train.export import export_merged
     from tunix_rt.train.jax_loss import make_loss_fn, model_inputs, weights
 
     model_dir = ensure_model(name, shared_home)
@@ -88,7 +89,7 @@ def test_same_logits_loss_and_sgd_trajectory(name, shared_home, tiny_tok, tmp_pa
         assert _rel(_jax_logits(jm, ids), t_logits.detach().numpy(), valid) < 1e-4
 
         # same masked loss (our chunked loss, model turn only, per supervised token)
-        loss_fn = make_loss_fn(chunk_tokens=16)
+        loss_fn = make_loss_fn(chunk_bytes=16 * 4 * jm.embedder.input_embedding.shape[0])  # 16 tokens
         inputs = model_inputs(jax.numpy.asarray(ids), jax.numpy.asarray(valid),
                               loss_weights=jax.numpy.asarray(weights(mask, mask[:, 1:].sum())))
         step = nnx.jit(lambda m, o, x: _sgd_step(m, o, x, loss_fn))
@@ -144,7 +145,8 @@ def test_lora_adapter_loads_in_peft_with_same_logits(shared_home, tiny_tok, tmp_
     from tunix_rt.models.jax_loader import load_model, make_mesh
     from tunix_rt.models.store import ensure_model
     from tunix_rt.train.config import TrainConfig
-    from tunix_rt.train.jax_engine import apply_lora, export_adapter, export_merged
+    from tunix_rt.train.export import export_adapter, export_merged
+    from tunix_rt.train.jax_engine import apply_lora
 
     model_dir = ensure_model("tiny-gemma2", shared_home)  # GQA: k/v fused in kv_einsum
     cfg = TrainConfig(dataset="x", lora_rank=4, lora_alpha=8.0)

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from tunix_rt import evidence
+from tunix_rt import evidence, files
 from tunix_rt.errors import TunixRtError
 
 
@@ -51,22 +51,22 @@ def test_sha256_file_streams(tmp_path):
     p = tmp_path / "x.bin"
     data = os.urandom(3 * 1024 + 7)
     p.write_bytes(data)
-    assert evidence.sha256_file(p, chunk=1024) == hashlib.sha256(data).hexdigest()
+    assert files.sha256_file(p, chunk=1024) == hashlib.sha256(data).hexdigest()
 
 
 def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path):
     p = tmp_path / "sub" / "a.json"
-    evidence.write_json_atomic(p, {"a": 1})
-    evidence.write_json_atomic(p, {"a": 2, "ü": "ß"})
+    files.write_json_atomic(p, {"a": 1})
+    files.write_json_atomic(p, {"a": 2, "ü": "ß"})
     assert json.loads(p.read_text(encoding="utf-8")) == {"a": 2, "ü": "ß"}
     assert [x.name for x in p.parent.iterdir()] == ["a.json"]
 
 
 def test_write_json_atomic_refuses_nan_and_keeps_old_file(tmp_path):
     p = tmp_path / "a.json"
-    evidence.write_json_atomic(p, {"a": 1})
+    files.write_json_atomic(p, {"a": 1})
     with pytest.raises(ValueError):
-        evidence.write_json_atomic(p, {"a": math.nan})
+        files.write_json_atomic(p, {"a": math.nan})
     assert json.loads(p.read_text()) == {"a": 1}
     assert [x.name for x in tmp_path.iterdir()] == ["a.json"]
 

@@ -67,6 +67,8 @@ def test_runs_top_to_bottom_on_cpu_with_tiny_model(tmp_path):
     nb = _with_params({
         "ALLOW_CPU": True, "INSTALL": "", "MODEL": "tiny-gemma3", "WEIGHTS": "builtin",
         "CONFIG": "smoke", "STEPS": 2, "EVAL_N": 2, "MAX_NEW_TOKENS": 8,
+        "RL_CONFIG": "smoke", "RL_STEPS": 2,
+        "RL_EXTRA": ["method=grpo", "rollout_max_new_tokens=8", "rl_prompts=2", "group_size=2"],
         "HOME_DIR": str(tmp_path / "home"), "OUT_ZIP": str(out_zip),
     })
     _execute(nb, tmp_path, timeout=600)

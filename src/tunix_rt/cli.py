@@ -61,10 +61,16 @@ def _mount() -> None:
     app.add_typer(registry_app, name="registry", help="Index the home into the registry; list jobs.")
     app.command("worker")(worker)
     app.command("serve")(serve)
+    from tunix_rt.chat import chat_cmd
+
+    app.command("chat")(chat_cmd)
     from tunix_rt.eval.cli import compare_cmd, eval_cmd
 
     app.command("eval")(eval_cmd)
     app.command("compare")(compare_cmd)
+    from tunix_rt.sweep.cli import app as sweep_app
+
+    app.add_typer(sweep_app, name="sweep", help="Hyperparameter sweeps on the job queue; `sweep show NAME`.")
     from tunix_rt.plan import register as register_plan
 
     register_plan(app)

@@ -27,9 +27,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunix_rt import evidence
+from tunix_rt import evidence, files
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
+from tunix_rt.train import engines
 
 DEMO_STATE = "demo.json"  # in the run dir: which evaluations the demo compared, stage timings
 
@@ -40,6 +42,9 @@ COST = {
     "gemma3-270m": (150.0, 10.0, 60.0, 8.0),
     "tiny": (3.0, 0.15, 1500.0, 1.0),
 }
+RL_STEP_S = {"gemma3-270m": 60.0, "tiny": 1.0}  # one GRPO step of the RL preset (rollouts + update)
+RL_PRESET = {"gemma3-270m": ("cpu-grpo", []),
+             "tiny": ("smoke", ["method=grpo", "rollout_max_new_tokens=24", "rl_prompts=2", "max_steps=4"])}
 TUNED_TOKENS_PER_ITEM = 140  # a GSM8K solution in the trained format, <end_of_turn> included
 
 
@@ -55,19 +60,23 @@ class DemoOptions:
     """Optimizer steps; default: the config's max_steps."""
     eval_n: int | None = None
     """Dev items evaluated before and after; default 32 (8 for a tiny model)."""
-    max_new_tokens: int = 192
+    max_new_tokens: int = DecodeConfig.max_new_tokens
     """Generation budget per item; the base model never stops, so it always uses all of it."""
-    engine: str = "torch"
-    """torch or jax."""
+    engine: str = "auto"
+    """auto, torch or jax (train.engines.pick, as `tunix-rt train`)."""
     fresh: bool = False
     """Train again even when a finished run with the same config exists."""
     batch_size: int = 8
     """Prompts decoded together in the evaluations."""
+    rl: bool = False
+    """After SFT, run GRPO from the SFT run (cpu-grpo preset) and evaluate it on the same items."""
+    rl_steps: int | None = None
+    """GRPO steps; default 20 (4 for a tiny model)."""
 
     def __post_init__(self) -> None:
-        if self.engine not in ("torch", "jax"):
-            raise BadInput(f"--engine must be torch or jax, got {self.engine!r}")
-        for name in ("steps", "eval_n"):
+        if self.engine not in engines.CHOICES:
+            raise BadInput(f"--engine must be one of {'|'.join(engines.CHOICES)}, got {self.engine!r}")
+        for name in ("steps", "eval_n", "rl_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise BadInput(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -91,7 +100,7 @@ def resolve(opts: DemoOptions) -> DemoPlan:
     from tunix_rt.train.config import TrainConfig
 
     tiny = bool(opts.model in PRESETS and get_preset(opts.model).tiny) if opts.model else False
-    overrides = [f"engine={opts.engine}"]
+    overrides = [f"engine={engines.pick(opts.engine)}"]  # resolved: the key of reusable stages
     if opts.model:
         overrides.append(f"model={opts.model}")
     if opts.steps:
@@ -143,7 +152,7 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
     cfg = plan.cfg
     import_s, step_s, tok_s, load_s = plan.cost
     decode = DecodeConfig(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size)
-    stages = Stages(console, total=6)
+    stages = Stages(console, total=8 if opts.rl else 6)
     console.print(_plan_line(cfg, plan))
 
     with stages.stage("model", cfg.model, 0.0 if _model_installed(cfg.model, home) else import_s):
@@ -186,6 +195,8 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
             evaluate(cfg, home, run_dir, ds, plan.eval_n, decode, tuned_dir)
     tuned = _summary(tuned_dir)
 
+    rl = rl_stages(opts, plan, home, stages, run_dir, ds, decode, tok_s, slowdown) if opts.rl else None
+
     with stages.stage("evidence", "environment.json, REPORT.md, checks, registry", 3.0):
         seconds = first_timings(run_dir, stages, base_dir, tuned_dir)
         state = {"run_id": run_dir.name, "eval_key": tuned_key, "base_eval": str(base_dir),
@@ -193,13 +204,57 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
                  "reused_now": stages.cached, "finished_at": evidence.now_iso()}
         evidence.ensure_environment(run_dir)
         evidence.write_report(run_dir, tuned_dir, base_dir, stage_seconds=seconds)
-        problems = evidence.check_run_evidence(run_dir, tuned_dir)
-        if problems:
-            raise TunixRtError(f"{run_dir}: evidence check failed:\n  " + "\n  ".join(problems))
-        evidence.write_json_atomic(run_dir / DEMO_STATE, state)
+        check_evidence(run_dir, tuned_dir)
+        files.write_json_atomic(run_dir / DEMO_STATE, state)
         register(run_dir, base_dir)
-    print_result(console, base, tuned, run_dir, seconds, stages.cached)
+        if rl is not None:
+            rl_dir, rl_eval = rl
+            state.update(rl_run_id=rl_dir.name, rl_eval=str(rl_eval))
+            evidence.ensure_environment(rl_dir)
+            evidence.write_report(rl_dir, rl_eval, base_dir, stage_seconds=seconds, sft_eval_dir=tuned_dir)
+            check_evidence(rl_dir, rl_eval)
+            files.write_json_atomic(rl_dir / DEMO_STATE, state)
+            register(rl_dir, base_dir)
+    print_result(console, [base, tuned] + ([_summary(rl[1])] if rl else []), rl[0] if rl else run_dir,
+                 seconds, stages.cached)
     return state
+
+
+def rl_stages(opts: DemoOptions, plan: DemoPlan, home: Home, stages: Stages, sft_dir: Path, ds: Any,
+              decode: Any, tok_s: float, slowdown: float) -> tuple[Path, Path]:
+    """GRPO from the SFT run, then its evaluation on the same items: (run dir, eval dir)."""
+    from tunix_rt.train.config import TrainConfig
+    from tunix_rt.train.driver import resolve_init
+
+    kind = "tiny" if plan.tiny else "gemma3-270m"
+    preset, extra = RL_PRESET[kind]
+    over = [*extra, f"init={sft_dir.name}", f"engine={plan.cfg.engine}", f"model={plan.cfg.model}"]
+    if opts.rl_steps or not plan.tiny:
+        over.append(f"max_steps={opts.rl_steps or 20}")
+    cfg = resolve_init(TrainConfig.load(preset, over), home)
+    run_dir = None if opts.fresh else find_finished_run(cfg, home)
+    est = 0.0 if run_dir else cfg.max_steps * RL_STEP_S[kind] * slowdown
+    with stages.stage("RL", f"{cfg.rl_loss} from {sft_dir.name}: {cfg.max_steps} steps of {cfg.rl_prompts} "
+                      f"prompts x {cfg.group_size} samples", est):
+        if run_dir is None:
+            run_dir = train(cfg, home)
+        else:
+            stages.console.print(f"reusing finished run {run_dir} (same config; --fresh trains again)", soft_wrap=True)
+    key = eval_key(Path(cfg.model), run_dir, ds, _sample(ds.ref, home, plan.eval_n)[1], decode, cfg.system_prompt,
+                   cfg.engine)
+    eval_dir = run_dir / "eval" / f"demo-{key}"
+    cached = _eval_done(eval_dir)
+    est = 0.0 if cached else plan.cost[3] + plan.eval_n * min(opts.max_new_tokens, TUNED_TOKENS_PER_ITEM) / tok_s
+    with stages.stage("RL eval", f"the RL adapter on the same {plan.eval_n} items", est):
+        if not cached:
+            evaluate(cfg, home, run_dir, ds, plan.eval_n, decode, eval_dir)
+    return run_dir, eval_dir
+
+
+def check_evidence(run_dir: Path, eval_dir: Path) -> None:
+    problems = evidence.check_run_evidence(run_dir, eval_dir)
+    if problems:
+        raise TunixRtError(f"{run_dir}: evidence check failed:\n  " + "\n  ".join(problems))
 
 
 def register(run_dir: Path, base_dir: Path) -> None:
@@ -232,7 +287,7 @@ def _seconds_between(start: str, end: str) -> float:
 
 
 def _plan_line(cfg: Any, plan: DemoPlan) -> str:
-    return (f"[bold]tunix-rt demo[/bold]: {cfg.model} on {cfg.dataset}, {cfg.method} "
+    return (f"[bold]tunix-rt demo[/bold]: {cfg.model} on {cfg.dataset}, {cfg.method} {cfg.finetune} "
             f"{cfg.max_steps} steps ({cfg.engine}), eval on {plan.eval_n} dev items before and after")
 
 
@@ -267,25 +322,11 @@ def _sample(ref: str, home: Home, n: int):
     return ds, dev[:n]
 
 
-def model_sha(model_dir: Path) -> str:
-    """The identity of a model dir: its manifest (which lists every file's sha256), or
-    the hash of its config and weights when it has none."""
-    from tunix_rt.models.store import MODEL_MANIFEST
-
-    manifest = model_dir / MODEL_MANIFEST
-    if manifest.is_file():
-        return evidence.sha256_file(manifest)
-    h = hashlib.sha256()
-    for p in sorted(model_dir.glob("*.safetensors")) + [model_dir / "config.json"]:
-        h.update(evidence.sha256_file(p).encode())
-    return h.hexdigest()
-
-
 def eval_key(model_dir: Path, run_dir: Path | None, ds: Any, sample: list, decode: Any,
              system_prompt: str, engine: str) -> str:
     """What makes two evaluations the same: model, adapter, sample, decoding, prompt."""
     adapter = run_dir / "final" / "adapter" / "adapter_model.safetensors" if run_dir else None
-    key = {"model": model_sha(model_dir), "adapter": evidence.sha256_file(adapter) if adapter else "",
+    key = {"model": files.weights_sha256(model_dir), "adapter": files.sha256_file(adapter) if adapter else "",
            "dataset": ds.sha256, "ids": [r.id for r in sample], "decoding": decode.to_dict(),
            "system_prompt": system_prompt, "engine": engine}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -318,12 +359,10 @@ def find_finished_run(cfg: Any, home: Home) -> Path | None:
 
 
 def train(cfg: Any, home: Home) -> Path:
-    """Train with the configured engine; returns the run directory."""
-    if cfg.engine == "jax":
-        from tunix_rt.train.jax_engine import train as engine_train
-    else:
-        from tunix_rt.train.torch_engine import train as engine_train
-    return Path(engine_train(cfg, home))
+    """Train through the driver (the configured engine, auto resolved as everywhere)."""
+    from tunix_rt.train.driver import train as driver_train
+
+    return Path(driver_train(cfg, home))
 
 
 def evaluate(cfg: Any, home: Home, run_dir: Path | None, ds: Any, n: int, decode: Any,
@@ -341,13 +380,16 @@ def evaluate(cfg: Any, home: Home, run_dir: Path | None, ds: Any, n: int, decode
 
 # --------------------------------------------------------------------------- output
 
-def print_result(console: Console, base: dict, tuned: dict, run_dir: Path, seconds: dict,
+def print_result(console: Console, summaries: list[dict], run_dir: Path, seconds: dict,
                  reused: list[str]) -> None:
-    n = tuned["metrics"]["n"]
-    table = Table(title=f"before / after on {n} {tuned['dataset']['name']} dev items")
-    for col in ("metric", "base model", "fine-tuned", "change"):
+    """The before/after table: base → fine-tuned, or base → SFT → SFT+RL."""
+    last = summaries[-1]
+    n = last["metrics"]["n"]
+    table = Table(title=f"before / after on {n} {last['dataset']['name']} dev items")
+    labels = ("base model", "fine-tuned") if len(summaries) == 2 else ("base model", "SFT", "SFT+RL")
+    for col in ("metric", *labels, "change"):
         table.add_column(col, justify="left" if col == "metric" else "right")
-    for row in evidence.before_after_rows(base, tuned):
+    for row in evidence.before_after_rows(*summaries):
         table.add_row(*row)
     console.print(table)
     console.print("stage times: " + ", ".join(
@@ -362,11 +404,13 @@ def print_result(console: Console, base: dict, tuned: dict, run_dir: Path, secon
 def demo_command(
     steps: Annotated[Optional[int], typer.Option("--steps", help="Optimizer steps (default: the config's max_steps).")] = None,
     eval_n: Annotated[Optional[int], typer.Option("--eval-n", help="Dev items evaluated before and after (default 32; 8 for a tiny model).")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="torch or jax.")] = "torch",
+    engine: Annotated[str, typer.Option("--engine", help="auto, torch or jax.")] = "auto",
     model: Annotated[Optional[str], typer.Option("--model", help="Model preset or dir (default: the config's, gemma3-270m).")] = None,
     config: Annotated[Optional[str], typer.Option("--config", help="Training config file or preset (default: cpu-demo; smoke for a tiny model).")] = None,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Generation budget per item.")] = 192,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Generation budget per item.")] = DecodeConfig.max_new_tokens,
     fresh: Annotated[bool, typer.Option("--fresh", help="Train again even if a finished run with the same config exists.")] = False,
+    rl: Annotated[bool, typer.Option("--rl", help="After SFT, GRPO from the SFT run (cpu-grpo preset) and a third evaluation.")] = False,
+    rl_steps: Annotated[Optional[int], typer.Option("--rl-steps", help="GRPO steps with --rl (default 20; 4 for a tiny model).")] = None,
     home: Annotated[Optional[str], typer.Option("--home", help="Home directory (same as the global --home).")] = None,
 ) -> None:
     """Fine-tune Gemma 3 270M on GSM8K on this CPU, offline (~20 min), before/after eval.
@@ -377,5 +421,5 @@ def demo_command(
     if home:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(os.path.expanduser(home))
     opts = DemoOptions(model=model, config=config, steps=steps, eval_n=eval_n,
-                       max_new_tokens=max_new_tokens, engine=engine, fresh=fresh)
+                       max_new_tokens=max_new_tokens, engine=engine, fresh=fresh, rl=rl, rl_steps=rl_steps)
     run_demo(opts, Home.resolve().ensure(), Console())

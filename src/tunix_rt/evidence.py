@@ -4,7 +4,6 @@ The system tunix-rt replaces filled its reports with nulls, "N/A" and a mock jud
 every evidence file is written atomically and checked for placeholders before it counts:
 - `environment_snapshot()`: python, packages, CPU/GPU/TPU facts, relevant env vars.
 - `git_sha()`: which tunix-rt produced it.
-- `sha256_file()`, `write_json_atomic()`: hashes and crash-safe writes.
 - `find_placeholders()` / `assert_real_values()`: nulls, NaN, empty strings and placeholder
   words anywhere in a JSON tree.
 - `check_run_evidence()`, `write_report()`: the run directory's files and its REPORT.md.
@@ -20,13 +19,13 @@ import platform
 import re
 import subprocess
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from tunix_rt import __version__
 from tunix_rt.errors import TunixRtError
+from tunix_rt.files import write_bytes_atomic, write_json_atomic
 
 # Packages whose versions change results; reported as "not installed" when absent.
 PACKAGES = (
@@ -55,76 +54,6 @@ PLACEHOLDER_WORDS = frozenset({
 def now_iso() -> str:
     """UTC timestamp with seconds, the one format every evidence file uses."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-# --------------------------------------------------------------------------- hashes, files
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size. On Linux, VmHWM from /proc/self/status: the
-    high-water mark of this process's own memory map. getrusage's ru_maxrss is not used
-    there because Linux carries it across fork and exec, so a child started by a large
-    parent (a pytest process holding models, a benchmark driver) reports the parent's size."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) if sys.platform == "darwin" else int(peak) * 1024
-
-
-def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, streamed (model weights are GBs)."""
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
-    """Write via a temp file in the same directory, fsync, rename: a reader sees the old
-    file or the new one, never half of one, even after a crash."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-    return path
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    """JSON (indented, UTF-8, NaN refused: it is not JSON) written atomically."""
-    text = json.dumps(obj, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-    return write_bytes_atomic(path, text.encode("utf-8"))
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- placeholders
@@ -332,22 +261,48 @@ SUMMARY_KEYS = ("model", "adapter", "engine", "device", "dataset", "decoding", "
                 "by_category", "started_at", "finished_at", "duration_s", "tokens_per_s")
 METRIC_KEYS = ("accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens",
                "truncated_rate", "n")
-# What the model wrote may honestly be empty (a base model that never closes a tag).
-MODEL_OUTPUT_PATHS = ("$.completion", "$.reasoning", "$.answer")
 # Enumerations whose member is spelled like a placeholder word: checked against their
 # members instead ("none" = no answer could be extracted, a real outcome).
 ENUMS = {"answer_source": ("tag", "fallback", "none"), "finish_reason": ("stop", "length")}
 
+# The placeholder check judges what the program recorded (versions, shas, devices, metrics,
+# timings), never what a user chose: a config with an empty system prompt, a dataset named
+# "dummy", a question whose text is "none" or a model that answered "N/A" are all real.
+# Each list names the subtrees of one file that the program itself fills in.
+RUN_FACTS = ("$.run_id", "$.engine", "$.git_sha", "$.started_at", "$.finished_at", "$.status",
+             "$.device", "$.dataset.sha256", "$.dataset.n_examples", "$.model.sha256", "$.summary",
+             "$.final", "$.outputs")
+ENVIRONMENT_FACTS = ("$.captured_at", "$.tunix_rt", "$.python", "$.platform", "$.packages", "$.cpu",
+                     "$.gpu", "$.jax")
+SUMMARY_FACTS = ("$.engine", "$.device", "$.dataset.sha256", "$.dataset.n", "$.metrics",
+                 "$.by_category", "$.started_at", "$.finished_at", "$.duration_s", "$.tokens_per_s")
+PREDICTION_FACTS = ("$.correct", "$.format_ok", "$.n_tokens")
+SUCCEEDED_RUN_KEYS = ("run_id", "engine", "git_sha", "started_at", "finished_at", "status", "device",
+                      "dataset", "model", "final", "outputs")
 
-def config_nullable_paths() -> tuple[str, ...]:
-    """config.yaml fields whose null is a documented setting ("off", "all", "unset"), read
-    from TrainConfig's Optional fields: e.g. `limit: null` means the whole split."""
-    import typing
 
-    from tunix_rt.train.config import TrainConfig
+def recorded_facts(obj: Any, paths: Iterable[str]) -> list[tuple[str, Any]]:
+    """(path, value) of each listed `$.a.b` path present in obj."""
+    out = []
+    for path in paths:
+        node, found = obj, True
+        for key in path[2:].split("."):
+            if isinstance(node, dict) and key in node:
+                node = node[key]
+            else:
+                found = False
+                break
+        if found:
+            out.append((path, node))
+    return out
 
-    hints = typing.get_type_hints(TrainConfig)
-    return tuple(f"$.{name}" for name, hint in hints.items() if type(None) in typing.get_args(hint))
+
+def find_fact_placeholders(obj: Any, paths: Iterable[str]) -> list[str]:
+    """find_placeholders over the program-recorded subtrees of obj only."""
+    found: list[str] = []
+    for path, value in recorded_facts(obj, paths):
+        found += find_placeholders(value, path=path)
+    return found
 
 
 def load_evidence(path: Path) -> list[tuple[str, Any]]:
@@ -364,8 +319,9 @@ def load_evidence(path: Path) -> list[tuple[str, Any]]:
     return [(path.name, json.loads(path.read_text(encoding="utf-8")))]
 
 
-def check_file(path: Path, allow: Iterable[str] = (), keys: Iterable[str] = ()) -> list[str]:
-    """Problems of one evidence file as `label: $.path` strings (empty list: all real)."""
+def check_file(path: Path, facts: Iterable[str], keys: Iterable[str] = ()) -> list[str]:
+    """Problems of one evidence file as `label: $.path` strings (empty list: all real): the
+    listed keys must be present, the recorded facts real."""
     if not path.is_file():
         return [f"{path.name}: missing"]
     try:
@@ -376,19 +332,22 @@ def check_file(path: Path, allow: Iterable[str] = (), keys: Iterable[str] = ()) 
         return [f"{path.name}: empty"]
     problems = []
     for label, obj in items:
-        problems += [f"{label}: {p}" for p in find_placeholders(obj, allow)]
-        if isinstance(obj, dict):
-            problems += [f"{label}: $.{k} missing" for k in keys if k not in obj]
+        if not isinstance(obj, dict):
+            problems.append(f"{label}: not a JSON object")
+            continue
+        problems += [f"{label}: {p}" for p in find_fact_placeholders(obj, facts)]
+        problems += [f"{label}: $.{k} missing" for k in keys if k not in obj]
     return problems
 
 
 def check_run_evidence(run_dir: Path, eval_dir: Path | None = None) -> list[str]:
-    """Every problem of a run's evidence: nulls, placeholders, missing fields or files.
-    `eval_dir` (the evaluation to check) defaults to none: only the run's own files."""
+    """Every problem of a run's evidence: holes in what the program recorded, missing
+    fields or files. `eval_dir` (the evaluation to check) defaults to none: only the run's
+    own files."""
     run_dir = Path(run_dir)
-    problems = check_file(run_dir / "run_manifest.json")
-    problems += check_file(run_dir / "environment.json")
-    problems += check_file(run_dir / "config.yaml", allow=config_nullable_paths())
+    problems = check_file(run_dir / "run_manifest.json", RUN_FACTS, SUCCEEDED_RUN_KEYS)
+    problems += check_file(run_dir / "environment.json", ENVIRONMENT_FACTS, ("python", "packages"))
+    problems += check_file(run_dir / "config.yaml", ())
     problems += _check_png(run_dir / "loss.png")
     if not (run_dir / "final" / "adapter" / "adapter_model.safetensors").is_file():
         problems.append("final/adapter/adapter_model.safetensors: missing")
@@ -398,13 +357,12 @@ def check_run_evidence(run_dir: Path, eval_dir: Path | None = None) -> list[str]
 
 
 def check_eval_evidence(eval_dir: Path) -> list[str]:
-    """eval_summary.json and predictions.jsonl: every DESIGN.md field, real values."""
-    problems = check_file(eval_dir / "eval_summary.json", keys=SUMMARY_KEYS)
+    """eval_summary.json and predictions.jsonl: every DESIGN.md field, real recorded facts."""
+    problems = check_file(eval_dir / "eval_summary.json", SUMMARY_FACTS, SUMMARY_KEYS)
     if not problems:
         metrics = json.loads((eval_dir / "eval_summary.json").read_text())["metrics"]
         problems += [f"eval_summary.json: $.metrics.{k} missing" for k in METRIC_KEYS if k not in metrics]
-    allow = MODEL_OUTPUT_PATHS + tuple(f"$.{k}" for k in ENUMS)
-    problems += check_file(eval_dir / "predictions.jsonl", allow=allow, keys=PREDICTION_KEYS)
+    problems += check_file(eval_dir / "predictions.jsonl", PREDICTION_FACTS, PREDICTION_KEYS)
     return problems + _check_enums(eval_dir / "predictions.jsonl")
 
 
@@ -447,29 +405,32 @@ ROWS = (("accuracy", "accuracy", True), ("format rate", "format_rate", True),
         ("mean tokens", "mean_completion_tokens", False))
 
 
-def before_after_rows(base: dict, tuned: dict) -> list[tuple[str, str, str, str]]:
-    """(metric, base, fine-tuned, change) as display strings; shared by the CLI and REPORT.md."""
+def before_after_rows(*summaries: dict) -> list[tuple[str, ...]]:
+    """(metric, value per summary..., change last vs first) as display strings; shared by the
+    CLI and REPORT.md (base → fine-tuned, or base → SFT → SFT+RL)."""
     rows = []
     for label, key, pct in ROWS:
-        b, t = base["metrics"][key], tuned["metrics"][key]
+        vals = [s["metrics"][key] for s in summaries]
         if pct:
-            rows.append((label, f"{100 * b:.1f}%", f"{100 * t:.1f}%", f"{100 * (t - b):+.1f} pt"))
+            rows.append((label, *(f"{100 * v:.1f}%" for v in vals), f"{100 * (vals[-1] - vals[0]):+.1f} pt"))
         else:
-            rows.append((label, f"{b:.1f}", f"{t:.1f}", f"{t - b:+.1f}"))
+            rows.append((label, *(f"{v:.1f}" for v in vals), f"{vals[-1] - vals[0]:+.1f}"))
     return rows
 
 
 def write_report(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None = None,
-                 stage_seconds: dict[str, float] | None = None) -> Path:
+                 stage_seconds: dict[str, float] | None = None, sft_eval_dir: Path | None = None) -> Path:
     """REPORT.md: what was trained, the before/after table (when a base evaluation is
-    given), the loss curve and the first five predictions of the evaluation (the first
+    given; base → SFT → SFT+RL with the SFT run's evaluation), the training curves (loss;
+    rewards for an RL run) and the first five predictions of the evaluation (the first
     five, not the best five)."""
     run_dir, eval_dir = Path(run_dir), Path(eval_dir)
     manifest = json.loads((run_dir / "run_manifest.json").read_text())
     tuned = json.loads((eval_dir / "eval_summary.json").read_text())
     base = json.loads((Path(base_eval_dir) / "eval_summary.json").read_text()) if base_eval_dir else None
+    sft = json.loads((Path(sft_eval_dir) / "eval_summary.json").read_text()) if sft_eval_dir else None
     preds = [json.loads(x) for x in (eval_dir / "predictions.jsonl").read_text().splitlines() if x.strip()]
-    parts = [_report_head(run_dir, manifest, tuned), _report_table(tuned, base),
+    parts = [_report_head(run_dir, manifest, tuned), _report_table(tuned, base, sft),
              _report_loss(run_dir), _report_examples(preds[:N_EXAMPLES])]
     if stage_seconds:
         parts.append(_report_stages(stage_seconds))
@@ -480,10 +441,15 @@ def write_report(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None = Non
 def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
     cfg = manifest["config"]
     ds = tuned["dataset"]
-    return "\n".join([
+    how = (f"{cfg.get('method', 'sft')} with {cfg.get('finetune', 'lora')}"
+           + (f" (rank {cfg['lora_rank']}, alpha {cfg['lora_alpha']})" if cfg.get("finetune", "lora") == "lora" else ""))
+    rl = (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
+          f"beta {cfg['beta']}, rewards {json.dumps(cfg['rewards'], sort_keys=True)}"
+          + (f", from run `{cfg['init']}`" if cfg.get("init") else "")) if cfg.get("method") == "grpo" else None
+    return "\n".join([line for line in [
         f"# tunix-rt run `{run_dir.name}`", "",
-        f"- model: `{cfg['model']}`, {cfg['method']} (rank {cfg['lora_rank']}, alpha "
-        f"{cfg['lora_alpha']}) on `{cfg['dataset']}` split `{cfg['split']}`",
+        f"- model: `{cfg['model']}`, {how} on `{cfg['dataset']}` split `{cfg['split']}`",
+        rl,
         f"- training: {cfg.get('max_steps', cfg.get('epochs'))} "
         f"{'steps' if cfg.get('max_steps') else 'epochs'} of {cfg['batch_size']}×{cfg['grad_accum']} "
         f"sequences ≤ {cfg['max_seq_len']} tokens, lr {cfg['lr']}, {cfg['dtype']}, "
@@ -493,16 +459,20 @@ def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
         f"- evaluation: {ds['name']}@{ds['version']} `{ds['split']}`, n={tuned['metrics']['n']}, "
         f"decoding {json.dumps(tuned['decoding'], sort_keys=True)}",
         f"- tunix-rt {manifest['git_sha']}", "",
-    ])
+    ] if line is not None])
 
 
-def _report_table(tuned: dict, base: dict | None) -> str:
+def _report_table(tuned: dict, base: dict | None, sft: dict | None = None) -> str:
     if base is None:
         lines = ["## Evaluation", "", "| metric | fine-tuned |", "| --- | ---: |"]
         for label, key, pct in ROWS:
             v = tuned["metrics"][key]
             lines.append(f"| {label} | {100 * v:.1f}% |" if pct else f"| {label} | {v:.1f} |")
         return "\n".join(lines + [""])
+    if sft is not None:
+        lines = ["## Base → SFT → SFT+RL (same items, same decoding)", "",
+                 "| metric | base model | SFT | SFT+RL | change (RL vs base) |", "| --- | ---: | ---: | ---: | ---: |"]
+        return "\n".join(lines + [f"| {' | '.join(row)} |" for row in before_after_rows(base, sft, tuned)] + [""])
     lines = ["## Before / after (same items, same decoding)", "",
              "| metric | base model | fine-tuned | change |", "| --- | ---: | ---: | ---: |"]
     lines += [f"| {' | '.join(row)} |" for row in before_after_rows(base, tuned)]
@@ -510,11 +480,21 @@ def _report_table(tuned: dict, base: dict | None) -> str:
 
 
 def _report_loss(run_dir: Path) -> str:
+    from tunix_rt.train.run import reward_curves
+
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()] \
         if (run_dir / "metrics.jsonl").is_file() else []
     losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    text = ["## Training loss", "", "![loss](loss.png)", ""]
-    if losses:
+    rewards = reward_curves(rows)
+    text = ["## Training curves" if rewards else "## Training loss", "", "![loss](loss.png)", ""]
+    if rewards:
+        text += ["Mean reward over each step's rollouts, first five steps → last five steps:", "",
+                 "| reward | first 5 steps | last 5 steps |", "| --- | --- | --- |"]
+        for name, points in rewards.items():
+            vals = [v for _, v in points]
+            text.append(f"| {name} | {sum(vals[:5]) / len(vals[:5]):.3f} | {sum(vals[-5:]) / len(vals[-5:]):.3f} |")
+        text.append("")
+    elif losses:
         first, last = losses[0], losses[-1]
         text += [f"Loss per supervised token: {first[1]:.3f} at step {first[0]} → "
                  f"{last[1]:.3f} at step {last[0]}.", ""]

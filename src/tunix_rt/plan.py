@@ -6,11 +6,16 @@ item that lives on a device at the peak of a training step, itemised, and, for t
 engine, XLA's own figure for the real train step lowered with abstract shapes
 (`tunix_rt.plan_xla`, run in a subprocess because it fakes devices).
 
-What the analytic model counts (bytes per device; `fsdp` shards weights, gradients and
-optimizer state in the JAX engine; the torch engine runs on one device):
+What the analytic model counts (bytes per device). Several devices: the JAX engine shards
+weights, gradients and optimizer state over its (fsdp, tp) mesh; the torch engine runs as
+`torchrun` ranks, each a DDP replica (all of it, per rank) or an FSDP2 shard (1/N of it);
+either way each data-parallel rank holds batch / ranks sequences.
 - weights: every parameter in the param dtype (fp32 4 B, bf16 2 B); for LoRA the frozen
   base (its targeted projections at 4.5 or 8.5 bits for QLoRA: nf4/int8 plus one fp32
-  scale per 64 weights) plus the fp32 adapter.
+  scale per 64 weights) plus the fp32 adapter. Twice that when the JAX step does not
+  donate its model (`donate=False`: Tunix's own PeftTrainer, whose jitted step returns the
+  new model state in fresh buffers while the old is still an argument; that second fp32
+  copy turns 19.2 into 28.9 GiB on the failed run above, which died at 28.59).
 - gradients: of the trainable parameters, in their dtype. The torch engine keeps `.grad`
   of every trainable tensor. In the JAX engine they all exist at once only when something
   needs them together: global-norm clipping (`grad_clip > 0`) or accumulation (an extra
@@ -26,18 +31,38 @@ optimizer state in the JAX engine; the torch engine runs on one device):
   as eager and XLA attention materialise them). With rematerialisation only each layer's
   input stays, and one layer is recomputed at a time. One more layer's worth is counted
   for the gradients flowing backward.
-- loss_head: the chunked loss (no [B, L, V] logits): one chunk of fp32 logits, with its
-  softmax and gradient (the JAX scan keeps 3 chunk-sized buffers, the torch fused loss 2),
-  plus, for full fine-tuning, the gradient of the tied embedding [V, D] the head produces.
-  The plain loss (loss_impl=plain) holds the full logits, log-softmax and their gradient.
+- loss_head: the chunked loss (no [B, L, V] logits): one chunk of fp32 logits (its tokens
+  from `loss_chunk_bytes`, `train.chunking`, the engines' rule), with its softmax and
+  gradient (up to 3 chunk-sized buffers in the JAX scan, 2 in the torch fused loss), plus,
+  for full fine-tuning, the gradient of the tied embedding [V, D] the head produces. The
+  JAX loss sorts the global batch's tokens and runs every chunk on every device (XLA's
+  buffer assignment holds a whole chunk per device under fsdp), so its chunk is not split
+  by the device count. The plain loss (loss_impl=plain) holds the full logits, log-softmax
+  and their gradient.
 - workspace: the process baseline on a CPU (Python + torch/jax RSS, measured 0.40-0.48 GB
   here), the CUDA context on a GPU, FSDP's gathered weights (XLA keeps each layer's
   all-gathered weights from its forward to its backward: the whole model unsharded at the
-  peak, as XLA's own analysis shows), torch's optimizer temporaries, and allocator slack.
+  peak, as XLA's own analysis shows; torch FSDP2: the root with the embedding and two
+  layers, `_workspace_parts`), DDP's gradient buckets, torch's optimizer temporaries, and
+  allocator slack.
 
 The peak is not the plain sum: gradients are produced while activations are freed, so
     peak = weights + optimizer + max(activations + loss_head, gradients) + workspace
 (`items` lists every item; `details.peak_formula` says how they were combined).
+
+An RL step (method grpo: `rl_prompts` P, `group_size` G, `rollout_tokens` T) has two phases
+that never overlap, and peaks in the larger (`details.phases`, `details.peak_phase`):
+- update: the training step above over the P x G rollout sequences (prompt + completion, at
+  most seq tokens) in micro-batches of `batch`, all accumulated into one optimizer step,
+  plus rl_aux (the per-token coef, advantage, old and reference log-prob arrays; the
+  reference is the adapter-off model, no second copy);
+- rollout: the resident weights and optimizer state, merged_view (torch LoRA: W + scale B@A
+  of every adapted projection, held for the whole rollout), rollout_cache (the KV cache of
+  every row: P x G rollouts of the longest prompt, seq - T, plus T new tokens, in the
+  weights' dtype, with the generator's transient copies) and rollout_workspace (the
+  prefill's one-layer intermediates or a decode step's logits and sampler buffers); the
+  held-out greedy decode of a GRPO run (eval's batch of prompts, the int8 screen of the head
+  on a CPU) is planned the same way and counted when it is the larger.
 """
 
 from __future__ import annotations
@@ -54,6 +79,7 @@ import typer
 
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.models.catalog import PRESETS, Preset, get_preset
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
 
 GiB = 1024**3
 MiB = 1024**2
@@ -188,16 +214,30 @@ class PlanInputs:
     grad_accum: int = 1
     grad_clip: float = 1.0
     loss_impl: str = "chunked"
-    loss_chunk_tokens: int = 1024
+    loss_chunk_bytes: int = DEFAULT_CHUNK_BYTES
     tp: int = 1
+    donate: bool = True
+    """The JAX step donates the model (our engine does): new weights overwrite the old.
+    False: Tunix's own PeftTrainer (it donates only the optimizer); the step writes the new
+    model state beside the old one, both live at the peak."""
+    strategy: str = "auto"
+    """How several devices split the work: fsdp (weights, gradients and optimizer state
+    sharded; the JAX engine's only way) or ddp (torch engine: every rank a replica). auto:
+    fsdp for the JAX engine and for full fine-tuning, ddp for LoRA on torch."""
+    rl_prompts: int = 0
+    """RL (method grpo): P prompts per step; 0 (with group_size and rollout_tokens): an SFT step."""
+    group_size: int = 0
+    """RL: G completions sampled per prompt."""
+    rollout_tokens: int = 0
+    """RL: most new tokens per completion (rollout_max_new_tokens); prompts take the rest of seq."""
 
     def __post_init__(self) -> None:
         for name, choices in (("method", ("lora", "full")), ("optimizer", ("adamw", "adafactor")),
                               ("dtype", ("fp32", "bf16")), ("engine", ("torch", "jax")),
-                              ("loss_impl", ("chunked", "plain"))):
+                              ("loss_impl", ("chunked", "plain")), ("strategy", ("auto", "ddp", "fsdp"))):
             if getattr(self, name) not in choices:
                 raise BadInput(f"plan: {name} must be one of {'|'.join(choices)}, got {getattr(self, name)!r}")
-        for name in ("seq", "batch", "devices", "lora_rank", "grad_accum", "loss_chunk_tokens", "tp"):
+        for name in ("seq", "batch", "devices", "lora_rank", "grad_accum", "loss_chunk_bytes", "tp"):
             if getattr(self, name) < 1:
                 raise BadInput(f"plan: {name} must be >= 1, got {getattr(self, name)}")
         if self.weight_qtype is not None:
@@ -205,13 +245,36 @@ class PlanInputs:
                 raise BadInput(f"plan: weight_qtype must be one of {'|'.join(QBYTES)}, got {self.weight_qtype!r}")
             if self.method != "lora" or self.engine != "jax":
                 raise BadInput("plan: weight_qtype (QLoRA) needs --method lora and the JAX engine")
-        if self.engine == "torch" and self.devices * self.tp > 1:
-            raise BadInput("plan: the torch engine runs on one device; use --engine jax to shard over several")
+        if self.strategy == "auto":  # frozen: the one place the default is resolved
+            auto = "fsdp" if self.engine == "jax" or self.method == "full" else "ddp"
+            object.__setattr__(self, "strategy", auto)
+        if self.engine == "jax" and self.strategy != "fsdp":
+            raise BadInput("plan: the JAX engine shards over its (fsdp, tp) mesh; --strategy ddp is for --engine torch")
+        if self.engine == "torch" and self.tp > 1:
+            raise BadInput("plan: tensor parallelism (tp) is the JAX engine's; the torch engine runs ddp or fsdp")
+        if self.engine == "torch" and not self.donate:
+            raise BadInput("plan: --no-donate is the JAX step's; the torch engine updates weights in place")
         if self.devices % self.tp:
             raise BadInput(f"plan: devices ({self.devices}) must be a multiple of tp ({self.tp})")
+        self._check_rl()
+
+    def _check_rl(self) -> None:
+        rl = (self.rl_prompts, self.group_size, self.rollout_tokens)
+        if any(v < 0 for v in rl) or (any(rl) and not all(rl)):
+            raise BadInput("plan: an RL step needs rl_prompts, group_size and rollout_tokens, each >= 1 "
+                           "(--rl-prompts, --group-size, --rollout-tokens together)")
+        if self.rl and self.rollout_tokens >= self.seq:
+            raise BadInput(f"plan: rollout_tokens ({self.rollout_tokens}) must leave room for the prompt "
+                           f"in seq ({self.seq})")
+
+    @property
+    def rl(self) -> bool:
+        """An RL step (rollouts, then the update), not an SFT step."""
+        return self.rl_prompts > 0
 
     @property
     def fsdp(self) -> int:
+        """Data-parallel ranks: each holds batch / fsdp sequences (ddp ranks too)."""
         return self.devices // self.tp
 
 
@@ -251,6 +314,8 @@ class Plan:
             "details": self.details,
             "notes": self.notes,
         }
+        if self.inputs.rl:
+            out["peak_phase"] = self.details["peak_phase"]
         return out
 
     def renderable(self):
@@ -260,17 +325,25 @@ class Plan:
         from rich.text import Text
 
         i = self.inputs
-        title = (f"{i.model} {i.method} on {i.devices} x {self.device.name} ({i.engine}): "
+        how = f"{i.engine}, {i.strategy}" if i.engine == "torch" and i.devices > 1 else i.engine
+        title = (f"{i.model} {i.method} on {i.devices} x {self.device.name} ({how}): "
                  f"batch {i.batch} x seq {i.seq}, {i.dtype}, {i.optimizer}"
-                 + (", remat" if i.remat else "") + (f", {i.weight_qtype}" if i.weight_qtype else ""))
+                 + (", remat" if i.remat else "") + (f", {i.weight_qtype}" if i.weight_qtype else "")
+                 + (f"; RL step: {i.rl_prompts} prompts x {i.group_size} samples, up to {i.rollout_tokens} "
+                    f"new tokens" if i.rl else ""))
         table = Table()
         table.add_column("item")
         table.add_column("per device", justify="right")
+        if i.rl:
+            table.add_column("phase")
         for k, v in self.items.items():
-            table.add_row(k, fmt_bytes(v))
+            table.add_row(k, fmt_bytes(v), *([RL_ITEM_PHASE.get(k, "both")] if i.rl else []))
+        for name, v in self.details.get("phases", {}).items():
+            peak = " (the peak)" if name == self.details["peak_phase"] else ""
+            table.add_row(f"[bold]{name} phase{peak}[/bold]", f"[bold]{fmt_bytes(v)}[/bold]", name)
         for k, v in self.estimators.items():
-            table.add_row(f"[bold]estimate: {k}[/bold]", f"[bold]{fmt_bytes(v)}[/bold]")
-        table.add_row("capacity", fmt_bytes(self.capacity_bytes))
+            table.add_row(f"[bold]estimate: {k}[/bold]", f"[bold]{fmt_bytes(v)}[/bold]", *([""] if i.rl else []))
+        table.add_row("capacity", fmt_bytes(self.capacity_bytes), *([""] if i.rl else []))
         formula = Text("peak = " + self.details["peak_formula"], style="dim")
         verdict = Text(
             f"{'FITS' if self.fits else 'DOES NOT FIT'}: predicted peak {fmt_bytes(self.peak_bytes_per_device)} "
@@ -300,6 +373,12 @@ class Plan:
         buf = StringIO()
         Console(file=buf, width=100, color_system=None, force_terminal=False).print(self.renderable())
         return buf.getvalue()
+
+
+#: which phase of an RL step holds an item (the rest, weights and optimizer state, both)
+RL_ITEM_PHASE = {"gradients": "update", "activations": "update", "loss_head": "update", "rl_aux": "update",
+                 "merged_view": "rollout", "rollout_cache": "rollout", "rollout_workspace": "rollout",
+                 "workspace": "the peak's"}
 
 
 def fmt_bytes(n: float) -> str:
@@ -363,8 +442,10 @@ class _Facts:
     jax: bool
     wb: int  # bytes per weight in the param dtype
     tb: int  # bytes per trainable weight (LoRA adapters are fp32)
-    shard: int  # devices that split weights, gradients and optimizer state (JAX engine)
-    fsdp: int
+    shard: int  # devices that split weights, gradients and optimizer state (1: replicas)
+    ranks: int  # data-parallel ranks: each holds batch / ranks sequences
+    torch_fsdp: bool  # torch engine, FSDP2 over several ranks
+    ddp: bool  # torch engine, DDP over several ranks
     full: bool
     trainable: int
     largest: int  # elements of the largest trainable tensor
@@ -375,21 +456,27 @@ def _facts(inp: PlanInputs, p: Preset) -> _Facts:
     jax_engine = inp.engine == "jax"
     full = inp.method == "full"
     wb = 4 if inp.dtype == "fp32" else 2
-    fsdp = inp.fsdp if jax_engine else 1
+    ranks = inp.fsdp
+    if jax_engine:
+        shard = inp.devices
+    else:
+        shard = inp.devices if inp.strategy == "fsdp" else 1
     lora = _lora_shapes(p, inp.lora_rank, inp.lora_targets)
     return _Facts(
-        p=p, jax=jax_engine, wb=wb, tb=wb if full else 4, shard=inp.devices if jax_engine else 1,
-        fsdp=fsdp, full=full,
+        p=p, jax=jax_engine, wb=wb, tb=wb if full else 4, shard=shard, ranks=ranks,
+        torch_fsdp=not jax_engine and inp.strategy == "fsdp" and inp.devices > 1,
+        ddp=not jax_engine and inp.strategy == "ddp" and inp.devices > 1, full=full,
         trainable=p.param_count() if full else p.lora_param_count(inp.lora_rank, inp.lora_targets),
         largest=p.vocab_size * p.hidden_size if full else max(a * b for a, b in lora),
-        tokens=math.ceil(inp.batch / fsdp) * inp.seq,
+        tokens=math.ceil(inp.batch / ranks) * inp.seq,
     )
 
 
 def _state_bytes(inp: PlanInputs, f: _Facts) -> tuple[float, float, float, float]:
-    """(weights, gradients, optimizer, frozen weights) per device."""
+    """(weights, gradients, optimizer, frozen weights) per device. The JAX engine keeps LoRA
+    adapters whole (they are small); torch's fully_shard shards every parameter."""
     p, n_params = f.p, f.p.param_count()
-    per_shard = f.shard if f.full else 1  # adapters are small and kept whole
+    per_shard = f.shard if f.full or not f.jax else 1
     if f.full:
         frozen = 0.0
         weights = n_params * f.wb / f.shard
@@ -397,7 +484,9 @@ def _state_bytes(inp: PlanInputs, f: _Facts) -> tuple[float, float, float, float
         proj = _proj_elems(p, inp.lora_targets)
         qb = QBYTES[inp.weight_qtype] if inp.weight_qtype else f.wb
         frozen = ((n_params - proj) * f.wb + proj * qb) / f.shard
-        weights = frozen + f.trainable * 4
+        weights = frozen + f.trainable * 4 / per_shard
+    if not inp.donate:  # the step writes the new model state beside the old (see PlanInputs)
+        weights *= 2
     materialised = not f.jax or inp.grad_clip > 0 or inp.grad_accum > 1
     if materialised:
         grads = f.trainable * f.tb / per_shard
@@ -433,34 +522,63 @@ def _loss_head_bytes(inp: PlanInputs, f: _Facts) -> float:
     starts in the head at the start of backward and lives until the embedding lookup adds
     to it, unsharded (before FSDP's reduce-scatter)."""
     p = f.p
+    rows = _loss_rows(inp, f)
     if inp.loss_impl == "plain":
         head = f.tokens * p.vocab_size * (12 + (f.wb if f.wb == 2 else 0))
     else:
-        head = _chunk_tokens(inp, f.tokens // inp.seq) * p.vocab_size * 4 * (3 if f.jax else 2)
+        head = _chunk_tokens(inp, f) * p.vocab_size * 4 * (3 if f.jax else 2)
     head_grad = p.vocab_size * p.hidden_size * f.tb if f.full else 0
-    return head + head_grad + f.tokens * p.hidden_size * 4
+    return head + head_grad + rows * p.hidden_size * 4
+
+
+def _layer_params(p: Preset) -> int:
+    return (p.param_count() - p.vocab_size * p.hidden_size - p.hidden_size) // p.num_layers
 
 
 def _workspace_parts(inp: PlanInputs, f: _Facts, device: DeviceSpec) -> dict[str, float]:
-    """FSDP all-gathers each weight where it is used. XLA merges the forward's gather with
-    the backward's (same sharded input), so each layer's gathered weights live from its
-    forward to its backward, remat or not: measured with XLA's CPU compiler (plan_xla), the
-    whole model unsharded at the peak. A TPU's scheduler may do better; we plan for this.
-    Optimizer temporaries: XLA fuses each update into one elementwise loop; torch's
-    single-tensor AdamW (CPU) allocates one tensor-sized temporary, foreach (CUDA) one per
-    trainable tensor at once."""
-    gather = f.p.param_count() * f.wb if f.jax and f.shard > 1 else 0
-    opt_tmp = 0 if f.jax else (f.trainable if device.kind == "gpu" else f.largest) * f.tb
+    """Per device, beyond the model's own state:
+    - JAX FSDP all-gathers each weight where it is used. XLA merges the forward's gather with
+      the backward's (same sharded input), so each layer's gathered weights live from its
+      forward to its backward, remat or not: measured with XLA's CPU compiler (plan_xla),
+      the whole model unsharded at the peak. A TPU's scheduler may do better; we plan for it.
+    - torch FSDP2 (`fully_shard` on each decoder layer and on the root, which holds the tied
+      embedding): the root's weights stay gathered from forward to backward (FSDP2 does not
+      reshard the root after forward), each layer's are gathered for its forward and again
+      for its backward with the next layer's prefetched (two layers), and one layer's
+      unsharded gradients wait for their reduce-scatter.
+    - torch DDP: its gradient buckets, a second copy of every trainable gradient (the
+      default, gradient_as_bucket_view=False).
+    - optimizer temporaries: XLA fuses each update into one elementwise loop; torch's
+      single-tensor AdamW (CPU) allocates one tensor-sized temporary, foreach (CUDA) one per
+      trainable tensor (of this rank's shard) at once."""
+    p = f.p
+    gather = 0.0
+    if f.jax and f.shard > 1:
+        gather = p.param_count() * f.wb
+    elif f.torch_fsdp:
+        layer = _layer_params(p)
+        gather = (p.vocab_size * p.hidden_size + 2 * layer) * f.wb + (layer * f.tb if f.full else 0)
+    buckets = f.trainable * f.tb if f.ddp else 0
+    per_shard = 1 if f.jax or not f.torch_fsdp else f.shard
+    opt_tmp = 0 if f.jax else (f.trainable / per_shard if device.kind == "gpu" else f.largest) * f.tb
     base = 0
     if device.kind == "cpu":
         base = CPU_BASELINE[inp.engine]
     elif device.kind == "gpu" and not f.jax:
         base = CUDA_CONTEXT
-    return {"process_or_context": base, "fsdp_gather": gather, "optimizer_temporaries": opt_tmp}
+    return {"process_or_context": base, "fsdp_gather": gather, "ddp_buckets": buckets,
+            "optimizer_temporaries": opt_tmp}
 
 
 def analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[str, int], dict[str, Any], int]:
     """(items, details, peak) in bytes per device; see the module docstring."""
+    if inp.rl:
+        return _rl_analytic(inp, preset, device)
+    return _step_analytic(inp, preset, device)
+
+
+def _step_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[str, int], dict[str, Any], int]:
+    """A training step (SFT's, or the update of an RL step)."""
     f = _facts(inp, preset)
     weights, grads, opt, frozen = _state_bytes(inp, f)
     act_full, act_remat = _activation_bytes(inp, f)
@@ -468,17 +586,18 @@ def analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[
     loss_head = _loss_head_bytes(inp, f)
     parts = _workspace_parts(inp, f, device)
     core = weights + opt + max(activations + loss_head, grads)
-    parts["allocator_slack"] = SLACK[device.kind] * (core + parts["fsdp_gather"] + parts["optimizer_temporaries"])
+    parts["allocator_slack"] = SLACK[device.kind] * (core + sum(v for k, v in parts.items() if k != "process_or_context"))
     workspace = sum(parts.values())
     items = {"weights": weights, "gradients": grads, "optimizer": opt, "activations": activations,
              "loss_head": loss_head, "workspace": workspace}
     details = {
         "params": preset.param_count(), "trainable_params": f.trainable,
-        "trainable_weights": int(f.trainable * f.tb / (f.shard if f.full else 1)),
-        "frozen_weights": int(frozen),
+        "trainable_weights": int(f.trainable * f.tb / (f.shard if f.full or not f.jax else 1)),
+        "frozen_weights": int(frozen), "undonated_copy": int(0 if inp.donate else weights / 2),
         "activations_no_remat": int(act_full), "activations_remat": int(act_remat),
-        "tokens_per_device": f.tokens, "loss_chunk_tokens_per_device": _chunk_tokens(inp, f.tokens // inp.seq),
-        "fsdp": f.fsdp, "tp": inp.tp if f.jax else 1,
+        "tokens_per_device": f.tokens, "loss_chunk_tokens": _chunk_tokens(inp, f),
+        "strategy": inp.strategy, "ranks": f.ranks, "shards": f.shard, "fsdp": inp.fsdp,
+        "tp": inp.tp,
         "gradients_materialised": not f.jax or inp.grad_clip > 0 or inp.grad_accum > 1,
         "workspace_parts": {k: int(v) for k, v in parts.items()},
         "peak_formula": "weights + optimizer + max(activations + loss_head, gradients) + workspace",
@@ -487,45 +606,226 @@ def analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[
     return {k: int(v) for k, v in items.items()}, details, int(core + workspace)
 
 
-def _chunk_tokens(inp: PlanInputs, b_dev: int) -> int:
-    """Tokens of one loss chunk on one device. jax_loss reshapes the flattened global batch
-    into [chunks, chunk]; with fsdp sharding the flat axis, each device holds chunk / (fsdp /
-    chunks) tokens of a chunk when there are fewer chunks than devices, a whole one otherwise."""
-    if inp.engine == "jax":
-        total = inp.batch * inp.seq
-        chunk = min(inp.loss_chunk_tokens, total)
-        chunks = math.ceil(total / chunk)
-        return max(1, chunk // max(1, inp.fsdp // chunks)) if inp.fsdp > chunks else chunk
-    return min(b_dev * inp.seq, inp.loss_chunk_tokens)
+def _loss_rows(inp: PlanInputs, f: _Facts) -> int:
+    """Token rows the loss works on per device. The JAX loss sorts the flattened global batch
+    (supervised tokens first) and indexes it by that permutation: XLA's sharding propagation
+    leaves the result replicated, so every device runs every chunk of the global batch
+    (XLA's buffer assignment holds a whole [chunk, V] block per device under fsdp). The torch
+    engine's ranks each see their own micro-batch."""
+    return inp.batch * inp.seq if f.jax else f.tokens
+
+
+def _chunk_tokens(inp: PlanInputs, f: _Facts) -> int:
+    """Tokens of one loss chunk on one device: the one rule (`train.chunking`), no more than
+    the rows there are."""
+    return min(chunk_tokens(inp.loss_chunk_bytes, f.p.vocab_size), _loss_rows(inp, f))
+
+
+# --------------------------------------------------------------------------- the RL step
+
+#: fp32 [rows, vocab] buffers a sampled decode step holds at once: the step's logits and the
+#: sampler's (eval.generate.filtered_probs, its worst path, top-k and top-p: the tempered
+#: logits, the top-k mask, the sorted logits and their int64 order, the softmax and its
+#: cumulative sum); the JAX sampler makes the same float64 copies on the host
+SAMPLER_BUFFERS = 8
+#: the same for a greedy step (the logits, the argmax's and the screen's int32 sums)
+GREEDY_BUFFERS = 3
+
+
+def update_inputs(inp: PlanInputs) -> PlanInputs:
+    """The update of an RL step as a training step: the P x G rollout sequences (prompt +
+    completion, at most seq tokens) in micro-batches of `batch` (all of them when fewer),
+    every micro-batch accumulated into one optimizer step (train.grpo: grad_accum plays no
+    part there)."""
+    rows = inp.rl_prompts * inp.group_size
+    batch = min(inp.batch, rows)
+    return replace(inp, batch=batch, grad_accum=math.ceil(rows / batch), rl_prompts=0, group_size=0,
+                   rollout_tokens=0)
+
+
+def _rl_aux_bytes(inp: PlanInputs, upd: PlanInputs, f: _Facts, device: DeviceSpec) -> float:
+    """The update's per-token fp32 arrays: coef, adv, old and reference log-probs of every
+    rollout sequence (host arrays: on a CPU, the device's memory), and one micro-batch's
+    device copy of them with the loss's stacked [B, L, 3] aux."""
+    host = 4 * inp.rl_prompts * inp.group_size * inp.seq * 4 if device.kind == "cpu" else 0
+    return host + 7 * math.ceil(upd.batch / f.ranks) * upd.seq * 4
+
+
+def _decode_bytes(inp: PlanInputs, f: _Facts, device: DeviceSpec, rows: int, greedy: bool) -> dict[str, float]:
+    """KV cache and workspace of one generate call of `rows` prompts (the longest prompt
+    `seq - rollout_tokens` tokens, then rollout_tokens new ones), per device. Every device
+    decodes every row: the JAX generator's cache and batch are not sharded, and each torch
+    rank runs the method's rollouts itself.
+    - torch (eval.generate + fast_gemma.LeanGemma): a cache of prompt + new slots per layer,
+      preallocated in the model dtype, beside the prefill's own cache while it is copied in;
+      later, when a row finishes, the new keys are built before the old are dropped (half a
+      cache more). The larger of the two transients is counted.
+    - JAX (eval.jax_generate): the prompt padded to a BUCKET multiple, and the jitted step's
+      input and output caches both live (the step does not donate its cache).
+    - workspace: the larger of the prefill (one layer's inference intermediates on every
+      prompt token: residual and normed input, q/k/v, the attention scores and
+      probabilities, the MLP's gate/up/product; and the last position's logits) and a
+      decode step (the logits and the sampler's buffers); a greedy decode of the torch engine
+      on a CPU in fp32 also holds the int8 copy of the head (eval.screened_head) and its
+      permutation, and builds it from |head| in fp32, a whole [V, D] temporary (measured on
+      Gemma 3 270M: the held-out decode then peaks 0.64 GB above the rollouts)."""
+    from tunix_rt.eval.jax_generate import BUCKET
+    from tunix_rt.eval.screened_head import PAD_COLS
+
+    p, new = f.p, inp.rollout_tokens
+    prompt = inp.seq - new
+    per_token = 2 * p.num_layers * p.num_kv_heads * p.head_dim * f.wb  # K and V, every layer
+    if f.jax:
+        slots = -(-prompt // BUCKET) * BUCKET + new
+        cache = 2 * rows * slots * per_token
+    else:
+        slots = inp.seq
+        cache = rows * slots * per_token + max(rows * prompt * per_token, (rows - 1) * slots * per_token / 2)
+    h, i = p.hidden_size, p.intermediate_size
+    q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
+    keys = slots if f.jax else prompt  # JAX attends over the whole cache in the prefill
+    layer = 2 * h + q + 2 * kv + 3 * i + 2 * p.num_heads * keys
+    logits = rows * p.vocab_size * 4
+    prefill = rows * prompt * layer * f.wb + logits
+    step = (GREEDY_BUFFERS if greedy else SAMPLER_BUFFERS) * logits
+    screen = build = 0
+    if greedy and not f.jax and device.kind == "cpu" and f.wb == 4 and p.vocab_size >= 4 * PAD_COLS:
+        screen = p.vocab_size * (p.hidden_size + 8)  # int8 rows, int64 permutation
+        build = p.vocab_size * p.hidden_size * 4  # head.abs() while it is built
+    return {"rows": rows, "slots": slots, "kv_bytes_per_token": per_token, "cache": cache,
+            "workspace": max(max(prefill, step) + screen, build), "prefill": prefill, "step": step,
+            "screen": screen, "screen_build": build}
+
+
+def _rollout_phase(inp: PlanInputs, f: _Facts, device: DeviceSpec, weights: float,
+                   optimizer: float) -> dict[str, Any]:
+    """Bytes per device while the method decodes: the resident weights and optimizer state
+    (no gradients, no activations: the last step freed them), on the torch engine with LoRA
+    the merged view (W + scale B@A of every adapted projection, a second copy of those
+    weights for the whole rollout: torch_engine.merged_lora_view), and the larger of the two
+    decodes a GRPO run makes: the rollouts (P x G rows, sampled) and the held-out
+    evaluation (greedy, eval's default batch of prompts)."""
+    from tunix_rt.eval.generate import DecodeConfig
+
+    merged = 0.0
+    if not f.jax and not f.full:
+        merged = _proj_elems(f.p, inp.lora_targets) * f.wb / f.shard
+    rows = {"rollouts": (inp.rl_prompts * inp.group_size, False), "held-out eval": (DecodeConfig().batch_size, True)}
+    resident = weights if inp.donate else weights / 2  # no step in flight: no undonated copy
+    gather = _workspace_parts(inp, f, device)  # the forward's FSDP gathers, as in training
+    decodes = {}
+    for name, (n, greedy) in rows.items():
+        d = _decode_bytes(inp, f, device, n, greedy)
+        core = resident + optimizer + merged + d["cache"] + d["workspace"]
+        parts = {"process_or_context": gather["process_or_context"], "fsdp_gather": gather["fsdp_gather"]}
+        parts["allocator_slack"] = SLACK[device.kind] * (core + parts["fsdp_gather"])
+        decodes[name] = {**d, "workspace_parts": parts, "peak": core + sum(parts.values())}
+    which = max(decodes, key=lambda k: decodes[k]["peak"])
+    d = decodes[which]
+    return {"merged_view": merged, "rollout_cache": d["cache"], "rollout_workspace": d["workspace"],
+            "workspace": sum(d["workspace_parts"].values()), "workspace_parts": d["workspace_parts"],
+            "decode": which, "peak": d["peak"],
+            "decodes": {k: _ints({n: x for n, x in v.items() if n != "workspace_parts"}) for k, v in decodes.items()}}
+
+
+def _ints(d: dict[str, float]) -> dict[str, int]:
+    return {k: int(v) for k, v in d.items()}
+
+
+def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[str, int], dict[str, Any], int]:
+    """An RL step peaks in one of its two phases: peak = max(update, rollout), where the
+    update is a training step over the rollout sequences plus the RL per-token arrays, and
+    the rollout holds the weights, optimizer state, merged view, KV cache and decode
+    workspace (see `_rollout_phase`)."""
+    upd = update_inputs(inp)
+    items, details, update_peak = _step_analytic(upd, preset, device)
+    f = _facts(upd, preset)
+    aux = _rl_aux_bytes(inp, upd, f, device)
+    update_peak += aux * (1 + SLACK[device.kind])
+    update_ws = items["workspace"] + aux * SLACK[device.kind]
+    roll = _rollout_phase(inp, f, device, items["weights"], items["optimizer"])
+    phase = "rollout" if roll["peak"] > update_peak else "update"
+    items = {**{k: v for k, v in items.items() if k != "workspace"}, "rl_aux": aux,
+             "merged_view": roll["merged_view"], "rollout_cache": roll["rollout_cache"],
+             "rollout_workspace": roll["rollout_workspace"],
+             "workspace": roll["workspace"] if phase == "rollout" else update_ws}
+    details.update({
+        "peak_phase": phase, "phases": {"update": int(update_peak), "rollout": int(roll["peak"])},
+        "update_batch": upd.batch, "update_micro_batches": upd.grad_accum, "rollout_decode": roll["decode"],
+        "decodes": roll["decodes"], "rollout_workspace_parts": _ints(roll["workspace_parts"]),
+        "update_workspace_parts": details.pop("workspace_parts"),
+        "peak_formula": "max(update: weights + optimizer + max(activations + loss_head, gradients) + rl_aux "
+                        "+ workspace, rollout: weights + optimizer + merged_view + rollout_cache "
+                        "+ rollout_workspace + workspace)",
+    })
+    return {k: int(v) for k, v in items.items()}, details, int(max(update_peak, roll["peak"]))
 
 
 # --------------------------------------------------------------------------- suggestions
 
-#: cheapest first: same maths (remat, split batch), a different optimizer, LoRA, more chips,
-#: QLoRA (quantised base weights change the numbers a little)
-def _candidates(inp: PlanInputs) -> list[tuple[int, str, PlanInputs]]:
+#: cheapest first: same maths (remat, split batch), for RL fewer prompts per step, then a
+#: smaller group or shorter rollouts, a different optimizer, LoRA, sharding, more chips
+#: (JAX) or ranks (torch on GPUs), QLoRA (quantised base weights change the numbers a little)
+def _candidates(inp: PlanInputs, device: DeviceSpec) -> list[tuple[int, str, PlanInputs]]:
     out: list[tuple[int, str, PlanInputs]] = []
     if not inp.remat:
         out.append((1, "remat (gradient_checkpointing=true)", replace(inp, remat=True)))
-    b = inp.batch
-    while b > 1:
-        b //= 2
-        if inp.batch % b == 0 and (inp.engine == "torch" or b % inp.fsdp == 0 or b >= inp.fsdp):
-            acc = inp.grad_accum * inp.batch // b
-            out.append((2, f"batch={b} grad_accum={acc}", replace(inp, batch=b, grad_accum=acc)))
+    out += _batch_splits(inp)
+    if inp.rl:
+        out += _rl_candidates(inp)
     if inp.dtype == "fp32" and inp.device not in ("cpu", "t4-16gb"):
         out.append((3, "dtype=bf16", replace(inp, dtype="bf16")))
     if inp.optimizer == "adamw":
         out.append((3, "optimizer=adafactor", replace(inp, optimizer="adafactor")))
     if inp.method == "full":
         out.append((4, f"method=lora (rank {inp.lora_rank})", replace(inp, method="lora")))
-    if inp.engine == "jax" and inp.device != "cpu":
+    if inp.strategy == "ddp" and inp.devices > 1:
+        out.append((4, "strategy=fsdp", replace(inp, strategy="fsdp")))
+    if device.kind != "cpu" and (inp.engine == "jax" or device.kind == "gpu"):
         n = inp.devices * 2
         while n <= 512:
-            out.append((5, f"devices={n} (fsdp)", replace(inp, devices=n)))
+            out.append((5, f"devices={n} (fsdp)", replace(inp, devices=n, strategy="fsdp")))
             n *= 2
     if inp.engine == "jax" and not inp.weight_qtype:
         out.append((6, "method=lora weight_qtype=nf4 (QLoRA)", replace(inp, method="lora", weight_qtype="nf4")))
+    return out
+
+
+def _batch_splits(inp: PlanInputs) -> list[tuple[int, str, PlanInputs]]:
+    """Smaller micro-batches, same maths: more accumulation (an RL update accumulates every
+    micro-batch of its rollouts anyway)."""
+    out = []
+    start = update_inputs(inp).batch if inp.rl else inp.batch
+    b = start
+    while b > 1:
+        b //= 2
+        if start % b == 0 and (b % inp.fsdp == 0 or b >= inp.fsdp):
+            if inp.rl:
+                out.append((2, f"batch={b}", replace(inp, batch=b)))
+                continue
+            acc = inp.grad_accum * inp.batch // b
+            out.append((2, f"batch={b} grad_accum={acc}", replace(inp, batch=b, grad_accum=acc)))
+    return out
+
+
+def _rl_candidates(inp: PlanInputs) -> list[tuple[int, str, PlanInputs]]:
+    """Fewer prompts per step (the same estimator on fewer prompts), a smaller group (noisier
+    advantages), shorter rollouts keeping the prompts' room (answers may be cut): each
+    halved until it fits, the least change first."""
+    out = []
+    n = inp.rl_prompts
+    while n > 1:
+        n //= 2
+        out.append((2, f"rl_prompts={n}", replace(inp, rl_prompts=n)))
+    g = inp.group_size
+    while g > 2:
+        g //= 2
+        out.append((3, f"group_size={g}", replace(inp, group_size=g)))
+    t = inp.rollout_tokens
+    while t > 16:
+        t //= 2
+        seq = inp.seq - (inp.rollout_tokens - t)
+        out.append((3, f"rollout_max_new_tokens={t} max_seq_len={seq}", replace(inp, rollout_tokens=t, seq=seq)))
     return out
 
 
@@ -533,7 +833,7 @@ def suggestions(inp: PlanInputs, preset: Preset, device: DeviceSpec, limit: int 
     """Changes that make a plan fit, cheapest first, each with its predicted peak: single
     changes, and pairs when no single change fits. Only the smallest batch split and the
     fewest extra chips that fit are listed."""
-    cands = _candidates(inp)
+    cands = _candidates(inp, device)
     found = _fitting([(c, [d], x) for c, d, x in cands], preset, device)
     if not found:
         cands = cands[:8] + [c for c in cands[8:] if c[0] != 5]  # pairs: fewer chip counts
@@ -626,12 +926,16 @@ def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
         plan.notes.append(f"{device.name} has no fast bf16")
     if xla and inp.engine == "jax":
         try:
-            res = xla_estimate(inp, timeout=xla_timeout)
+            res = xla_estimate(update_inputs(inp) if inp.rl else inp, timeout=xla_timeout)
         except TunixRtError as e:  # the analytic verdict stands; say why XLA has none
             plan.notes.append(f"no XLA estimate: {str(e).splitlines()[-1]}")
             res = None
     if xla and inp.engine == "jax" and res is not None:
         plan.estimators["xla"] = int(res["peak_bytes_per_device"])
+        if inp.rl:  # XLA compiles the update; the rollout phase has the analytic figure only
+            plan.estimators["xla"] = max(plan.estimators["xla"] + items["rl_aux"], details["phases"]["rollout"])
+            plan.notes.append("xla: the update step compiled by XLA (plus rl_aux), or the analytic rollout phase "
+                              "when that is larger")
         plan.details["xla"] = res
         plan.details["xla_over_analytic"] = round(plan.estimators["xla"] / peak, 3)
     if not plan.fits:
@@ -639,27 +943,39 @@ def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
     return plan
 
 
+def resolve_engine(engine: str, device: str) -> str:
+    """torch or jax: what engine=auto means on a device (`train.engines.pick`, the rule
+    `train` and `eval` use), given a plan's device name or kind."""
+    if engine != "auto":
+        return engine
+    from tunix_rt.train import engines
+
+    if device not in ("cpu", "cuda", "gpu", "tpu"):  # a named kind: the engine's device word
+        device = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}[resolve_device(device).kind]
+    return engines.pick("auto", device)
+
+
 def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None, xla: bool = False,
-               engine: str | None = None) -> Plan:
+               engine: str | None = None, strategy: str = "auto") -> Plan:
     """The plan of a TrainConfig on `devices` devices of a kind (a DEVICES name, cpu, cuda,
     or gpu/tpu inside a JAX process, where the live device's memory limit is read). Fast and
-    torch/jax-free unless xla=True. `engine` overrides cfg.engine (an engine planning itself
-    should pass its name; cfg.engine "auto" means JAX on TPUs or several devices)."""
-    engine = engine or cfg.engine
-    if engine == "auto":
-        engine = "jax" if device.startswith("tpu") or devices > 1 else "torch"
-    tp = int(cfg.mesh.get("tp", 1)) if isinstance(cfg.mesh, dict) else 1
+    jax-free unless xla=True. `engine` overrides cfg.engine (an engine planning itself should
+    pass its name); torch on several devices is `torchrun` ranks (`strategy` ddp or fsdp)."""
+    engine = resolve_engine(engine or cfg.engine, cfg.device if cfg.device != "auto" else device)
+    tp = int(cfg.mesh.get("tp", 1)) if isinstance(cfg.mesh, dict) and engine == "jax" else 1
     n = devices
     if isinstance(cfg.mesh, dict) and engine == "jax":
         n = int(cfg.mesh.get("fsdp", 1)) * tp
     inp = PlanInputs(
-        model=cfg.model, method=cfg.method, seq=cfg.max_seq_len, batch=cfg.batch_size,
-        device=device, devices=n if engine == "jax" else 1, optimizer=cfg.optimizer, dtype=cfg.dtype,
+        model=cfg.model, method=cfg.finetune, seq=cfg.max_seq_len, batch=cfg.batch_size,
+        device=device, devices=n, optimizer=cfg.optimizer, dtype=cfg.dtype,
         engine=engine, remat=cfg.gradient_checkpointing, lora_rank=cfg.lora_rank,
         lora_targets=tuple(cfg.lora_targets),
-        weight_qtype=cfg.lora_weight_qtype if engine == "jax" and cfg.method == "lora" else None,
+        weight_qtype=cfg.lora_weight_qtype if engine == "jax" and cfg.finetune == "lora" else None,
         grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip, loss_impl=cfg.loss_impl,
-        loss_chunk_tokens=cfg.loss_chunk_tokens, tp=tp if engine == "jax" else 1,
+        loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
+        **({"rl_prompts": cfg.rl_prompts, "group_size": cfg.group_size,
+            "rollout_tokens": cfg.rollout_max_new_tokens} if cfg.method == "grpo" else {}),
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
 
@@ -686,23 +1002,16 @@ def xla_estimate(inp: PlanInputs, timeout: float = 300.0) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- CLI
 
-def plan_command(
-    model: str, method: str, seq: int, batch: int, device: str, devices: int, optimizer: str,
-    dtype: str, engine: str, remat: bool, lora_rank: int, weight_qtype: str | None, grad_accum: int,
-    grad_clip: float, loss_chunk_tokens: int, xla: bool | None, as_json: bool,
-) -> None:
-    """`tunix-rt plan`: print the plan (rich table, verdict, suggestions) or its JSON."""
-    if engine == "auto":
-        engine = "jax" if device.startswith("tpu") or devices > 1 else "torch"
-    if dtype == "auto":  # what a run on that device would use: bf16 where it is native
-        spec = resolve_device(device)
-        dtype = "bf16" if spec.bf16 and spec.kind != "cpu" else "fp32"
-    inp = PlanInputs(model=model, method=method, seq=seq, batch=batch, device=device, devices=devices,
-                     optimizer=optimizer, dtype=dtype, engine=engine, remat=remat, lora_rank=lora_rank,
-                     weight_qtype=weight_qtype, grad_accum=grad_accum, grad_clip=grad_clip,
-                     loss_chunk_tokens=loss_chunk_tokens)
-    run_xla = engine == "jax" if xla is None else xla
-    if run_xla and engine != "jax":
+def plan_command(xla: bool | None, as_json: bool, **fields) -> None:
+    """`tunix-rt plan`: print the plan (rich table, verdict, suggestions) or its JSON.
+    `fields` are PlanInputs' with engine and dtype possibly "auto"."""
+    fields["engine"] = resolve_engine(fields["engine"], fields["device"])
+    if fields["dtype"] == "auto":  # what a run on that device would use: bf16 where it is native
+        spec = resolve_device(fields["device"])
+        fields["dtype"] = "bf16" if spec.bf16 and spec.kind != "cpu" else "fp32"
+    inp = PlanInputs(**fields)
+    run_xla = inp.engine == "jax" if xla is None else xla
+    if run_xla and inp.engine != "jax":
         raise BadInput("--xla needs --engine jax (it compiles the JAX train step)")
     if as_json:
         plan = make_plan(inp, xla=run_xla)
@@ -712,7 +1021,7 @@ def plan_command(
 
     console = Console()
     if run_xla:
-        with console.status(f"compiling the JAX train step on {devices} fake CPU device(s) for XLA's estimate…"):
+        with console.status(f"compiling the JAX train step on {inp.devices} fake CPU device(s) for XLA's estimate…"):
             plan = make_plan(inp, xla=True)
     else:
         plan = make_plan(inp)
@@ -725,22 +1034,35 @@ def plan_cmd(
     seq: Annotated[int, typer.Option("--seq", help="Sequence length (tokens).")] = 512,
     batch: Annotated[int, typer.Option("--batch", help="Sequences per micro-batch, over all devices.")] = 4,
     device: Annotated[str, typer.Option("--device", help="cpu, cuda, or a named kind: " + ", ".join(DEVICES))] = "cpu",
-    devices: Annotated[int, typer.Option("--devices", help="Devices to shard over (FSDP, JAX engine).")] = 1,
+    devices: Annotated[int, typer.Option("--devices", help="Devices (JAX: the fsdp x tp mesh; torch: torchrun ranks).")] = 1,
+    strategy: Annotated[str, typer.Option("--strategy", help="Several devices: fsdp (shard weights, gradients, optimizer) or ddp (torch: replicas); auto: fsdp for JAX and full fine-tuning, ddp for torch LoRA.")] = "auto",
     optimizer: Annotated[str, typer.Option("--optimizer", help="adamw or adafactor.")] = "adamw",
     dtype: Annotated[str, typer.Option("--dtype", help="Parameter dtype: fp32, bf16 or auto (bf16 on TPUs and bf16 GPUs).")] = "auto",
-    engine: Annotated[str, typer.Option("--engine", help="torch, jax or auto (jax on TPUs or several devices).")] = "auto",
+    engine: Annotated[str, typer.Option("--engine", help="torch, jax or auto (train's rule: jax on TPUs, torch where it is installed).")] = "auto",
     remat: Annotated[bool, typer.Option("--remat/--no-remat", help="Rematerialise layer activations in backward.")] = False,
+    donate: Annotated[bool, typer.Option("--donate/--no-donate", help="JAX: the step donates the model, as our engine does (--no-donate: Tunix's PeftTrainer, old and new weights both live).")] = True,
     lora_rank: Annotated[int, typer.Option("--lora-rank", help="LoRA rank.")] = 16,
     weight_qtype: Annotated[Optional[str], typer.Option("--weight-qtype", help="QLoRA base weights: nf4 or int8 (JAX).")] = None,
     grad_accum: Annotated[int, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")] = 1,
     grad_clip: Annotated[float, typer.Option("--grad-clip", help="Global-norm clip (0: none; JAX then streams gradients into the update).")] = 1.0,
-    loss_chunk_tokens: Annotated[int, typer.Option("--loss-chunk-tokens", help="Tokens per chunk of the chunked loss.")] = 1024,
+    loss_chunk_bytes: Annotated[int, typer.Option("--loss-chunk-bytes", help="Bytes of one chunk's fp32 logits in the chunked loss (train config loss_chunk_bytes).")] = DEFAULT_CHUNK_BYTES,
+    rl_prompts: Annotated[Optional[int], typer.Option("--rl-prompts", help="RL step (GRPO): prompts per step (rl_prompts); with --group-size and --rollout-tokens.")] = None,
+    group_size: Annotated[Optional[int], typer.Option("--group-size", help="RL step: completions sampled per prompt (group_size).")] = None,
+    rollout_tokens: Annotated[Optional[int], typer.Option("--rollout-tokens", help="RL step: most new tokens per completion (rollout_max_new_tokens); prompts get --seq minus these.")] = None,
     xla: Annotated[Optional[bool], typer.Option("--xla/--no-xla", help="Also ask XLA (JAX engine only; on by default there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Predict peak bytes per device of a training run, say whether it fits and what would."""
-    plan_command(model, method, seq, batch, device, devices, optimizer, dtype, engine, remat,
-                 lora_rank, weight_qtype, grad_accum, grad_clip, loss_chunk_tokens, xla, as_json)
+    """Predict peak bytes per device of a training step (SFT, or with --rl-prompts,
+    --group-size and --rollout-tokens an RL step: rollouts, then the update), say whether it
+    fits and what would."""
+    rl = (rl_prompts, group_size, rollout_tokens)
+    if any(v is not None for v in rl) and any(v is None for v in rl):
+        raise BadInput("plan: an RL step needs --rl-prompts, --group-size and --rollout-tokens together")
+    plan_command(xla, as_json, model=model, method=method, seq=seq, batch=batch, device=device,
+                 devices=devices, strategy=strategy, optimizer=optimizer, dtype=dtype, engine=engine,
+                 remat=remat, donate=donate, lora_rank=lora_rank, weight_qtype=weight_qtype,
+                 grad_accum=grad_accum, grad_clip=grad_clip, loss_chunk_bytes=loss_chunk_bytes,
+                 rl_prompts=rl_prompts or 0, group_size=group_size or 0, rollout_tokens=rollout_tokens or 0)
 
 
 def register(app) -> None:

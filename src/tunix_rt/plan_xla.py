@@ -4,9 +4,10 @@
 
 The step is the engine's: Tunix's Gemma (`models.jax_loader`: the config built from the
 preset's config.json fields, hidden states without the vocabulary head), qwix LoRA/QLoRA
-(`train.jax_engine.apply_lora`), the chunked loss (`train.jax_loss`) and the engine's optax
-optimizer (clipping included), jitted with the parameters and optimizer state donated. The
-model is built under `nnx.eval_shape` (abstract shapes with Tunix's sharding annotations),
+(`train.jax_engine.apply_lora`), the engine's loss (`train.jax_loss.make_loss_fn`) and its
+optax optimizer (clipping included), returning the whole model state as the engine's
+nnx.jit does, jitted with model and optimizer donated (`donate`; without it, only the
+optimizer, as Tunix's own PeftTrainer). The model is built under `nnx.eval_shape` (abstract shapes with Tunix's sharding annotations),
 the step is lowered with `jax.ShapeDtypeStruct` arguments sharded over an ('fsdp', 'tp')
 mesh of fake CPU devices, compiled, and `memory_analysis()` gives argument + output - alias
 + temp bytes per device.
@@ -18,7 +19,12 @@ What the CPU compiler does differently from a TPU's: Tunix skips its activation 
 constraints on CPU, so we apply them (`_force_activation_sharding`), and we ask for XLA's
 memory-optimised CPU scheduler. It still keeps more all-gathered FSDP weights alive at once
 than a TPU's memory-aware scheduler would, so on many devices this estimate is an upper
-bound (see plan.py and the tests for measured agreement).
+bound (see plan.py and the tests for measured agreement). bf16 has no matmul on most CPUs:
+a bf16 plan for an accelerator is compiled in f16 with XLA:CPU's dot upcast off
+(`_sixteen_bit`). Without donation XLA:CPU computes each new weight into its output buffer
+in place of the gradient's temporary, so its figure barely grows (Gemma 2B fp32 Adafactor
+on one v5e: 18.81 -> 20.77 GiB); the TPU compile of the failed run held both copies
+(28.59 GiB), which the analytic plan counts.
 """
 
 from __future__ import annotations
@@ -30,14 +36,37 @@ import time
 from typing import Any
 
 SCHEDULER_FLAG = "--xla_cpu_scheduler_type=CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+#: the XLA:CPU pass that rewrites 16-bit dots as f32 dots (see `_sixteen_bit`)
+UPCAST_PASS = "change-op-data-type"
 
 
-def _setup_env(devices: int) -> None:
+def _target_is_cpu(spec: dict[str, Any]) -> bool:
+    from tunix_rt.plan import DEVICES
+
+    name = spec["device"]
+    return DEVICES[name].kind == "cpu" if name in DEVICES else name == "cpu"
+
+
+def _sixteen_bit(spec: dict[str, Any]) -> bool:
+    """A bf16 plan for an accelerator. XLA:CPU has no bf16 matmul on most hosts: its
+    change-op-data-type pass turns every bf16 dot into an f32 dot, converting the operands,
+    and without remat backward keeps those f32 copies (the all-gathered layer weights and
+    the MLP activations: 6.75 GiB of f32 MLP weights alone at the peak of Gemma 2B full FT
+    on a v5e-8 without remat, read from XLA's buffer assignment). A TPU or GPU multiplies bf16 natively and holds none of them. So the
+    step is built in f16, the same two bytes, whose dots XLA:CPU's emitter takes as they
+    are, with that pass off: every buffer keeps the target's size (the headline above:
+    14.42 GiB compiled in bf16, 9.67 GiB in f16 with 1024-token loss chunks)."""
+    return spec["dtype"] == "bf16" and not _target_is_cpu(spec)
+
+
+def _setup_env(spec: dict[str, Any]) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
-        flags += f" --xla_force_host_platform_device_count={devices}"
+        flags += f" --xla_force_host_platform_device_count={spec['devices']}"
     if "xla_cpu_scheduler_type" not in flags:
         flags += " " + SCHEDULER_FLAG
+    if _sixteen_bit(spec) and "xla_disable_hlo_passes" not in flags:
+        flags += f" --xla_disable_hlo_passes={UPCAST_PASS}"
     os.environ["XLA_FLAGS"] = flags.strip()
     os.environ["JAX_PLATFORMS"] = "cpu"
 
@@ -65,7 +94,7 @@ def _train_config(spec: dict[str, Any]):
         lora_targets=list(spec["lora_targets"]), lora_weight_qtype=spec["weight_qtype"],
         optimizer=spec["optimizer"], batch_size=spec["batch"], grad_accum=spec["grad_accum"],
         max_seq_len=spec["seq"], dtype=spec["dtype"], loss_impl=spec["loss_impl"],
-        loss_chunk_tokens=spec["loss_chunk_tokens"], gradient_checkpointing=spec["remat"],
+        loss_chunk_bytes=spec["loss_chunk_bytes"], gradient_checkpointing=spec["remat"],
         grad_clip=spec["grad_clip"], engine="jax", max_steps=1,
     )
 
@@ -82,12 +111,12 @@ def _abstract_model(spec: dict[str, Any], mesh):
 
     hf = dict(resolve_preset(spec["model"]).hf_config)
     family = jax_loader.family_of(hf)
-    dtype = jnp.float32 if spec["dtype"] == "fp32" else jnp.bfloat16
+    dtype = jnp.float32 if spec["dtype"] == "fp32" else jnp.float16 if _sixteen_bit(spec) else jnp.bfloat16
     if family == "gemma3":
         tcfg = jax_loader.gemma3_config(hf, dtype, spec["remat"])
     else:
         tcfg = jax_loader.gemma_config(hf, spec["remat"])
-    cls = jax_loader._model_class(family, jax_loader.layer_types(hf))
+    cls = jax_loader.model_class(family, jax_loader.layer_types(hf))
     cfg = _train_config(spec)
 
     def build():
@@ -156,13 +185,10 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     n, tp = spec["devices"], spec.get("tp", 1)
     from tunix_rt.models import jax_remat
-    from tunix_rt.plan import DEVICES
 
     # Model the target's remat: the CPU engine ties each recomputation to its cotangent
     # (XLA:CPU drops optimization barriers); accelerators keep Tunix's own remat.
-    name = spec["device"]
-    on_cpu = DEVICES[name].kind == "cpu" if name in DEVICES else name == "cpu"
-    jax_remat.use("tied" if on_cpu else "tunix")
+    jax_remat.use("tied" if _target_is_cpu(spec) else "tunix")
     if len(jax.devices()) < n:
         raise SystemExit(f"need {n} devices, jax sees {len(jax.devices())} (XLA_FLAGS set too late?)")
     mesh = jax.make_mesh((n // tp, tp), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
@@ -172,7 +198,7 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
     graphdef, trainable, rest = nnx.split(model, wrt, ...)
     trainable = _sharded(trainable, mesh, n // tp)
     rest = _sharded(rest, mesh, n // tp)
-    tx = make_optimizer(cfg, total_steps=1)
+    tx = make_optimizer(cfg)
     if spec["grad_accum"] > 1:
         tx = optax.MultiSteps(tx, every_k_schedule=spec["grad_accum"])
     opt_shapes = jax.eval_shape(tx.init, trainable)
@@ -183,21 +209,16 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_shape.get((x.shape, x.dtype))
                                        or NamedSharding(mesh, _largest_dim_spec(x.shape, n // tp))),
         opt_shapes)
-    chunk, impl = spec["loss_chunk_tokens"], spec["loss_impl"]
+    engine_loss = jax_loss.make_loss_fn(cfg.loss_chunk_bytes, cfg.loss_impl)
 
     def step(trainable, opt_state, rest, tokens, positions, mask, weights):
         def loss_fn(tr):
-            m = nnx.merge(graphdef, tr, rest)
-            h, _ = m(tokens, positions, None, mask, return_hidden=True)
-            emb, softcap = jax_loss.head_of(m)
-            targets = jnp.concatenate([tokens[:, 1:], jnp.zeros_like(tokens[:, :1])], axis=1)
-            if impl == "plain":
-                return jax_loss.plain_ce_sum(h, emb, targets, weights, softcap)
-            return jax_loss.chunked_ce_sum(h, emb, targets, weights, chunk, softcap)
+            return engine_loss(nnx.merge(graphdef, tr, rest), tokens, None, positions, mask, weights)
 
         loss, grads = jax.value_and_grad(loss_fn)(trainable)
         updates, opt_state = tx.update(grads, opt_state, trainable)
-        return optax.apply_updates(trainable, updates), opt_state, loss
+        # the whole model state comes back, as from the engine's nnx.jit
+        return optax.apply_updates(trainable, updates), opt_state, rest, loss
 
     b, seq = spec["batch"], spec["seq"]
     data = NamedSharding(mesh, PartitionSpec("fsdp") if b % (n // tp) == 0 else PartitionSpec())
@@ -209,10 +230,12 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
         jax.ShapeDtypeStruct((b, seq), jnp.float32, sharding=data),
     )
     out_sh = (jax.tree.map(lambda x: x.sharding, trainable), jax.tree.map(lambda x: x.sharding, opt_state),
-              NamedSharding(mesh, PartitionSpec()))
+              jax.tree.map(lambda x: x.sharding, rest), NamedSharding(mesh, PartitionSpec()))
+    # our engine donates model and optimizer; Tunix's PeftTrainer only the optimizer
+    donate = (0, 1, 2) if spec["donate"] else (1,)
     t1 = time.perf_counter()
     with jax.set_mesh(mesh):
-        compiled = jax.jit(step, donate_argnums=(0, 1), out_shardings=out_sh).lower(*args).compile()
+        compiled = jax.jit(step, donate_argnums=donate, out_shardings=out_sh).lower(*args).compile()
     t2 = time.perf_counter()
     ma = compiled.memory_analysis()
     peak = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
@@ -221,6 +244,7 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
         "argument_bytes": int(ma.argument_size_in_bytes), "output_bytes": int(ma.output_size_in_bytes),
         "alias_bytes": int(ma.alias_size_in_bytes), "temp_bytes": int(ma.temp_size_in_bytes),
         "devices": n, "build_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
+        "compiled_dtype": {"fp32": "f32", "bf16": "f16" if _sixteen_bit(spec) else "bf16"}[spec["dtype"]],
     }
 
 
@@ -229,7 +253,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tunix_rt.plan_xla '<PlanInputs JSON>'", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
-    _setup_env(int(spec["devices"]))
+    _setup_env(spec)
     print(json.dumps(estimate(spec)), flush=True)
     return 0
 

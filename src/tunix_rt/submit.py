@@ -31,7 +31,7 @@ from typing import Annotated, Iterable, Optional
 
 import typer
 
-from tunix_rt import evidence
+from tunix_rt import evidence, files
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.home import Home
 
@@ -173,7 +173,7 @@ def _write_zip(out: Path, members: Iterable[Member]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    evidence.fsync_dir(out.parent)
+    files.fsync_dir(out.parent)
 
 
 def _add(zf: zipfile.ZipFile, m: Member) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval_testlib import QUESTIONS
+from eval_testlib import QUESTIONS, stop_early
 from tunix_rt.errors import BadInput
-from tunix_rt.eval.generate import DecodeConfig, TorchGenerator, filtered_probs, left_pad
+from tunix_rt.eval.generate import DecodeConfig, TorchGenerator, left_pad
 from tunix_rt.eval.runner import load_model
 from tunix_rt.render import prompt_ids
 
@@ -60,14 +60,6 @@ def test_batching_does_not_change_greedy_output(model_and_tok):
     assert together == alone
 
 
-def _swap_rows(model, a: int, b: int) -> None:
-    """Swap two vocabulary rows of the (tied) embedding: the model now emits `a` wherever it
-    used to emit `b`, and the other way round."""
-    w = model.get_input_embeddings().weight
-    with torch.no_grad():
-        w[[a, b]] = w[[b, a]]
-
-
 def test_rows_stop_at_end_of_turn(tiny_dirs):
     """Make <end_of_turn> the token the model likes to emit, so rows stop at different steps;
     finished rows leave the batch (cache compacted) and the rest still match HF generate."""
@@ -77,13 +69,7 @@ def test_rows_stop_at_end_of_turn(tiny_dirs):
     tok = ChatTokenizer.from_file(d)
     model = load_model(d, None, "cpu")
     prompts = _prompts(tok)
-    first = hf_greedy(model, tok, prompts, 12)
-    counts = {}
-    for row in first:
-        for t in row[2:]:
-            counts[t] = counts.get(t, 0) + 1
-    favourite = max(counts, key=counts.get)
-    _swap_rows(model, favourite, tok.eot_id)
+    stop_early(model, tok, prompts)
     ours = TorchGenerator(model, tok).generate(prompts, DecodeConfig(max_new_tokens=12, batch_size=len(prompts)))
     assert [g.ids for g in ours] == hf_greedy(model, tok, prompts, 12)
     stopped = [g for g in ours if g.finish_reason == "stop"]
@@ -109,16 +95,6 @@ def test_sampling_is_reproducible_with_a_seed(model_and_tok):
     assert a == sample(7)
     assert a != sample(8)
     assert a != [g.ids for g in gen.generate(prompts, DecodeConfig(max_new_tokens=16))]  # not greedy
-
-
-def test_filtered_probs_top_k_and_top_p():
-    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
-    p = filtered_probs(logits, DecodeConfig(temperature=1.0, top_k=2))
-    assert (p[0, 2:] == 0).all() and torch.isclose(p.sum(), torch.tensor(1.0))
-    p = filtered_probs(logits, DecodeConfig(temperature=1.0, top_p=0.5))
-    assert p[0, 0] == 1.0  # the top token alone holds > 0.5 of the mass
-    p = filtered_probs(logits, DecodeConfig(temperature=1.0, top_p=0.8))
-    assert (p[0, :2] > 0).all() and (p[0, 2:] == 0).all()
 
 
 @pytest.mark.parametrize("bad", [dict(max_new_tokens=0), dict(batch_size=0), dict(temperature=-1.0),

@@ -9,6 +9,7 @@ import json
 import re
 
 import pytest
+from requires import require_module
 
 from tunix_rt.models.tokenizer import ChatTokenizer
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
@@ -149,7 +150,7 @@ def test_adapter_on_the_wrong_base_model_is_refused(cli, home, traces, tiny_dirs
     (["--max-new-tokens", "0"], "max_new_tokens"),
     (["--temperature", "-1"], "temperature"),
     (["--engine", "tensorflow"], "engine"),
-    (["--device", "tpu"], "device"),
+    (["--engine", "torch", "--device", "tpu"], "device"),
     (["--adapter", "no-such-run"], "no-such-run"),
 ])
 def test_bad_input_exits_2_and_writes_nothing(cli, home, traces, args, message):
@@ -170,8 +171,24 @@ def test_existing_out_dir_is_refused_before_generating(cli, home, traces, tmp_pa
     assert list(taken.iterdir()) == []
 
 
-def test_engine_auto_picks_torch_for_cpu():
+@pytest.mark.parametrize("device, engine", [("auto", "torch"), ("cpu", "torch"), ("cuda", "torch"),
+                                            ("gpu", "jax"), ("tpu", "jax")])
+def test_engine_defaults_to_auto_resolved_as_train_resolves_it(device, engine):
+    """No engine given: auto, resolved by train.engines.pick (torch is installed here)."""
     from tunix_rt.eval.runner import EvalRequest
+    from tunix_rt.train.config import TrainConfig
 
-    assert EvalRequest(dataset="x", model="m", engine="auto", device="cpu").engine == "torch"
-    assert EvalRequest(dataset="x", model="m", engine="auto", device="tpu").engine == "jax"
+    assert EvalRequest(dataset="x", model="m", device=device).engine == engine
+    assert TrainConfig(dataset="x", device=device).engine == "auto"  # train resolves the same way:
+    from tunix_rt.train import engines
+
+    assert engines.pick("auto", device) == engine
+
+
+def test_eval_without_engine_on_tpu_goes_to_jax(cli, home, traces):
+    """No --engine: auto, so --device tpu means JAX, which says what it found (torch, the
+    old default, would refuse the device as bad input)."""
+    require_module("jax")
+    r = cli("eval", "--model", "tiny-gemma3", "--dataset", traces, "--device", "tpu")
+    assert r.code == 1 and "JAX found no TPU device" in r.err, r.err
+    assert not (home.root / "evals").exists() or not any((home.root / "evals").iterdir())

@@ -1,81 +1,83 @@
-"""The int8-screened greedy head (tunix_rt.eval.screened_head): the int8 kernel is exact
-integer arithmetic, the screen never drops a token that can win (adversarial near-ties,
-rows of very different norms, outlier activations, Gemma 2's softcap), it actually screens,
-and greedy generation through it gives the same ids as full fp32 logits."""
+"""The int8-screened head (tunix_rt.eval.screened_head), greedy: the probe of the int8 kernel
+tells the truth at the shapes the screen serves, the screen never drops a token that can win
+(adversarial near-ties, rows of very different norms, outlier activations, Gemma 2's
+softcap), it takes full logits wherever no bound holds (non-finite weights or activations,
+logits near fp32 overflow, NaN bounds, a saturating kernel, a head changed in place), it
+actually screens where the kernel is exact, and greedy generation through it gives the same
+ids as full fp32 logits. Sampling through it: test_eval_sampling.py.
+
+Nothing here assumes this machine's int8 kernel is exact: where it is not, the tests check
+that the screen is off and the ids still equal full logits (and
+test_a_saturating_int8_kernel_turns_the_screen_off runs oneDNN's saturating AVX2 kernel on
+every machine)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from eval_testlib import QUESTIONS
+from eval_testlib import QUESTIONS, aimed_inputs, assert_screened, near_tie_head, stop_early
 from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
 from tunix_rt.eval.runner import load_model
-from tunix_rt.eval.screened_head import ScreenedArgmax
+from tunix_rt.eval.screened_head import PROBED, ScreenedArgmax, int8_matmul_is_exact, int_thresholds
 from tunix_rt.render import prompt_ids
 
+SRC = Path(__file__).resolve().parents[2] / "src"
 
-def test_int8_matmul_is_exact_integer_arithmetic():
-    """The bound assumes exact int32 sums: no int16 saturation (AVX2's vpmaddubsw saturates
-    pairs of products above 32767) for the most extreme int8 values, nor for random ones."""
-    d, v = 640, 4096
-    for xv, wv in [(127, 127), (-127, 127), (-128, -128), (127, -128), (-127, -127)]:
-        xq = torch.full((16, d), xv, dtype=torch.int8)
+
+def _exact_on_extremes(rows: int, d: int, v: int) -> bool:
+    """The kernel checked directly (not through the probe's code): the int8 extremes whose
+    pair sums overflow int16, and random values against an int64 reference."""
+    for xv, wv in [(127, 127), (-127, 127), (127, -127), (-127, -127)]:
+        xq = torch.full((rows, d), xv, dtype=torch.int8)
         wq = torch.full((v, d), wv, dtype=torch.int8)
-        assert torch.equal(torch._int_mm(xq, wq.t()), torch.full((16, v), xv * wv * d, dtype=torch.int32))
-    g = torch.Generator().manual_seed(0)
-    xq = torch.randint(-128, 128, (16, d), dtype=torch.int8, generator=g)
-    wq = torch.randint(-128, 128, (v, d), dtype=torch.int8, generator=g)
-    assert torch.equal(torch._int_mm(xq, wq.t()).long(), xq.long() @ wq.long().t())
+        if not torch.equal(torch._int_mm(xq, wq.t()), torch.full((rows, v), xv * wv * d, dtype=torch.int32)):
+            return False
+    g = torch.Generator().manual_seed(1)
+    xq = torch.randint(-127, 128, (rows, d), dtype=torch.int8, generator=g)
+    wq = torch.randint(-127, 128, (v, d), dtype=torch.int8, generator=g)
+    return torch.equal(torch._int_mm(xq, wq.t()).long(), xq.long() @ wq.long().t())
 
 
-def _head(vocab: int, dim: int, seed: int) -> torch.Tensor:
-    """Rows of very different norms (log-normal scales, as real embeddings), a few zero rows,
-    and near-copies of some rows: logits that differ by ~1e-4, far below the int8 error."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(vocab, dim, generator=g) * torch.exp(torch.randn(vocab, 1, generator=g))
-    w[7] = 0.0
-    w[vocab // 2] = 0.0
-    for i in range(0, 40, 4):
-        w[vocab - 1 - i] = w[i] * (1 + 1e-4)  # a later near-copy, slightly larger
-        w[vocab - 2 - i] = w[i + 1] * (1 - 1e-4)  # a later near-copy, slightly smaller
-    return w
-
-
-def _inputs(head: torch.Tensor, n: int, seed: int) -> torch.Tensor:
-    """Hidden states aimed at the near-copies (so the top two logits nearly tie), plus
-    random ones with an outlier dimension (coarse activation quantisation)."""
-    g = torch.Generator().manual_seed(seed)
-    aimed = head[torch.arange(0, 40, 2)][: n // 2] * 3 + 0.05 * torch.randn(n // 2, head.shape[1], generator=g)
-    rand = torch.randn(n - n // 2, head.shape[1], generator=g)
-    rand[:, 3] *= 40.0
-    return torch.cat([aimed, rand])
+def test_the_probe_tells_whether_the_int8_kernel_is_exact():
+    """The bound assumes exact int32 sums; the probe's verdict at decode shapes (2B rows,
+    the screen's padded columns) equals a direct check, whatever this CPU's kernel does."""
+    for rows, d, v in [(2, 640, 4096), (6, 640, 2560), (16, 1152, 1024)]:
+        assert int8_matmul_is_exact(rows, d, v) == _exact_on_extremes(rows, d, v)
+        assert PROBED[(rows, d, v)] == int8_matmul_is_exact(rows, d, v)
 
 
 @pytest.mark.parametrize("softcap", [None, 30.0])
 @pytest.mark.parametrize("vocab,groups", [(5003, 8), (4096, 64)])
 def test_screen_picks_the_full_argmax(softcap, vocab, groups):
-    head = _head(vocab, 64, seed=vocab)
+    head = near_tie_head(vocab, 64, seed=vocab)
     screen = ScreenedArgmax(head, softcap=softcap, groups=groups, pad_cols=1)
-    x = _inputs(head, 16, seed=1)
+    x = aimed_inputs(head, 16, seed=1)
     full = x @ head.t()
     if softcap is not None:
         full = torch.tanh(full / softcap) * softcap
     for b in range(0, 16, 4):  # batches of 4 rows
         assert torch.equal(screen.argmax(x[b: b + 4]), full[b: b + 4].argmax(1))
+    assert_screened(screen, 4)
 
 
 def test_every_token_near_the_top_survives_the_screen_and_few_others_do():
     """Soundness: every token within 1e-3 of a row's best logit is a candidate (the true
     argmax always is). Usefulness: the candidates are a small part of the vocabulary."""
-    head = _head(20000, 128, seed=3)
+    head = near_tie_head(20000, 128, seed=3)
     screen = ScreenedArgmax(head, groups=16)
-    x = _inputs(head, 8, seed=4)
+    x = aimed_inputs(head, 8, seed=4)
     cand = set(screen.candidates_of(x).tolist())
     logits = x @ head.t()
     near = (logits >= logits.amax(1, keepdim=True) - 1e-3).any(0).nonzero().squeeze(1).tolist()
     assert set(near) <= cand
-    assert len(cand) < 0.05 * head.shape[0]
+    assert len(cand) < 0.05 * head.shape[0] if screen.kernel_exact(8) else len(cand) == head.shape[0]
 
 
 def test_wide_hidden_sizes_do_not_overflow_the_integer_screen():
@@ -87,29 +89,148 @@ def test_wide_hidden_sizes_do_not_overflow_the_integer_screen():
     screen = ScreenedArgmax(head, groups=8, pad_cols=1)
     assert screen.wide
     assert screen.argmax(x).tolist() == (x @ head.t()).argmax(1).tolist() == [1234, 1234]
+    assert_screened(screen, 2)
 
 
 def test_non_finite_hidden_states_fall_back_to_full_logits():
-    head = _head(4096, 32, seed=6)
+    head = near_tie_head(4096, 32, seed=6)
     x = torch.randn(3, 32, generator=torch.Generator().manual_seed(7))
     x[1, 4] = float("nan")
     x[2, 0] = float("inf")
     screen = ScreenedArgmax(head, groups=8)
     assert torch.equal(screen.argmax(x), (x @ head.t()).argmax(1))
+    assert screen.steps == 0 and screen.full_rows == 3
 
 
-def test_the_machine_probe_of_the_int8_kernel_passes_here():
-    """build() turns the screen off where the probe fails (an int8 kernel that saturates);
-    this machine's kernel is exact (test_int8_matmul_is_exact_integer_arithmetic)."""
-    from tunix_rt.eval.screened_head import int8_matmul_is_exact
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_head_with_a_non_finite_weight_gets_no_screen(bad, tiny_dirs):
+    """No bound holds for a NaN or infinite weight: build() refuses (full logits), the class
+    refuses to be built by hand, and the lean decode step keeps full logits."""
+    head = near_tie_head(4096, 32, seed=8)
+    head[100, 3] = bad
+    assert ScreenedArgmax.build(head) is None
+    with pytest.raises(ValueError, match="non-finite"):
+        ScreenedArgmax(head)
+    model = load_model(tiny_dirs["tiny-gemma3"], None, "cpu")
+    with torch.no_grad():
+        model.lm_head.weight[5, 0] = bad  # tied: the embedding row of a token no prompt uses
+    from tunix_rt.eval.fast_gemma import LeanGemma
 
-    assert int8_matmul_is_exact(640) and int8_matmul_is_exact(1152)
+    assert LeanGemma.for_model(model).screen() is None
+
+
+def test_nan_and_infinite_bounds_keep_every_token():
+    """The integer thresholds never cast a NaN (undefined behaviour): a NaN or infinite bound
+    keeps every token of that row and group, i.e. full logits there."""
+    low = torch.tensor([5.0, float("nan"), float("inf"), 5.0], dtype=torch.float64)
+    err = torch.tensor([[1.0, 2.0], [1.0, 1.0], [1.0, 1.0], [float("inf"), float("nan")]], dtype=torch.float64)
+    step = torch.full((4, 2), 0.5, dtype=torch.float64)
+    for dtype in (torch.int32, torch.int64):
+        thr = int_thresholds(low, err, step, dtype)
+        assert thr.dtype == dtype
+        assert thr.tolist() == [[8, 6]] + [[-(2**31)] * 2] * 3
+
+
+def _overflowing_head(partial_sums: bool) -> torch.Tensor:
+    head = torch.randn(4096, 64, generator=torch.Generator().manual_seed(9))
+    if partial_sums:  # exact sum 0 against flat x, but the partial sums pass FLT_MAX
+        head[200] = torch.tensor([3.0e19, 3.0e19, -3.0e19, -3.0e19] * 16)
+    else:
+        head[100] = 1.0e19  # x·w = 6.4e38 against x = 1e18: +inf in fp32
+        head[3000] = 2.0e19  # 1.28e39 in exact arithmetic, also +inf: the first one must win
+    return head
+
+
+def test_logits_near_fp32_overflow_take_full_logits():
+    """Where |x|·|w| nears FLT_MAX the reference matmul's products or partial sums round to
+    inf and the rounding bound fails: two tokens whose fp32 logits are both +inf go to the
+    first one (argmax), which an exact-arithmetic screen had dropped; a row whose exact sum is
+    0 becomes inf or NaN, which the screen had dropped too. The screen now takes full logits
+    there, and keeps screening ordinary rows."""
+    head = _overflowing_head(partial_sums=False)
+    screen = ScreenedArgmax(head, groups=8, pad_cols=1)
+    x = torch.full((1, 64), 1.0e18)
+    full = x @ head.t()
+    assert full[0, 100] == full[0, 3000] == float("inf")
+    assert screen.argmax(x).tolist() == full.argmax(1).tolist() == [100]
+    assert screen.full_rows == 1 and screen.steps == 0
+    normal = torch.randn(2, 64, generator=torch.Generator().manual_seed(10)) * 1e-19
+    assert torch.equal(screen.argmax(normal), (normal @ head.t()).argmax(1))
+    assert (screen.steps, screen.full_rows) == ((2, 1) if screen.kernel_exact(2) else (0, 3))
+
+    head = _overflowing_head(partial_sums=True)
+    screen = ScreenedArgmax(head, groups=8, pad_cols=1)
+    x = torch.full((1, 64), 1.0e19)
+    full = x @ head.t()
+    assert not torch.isfinite(full[0, 200])
+    assert screen.argmax(x).tolist() == full.argmax(1).tolist() == [200]
+    assert screen.full_rows == 1
 
 
 def test_build_applies_to_large_cpu_fp32_heads_only():
-    assert ScreenedArgmax.build(torch.randn(4096, 16)) is not None
+    head = torch.randn(4096, 16)
+    assert (ScreenedArgmax.build(head) is not None) == int8_matmul_is_exact(2, 16, 4096)
     assert ScreenedArgmax.build(torch.randn(300, 16)) is None  # small vocabulary: plain matmul
     assert ScreenedArgmax.build(torch.randn(4096, 16).double()) is None
+
+
+def _child(code: str, *args: str, **env: str) -> dict:
+    """Run `code` in a fresh interpreter (oneDNN reads its ISA limit once, at start-up);
+    it prints one JSON object."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), str(Path(__file__).parent)]), **env}
+    out = subprocess.run([sys.executable, "-c", code, *args], env=full_env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+SATURATING = """
+import json, sys, torch
+torch.set_num_threads(1)
+from eval_testlib import QUESTIONS
+from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
+from tunix_rt.eval.runner import load_model
+from tunix_rt.eval.screened_head import ScreenedArgmax, int8_matmul_is_exact
+from tunix_rt.models.tokenizer import ChatTokenizer
+from tunix_rt.render import prompt_ids
+
+d = sys.argv[1]
+model, tok = load_model(d, None, "cpu"), ChatTokenizer.from_file(d)
+dim, vocab = model.config.hidden_size, model.config.vocab_size
+ones = torch.full((2, dim), 127, dtype=torch.int8)
+want = torch.full((2, 2), 127 * 127 * dim, dtype=torch.int32)
+res = {"saturates": not torch.equal(torch._int_mm(ones, ones.t()), want), "probe": int8_matmul_is_exact(2, dim, vocab)}
+default, forced, plain = TorchGenerator(model, tok), TorchGenerator(model, tok), TorchGenerator(model, tok, lean=False)
+res["built"] = default.lean.screen() is not None
+forced.lean._screen = ScreenedArgmax(forced.lean.head.detach(), forced.lean.final_softcap, groups=4, pad_cols=1)
+prompts = [prompt_ids(q, tok) for q in QUESTIONS[:4]]
+res["same"] = []
+for cfg in (DecodeConfig(max_new_tokens=12, batch_size=4),
+            DecodeConfig(max_new_tokens=12, batch_size=4, temperature=1.0, top_p=0.9, seed=3)):
+    ids = [[g.ids for g in gen.generate(prompts, cfg)] for gen in (default, forced, plain)]
+    res["same"].append(ids[0] == ids[1] == ids[2])
+res["forced"] = [forced.lean._screen.steps, forced.lean._screen.full_rows]
+head = torch.randn(2048, 640, generator=torch.Generator().manual_seed(5)) * 0.01
+head[1234] = 1.0  # int8 pairs that overflow int16: a saturating kernel reads ~5 for its 640
+head[99] = 0.5  # pairs just inside int16: read exactly, 320
+res["unit"] = ScreenedArgmax(head, groups=8, pad_cols=1).argmax(torch.ones(2, 640)).tolist()
+print(json.dumps(res))
+"""
+
+
+def test_a_saturating_int8_kernel_turns_the_screen_off(tiny_dirs):
+    """oneDNN's AVX2 int8 kernel (forced with ONEDNN_MAX_CPU_ISA=AVX2, as on a CPU without
+    VNNI) saturates int16 pair sums: the probe says so, build() gives no screen, a screen
+    made by hand finds the kernel inexact at every shape it serves and takes full logits,
+    and greedy and sampled ids equal full logits (lean step and transformers). A head whose
+    best row saturates (read as ~5 instead of 640) still gives its argmax."""
+    res = _child(SATURATING, str(tiny_dirs["tiny-gemma3"]), ONEDNN_MAX_CPU_ISA="AVX2")
+    assert res["saturates"], "the forced AVX2 kernel should saturate: the test would prove nothing"
+    assert res["probe"] is False and res["built"] is False
+    assert res["same"] == [True, True]
+    steps, full_rows = res["forced"]
+    assert steps == 0 and full_rows > 0
+    assert res["unit"] == [1234, 1234]
 
 
 @pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma2"])
@@ -131,7 +252,7 @@ def test_greedy_generation_through_the_screen_equals_full_logits(model_and_tok):
     screened.lean._screen = ScreenedArgmax(screened.lean.head.detach(), screened.lean.final_softcap,
                                            groups=4, pad_cols=1)
     assert [g.ids for g in screened.generate(prompts, cfg)] == [g.ids for g in plain.generate(prompts, cfg)]
-    assert screened.lean._screen.steps > 0
+    assert_screened(screened.lean._screen, len(prompts))
 
 
 def test_default_screen_on_the_tiny_vocabulary_decodes_the_same(model_and_tok):
@@ -141,7 +262,69 @@ def test_default_screen_on_the_tiny_vocabulary_decodes_the_same(model_and_tok):
     prompts = [prompt_ids(q, tok) for q in QUESTIONS]
     cfg = DecodeConfig(max_new_tokens=16, batch_size=len(prompts))
     on, off = TorchGenerator(model, tok), TorchGenerator(model, tok)
-    assert isinstance(on.lean.screen(), ScreenedArgmax)
     off.lean._screen = None
     assert [g.ids for g in on.generate(prompts, cfg)] == [g.ids for g in off.generate(prompts, cfg)]
-    assert on.lean._screen.steps > 0 and off.lean.screen() is None
+    screen = on.lean.screen()
+    assert off.lean.screen() is None
+    if int8_matmul_is_exact(2, model.config.hidden_size, 1024):
+        assert isinstance(screen, ScreenedArgmax) and screen.steps > 0
+    else:
+        assert screen is None
+
+
+def test_a_head_changed_in_place_gets_a_new_screen(tiny_dirs):
+    """After a decode built the screen, a weight changes in place (as an optimizer step or
+    load_state_dict changes it): the next decode rebuilds the screen rather than bound the
+    old weights (which dropped the now-favoured token), and still equals full logits."""
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs["tiny-gemma3"]
+    model, tok = load_model(d, None, "cpu"), ChatTokenizer.from_file(d)
+    prompts = [prompt_ids(q, tok) for q in QUESTIONS]
+    cfg = DecodeConfig(max_new_tokens=12, batch_size=len(prompts))
+    gen, plain = TorchGenerator(model, tok), TorchGenerator(model, tok, lean=False)
+    gen.generate(prompts, cfg)
+    before = gen.lean.screen()
+    with torch.no_grad():
+        model.get_input_embeddings().weight[500] *= 10.0  # tied: token 500's logits x10
+    want = [g.ids for g in plain.generate(prompts, cfg)]
+    assert sum(ids.count(500) for ids in want) > 10
+    assert [g.ids for g in gen.generate(prompts, cfg)] == want
+    assert gen.lean.screen() is not before if before is not None else gen.lean.screen() is None
+
+
+def test_every_shape_the_int8_kernel_serves_is_probed_first(tiny_dirs):
+    """Rows stop at different steps, so the batch shrinks and the int8 matmul sees new row
+    counts: each (2B rows, D, padded vocabulary) it served was probed, and the ids equal full
+    logits."""
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs["tiny-gemma3"]
+    model, tok = load_model(d, None, "cpu"), ChatTokenizer.from_file(d)
+    prompts = [prompt_ids(q, tok, "" if i % 2 else "Think, then answer.") for i, q in enumerate(QUESTIONS)]
+    stop_early(model, tok, prompts)
+    cfg = DecodeConfig(max_new_tokens=12, batch_size=len(prompts))
+    gen, plain = TorchGenerator(model, tok), TorchGenerator(model, tok, lean=False)
+    gen.lean._screen = ScreenedArgmax(gen.lean.head.detach(), None, groups=4, pad_cols=1)
+    PROBED.clear()
+    want = [g.ids for g in plain.generate(prompts, cfg)]
+    assert [g.ids for g in gen.generate(prompts, cfg)] == want
+    alive = {sum(len(w) > s for w in want) for s in range(1, 12)} - {0}  # rows per decode step
+    assert len(alive) > 1, "the batch should shrink"
+    assert {(2 * b, model.config.hidden_size, 1024) for b in alive} == PROBED.keys()
+
+
+def test_a_model_loaded_under_inference_mode_still_gets_its_screen(tiny_dirs):
+    """Weights made under torch.inference_mode keep no version counter (reading it raises):
+    the screen is built once and decodes as full logits do."""
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs["tiny-gemma3"]
+    tok = ChatTokenizer.from_file(d)
+    with torch.inference_mode():
+        model = load_model(d, None, "cpu")
+    prompts = [prompt_ids(q, tok) for q in QUESTIONS[:3]]
+    cfg = DecodeConfig(max_new_tokens=8, batch_size=3)
+    gen, plain = TorchGenerator(model, tok), TorchGenerator(model, tok, lean=False)
+    assert [g.ids for g in gen.generate(prompts, cfg)] == [g.ids for g in plain.generate(prompts, cfg)]
+    assert (gen.lean.screen() is not None) == int8_matmul_is_exact(2, model.config.hidden_size, 1024)

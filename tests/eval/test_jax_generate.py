@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from requires import require_module
 
 pytestmark = pytest.mark.jax
 
-pytest.importorskip("jax")
+require_module("jax")
 
 
 @pytest.mark.parametrize("name", ["tiny-gemma3", "tiny-gemma2"])

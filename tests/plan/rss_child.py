@@ -1,17 +1,65 @@
 """Run a few real training steps in this process and print its peak RSS beside the plan's
 prediction, as one JSON line: `python rss_child.py '<TrainConfig fields as JSON>'`.
 
-A child process of its own so that the peak belongs to this run only (ru_maxrss is a
-process's high-water mark). TUNIX_RT_HOME must point at a home (tests use a temporary one,
-or the shared test home that holds the imported gemma3-270m).
+A child process of its own so that the peak belongs to this run only (VmHWM is a process's
+high-water mark). TUNIX_RT_HOME must point at a home (tests use a temporary one, or the
+shared test home that holds the imported gemma3-270m).
+
+An RL run (method grpo) also reports each phase's own peak: the high-water mark is reset
+(`/proc/self/clear_refs`, 5) when a phase starts and read when it ends; the phases are
+setup (model load), rollout (GRPO.rollouts), update (the rest of the step), eval (the
+held-out greedy decode) and after (checkpoint, export).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-from tunix_rt.evidence import peak_rss_bytes
 import sys
 import time
+
+from tunix_rt.files import peak_rss_bytes
+
+
+class Phases:
+    """Peak RSS per phase of a GRPO run (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+        self.starts: dict[str, int] = {}
+        self.current = "setup"
+
+    def enter(self, name: str) -> None:
+        self.peaks[self.current] = max(self.peaks.get(self.current, 0), peak_rss_bytes())
+        self.current = name
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM := the current RSS
+        self.starts.setdefault(name, peak_rss_bytes())
+
+    def wrap(self, cls, method: str, during: str, after: str) -> None:
+        fn = getattr(cls, method)
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            self.enter(during)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.enter(after)
+
+        setattr(cls, method, wrapped)
+
+
+def longest_prompt(fields: dict, home) -> int:
+    """Tokens of the longest rendered prompt of the traces file (as GRPO renders them)."""
+    from tunix_rt.models.store import load_tokenizer
+    from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
+
+    tok = load_tokenizer(fields["model"], home)
+    system = fields.get("system_prompt", DEFAULT_SYSTEM_PROMPT)
+    with open(fields["dataset"]) as f:
+        return max(len(prompt_ids(json.loads(line)["question"], tok, system)) for line in f if line.strip())
 
 
 def main() -> None:
@@ -26,18 +74,36 @@ def main() -> None:
     from tunix_rt.plan import plan_train
     from tunix_rt.train.config import TrainConfig
 
-    cfg = TrainConfig(**fields)
+    fit = fields.pop("_seq_fits_prompts", False)
     home = Home.resolve().ensure()
+    if fit:
+        fields["max_seq_len"] = longest_prompt(fields, home) + fields["rollout_max_new_tokens"]
+    cfg = TrainConfig(**fields)
     plan = plan_train(cfg, "cpu", 1, engine=engine)
+    phases = None
+    if cfg.method == "grpo":
+        from tunix_rt.train.grpo import GRPO
+
+        phases = Phases()
+        phases.wrap(GRPO, "rollouts", "rollout", "update")
+        phases.wrap(GRPO, "evaluate", "eval", "after")
     t0 = time.perf_counter()
-    if engine == "jax":
-        from tunix_rt.train.jax_engine import train
+    from tunix_rt.train.driver import train
+
+    train(dataclasses.replace(cfg, engine=engine), home)
+    out = {"predicted": plan.peak_bytes_per_device, "items": plan.items, "max_seq_len": cfg.max_seq_len,
+           "train_s": round(time.perf_counter() - t0, 1)}
+    if phases is None:
+        out["measured_peak_rss"] = peak_rss_bytes()
     else:
-        from tunix_rt.train.torch_engine import train
-    train(cfg, home)
-    peak = peak_rss_bytes()
-    print(json.dumps({"measured_peak_rss": peak, "predicted": plan.peak_bytes_per_device,
-                      "items": plan.items, "train_s": round(time.perf_counter() - t0, 1)}))
+        phases.enter("after")
+        m, d = phases.peaks, plan.details
+        out.update(measured_peak_rss=max(m.values()), measured_phases=m, phase_start_rss=phases.starts,
+                   details=d, compare={  # planned part: (predicted, measured)
+                       "update": (d["phases"]["update"], m["update"]),
+                       "rollouts": (d["decodes"]["rollouts"]["peak"], m["rollout"]),
+                       "held-out eval": (d["decodes"]["held-out eval"]["peak"], m["eval"])})
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

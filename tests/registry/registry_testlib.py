@@ -1,16 +1,24 @@
 """Helpers for registry and service tests: run and evaluation directories written exactly as
 DESIGN.md §2 lays them out (the files the stages write), a tiny dataset imported by the real
-importer, and a PostgreSQL schema of our own when 127.0.0.1:5432 answers."""
+importer, and a PostgreSQL schema of our own on 127.0.0.1:5432 (requires.missing() when it
+does not answer: a skip here, a failure under CI)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+from requires import missing
 
 from tunix_rt.home import Home
 
@@ -120,6 +128,33 @@ def seed_home(home: Home) -> dict[str, str]:
     return {"run": run.name, "eval_run": f"{run.name}.dev-1", "eval_base": "base-dev-1"}
 
 
+def start_worker(home: Home, log: Path, *args: str, fault: str | None = None) -> subprocess.Popen:
+    """A real `tunix-rt worker` process on the home (DATABASE_URL inherited), output to `log`;
+    one torch thread, so its training is bit-exact with an in-process run. `fault`: a
+    TUNIX_RT_FAULT spec (train/run.py fault_point)."""
+    env = dict(os.environ, TUNIX_RT_HOME=str(home.root), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop("TUNIX_RT_FAULT", None)
+    if fault:
+        env["TUNIX_RT_FAULT"] = fault
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "tunix_rt.cli", "worker", *args],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_for(pred, timeout: float, what: str, proc=None, log: Path | None = None):
+    """Poll pred() until it is truthy (returned), or fail naming `what` with the worker's log
+    tail; fails at once if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"worker exited: {log.read_text()[-3000:] if log else ''}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-3000:] if log else ''}")
+
+
 def pg_reachable() -> bool:
     try:
         with socket.create_connection((PG_HOST, PG_PORT), timeout=1):
@@ -139,6 +174,32 @@ def pg_admin_url() -> str | None:
         except psycopg.OperationalError:
             continue
     return None
+
+
+def require_postgresql() -> str:
+    """The admin URL of database `test` on 127.0.0.1:5432, or missing() saying what is wrong."""
+    if not pg_reachable():
+        missing(f"PostgreSQL not reachable on {PG_HOST}:{PG_PORT} (.ci/run starts one)")
+    admin = pg_admin_url()
+    if admin is None:
+        missing(f"PostgreSQL on {PG_HOST}:{PG_PORT}: no database `test` that user postgres or root may "
+                "open with trust auth")
+    return admin
+
+
+@contextmanager
+def pg_database(monkeypatch) -> Iterator[str]:
+    """DATABASE_URL set, for one test, to a fresh schema in PostgreSQL's `test`; dropped after."""
+    admin = require_postgresql()
+    url, schema = pg_schema_url(admin)
+    monkeypatch.setenv("DATABASE_URL", url)
+    try:
+        yield url
+    finally:
+        from tunix_rt.registry import db
+
+        db.dispose_all()
+        pg_drop_schema(admin, schema)
 
 
 def pg_schema_url(admin: str) -> tuple[str, str]:

@@ -5,25 +5,10 @@ cancelled, and the worker lives on to take the next job."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
-from registry_testlib import import_tiny_dataset, upload as _upload
+from registry_testlib import import_tiny_dataset, start_worker, upload as _upload, wait_for as _wait
 from tunix_rt.registry import queue
-
-
-def _wait(pred, timeout: float, what: str, proc=None, log=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"worker exited: {log.read_text()[-3000:] if log else ''}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {log.read_text()[-3000:] if log else ''}")
 
 
 def test_cancel_a_running_train_job(home, tmp_path):
@@ -32,10 +17,7 @@ def test_cancel_a_running_train_job(home, tmp_path):
         "dataset": "tiny@v1", "split": "all", "max_steps": 400, "batch_size": 2, "save_interval": 2,
         "keep_checkpoints": 2, "eval_interval": 0, "warmup_steps": 0, "max_seq_len": 256}})
     log = tmp_path / "worker.log"
-    env = dict(os.environ, TUNIX_RT_HOME=str(home.root), PYTHONUNBUFFERED="1")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tunix_rt.cli", "worker", "--lease", "4", "--poll", "0.1"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc = start_worker(home, log, "--lease", "4", "--poll", "0.1")
     try:
         run_id = _wait(lambda: queue.get_job(jid).run_id, 150, "the run to start", proc, log)
         run = home.runs / run_id

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
+
+import pytest
 
 from registry_testlib import write_dataset_file
+from service_testlib import make_client
 from tunix_rt.registry.worker import Worker, WorkerConfig
 
 
@@ -97,6 +101,45 @@ def test_upload_becomes_an_import_job_that_a_worker_runs(seeded, home, any_db):
     assert any(e["event"] == "status" and json.loads(e["data"])["status"] == "succeeded" for e in events)
     later = _sse(client, f"/api/jobs/{job_id}/logs", headers={"Last-Event-ID": events[0]["id"]})
     assert [e["event"] for e in later if e["event"] == "log"] == ["log"] * (sum(e["event"] == "log" for e in events) - 1)
+
+
+@pytest.mark.parametrize("filename, stem", [("train.jsonl", "train"), ("GSM8K test (2).jsonl", "gsm8k-test-2")])
+def test_gsm8k_upload_and_data_import_of_one_file_give_the_same_ids_and_split(home, monkeypatch, filename, stem):
+    """GSM8K rows carry no ids: both paths name them after the file (not after the upload's
+    stored name, uploads/<sha256>.jsonl), so the id-hash split is the same too."""
+    from tunix_rt.cli import main
+    from tunix_rt.traces.dataset import VENDORED_GSM8K
+
+    n = 80
+    src = home.root / filename
+    src.write_text("".join(VENDORED_GSM8K.read_text(encoding="utf-8").splitlines(keepends=True)[:n]), encoding="utf-8")
+    with make_client(home, home.database_url) as client:
+        r = client.post("/api/datasets", files={"file": (filename, src.read_bytes())}, data={"name": "api"})
+        assert r.status_code == 202 and r.json()["format"] == "gsm8k", r.text
+        assert Worker(home, WorkerConfig(lease_s=5, poll_s=0.05, max_jobs=1)).run() == 1
+        assert client.get(f"/api/jobs/{r.json()['job_id']}").json()["status"] == "succeeded"
+    monkeypatch.setattr(sys, "argv", ["tunix-rt", "data", "import", "gsm8k", str(src), "--name", "cli"])
+    with pytest.raises(SystemExit) as done:
+        main()
+    assert done.value.code == 0
+
+    api, cli = home.datasets / "api" / f"job{r.json()['job_id']}", home.datasets / "cli" / "v1"
+    assert (api / "data.jsonl").read_bytes() == (cli / "data.jsonl").read_bytes()
+    ids = [json.loads(line)["id"] for line in (api / "data.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert ids == [f"gsm8k-{stem}-{i:05d}" for i in range(n)]
+    splits = [json.loads((d / "manifest.json").read_text())["splits"] for d in (api, cli)]
+    assert splits[0] == splits[1] and splits[0]["train"] + splits[0]["dev"] == n and splits[0]["dev"] > 0
+
+
+def test_an_upload_name_is_a_bare_name():
+    from tunix_rt.errors import BadInput
+    from tunix_rt.registry.handlers import validate_params
+    from tunix_rt.traces.dataset import ImportRequest
+
+    with pytest.raises(BadInput, match="filename"):
+        validate_params("import", {"upload": "0" * 64 + ".jsonl", "name": "x", "filename": "../train.jsonl"})
+    with pytest.raises(BadInput, match="bare file name"):
+        ImportRequest("gsm8k", "uploads/x.jsonl", "x", source_name="dir/train.jsonl")
 
 
 def test_submit_train_cancel_and_bad_params(seeded):

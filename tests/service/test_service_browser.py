@@ -4,42 +4,28 @@ real worker runs them, and filters predictions."""
 
 from __future__ import annotations
 
-import os
-import shutil
+import json
 import threading
 
 import pytest
 
+from requires import require_chromium
 from service_testlib import TOKEN, LiveServer, live_app
-from registry_testlib import seed_home, write_dataset_file
+from registry_testlib import seed_home, write_dataset_file, write_eval, write_run
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
-def _why_not() -> str | None:
-    if not (os.path.exists(CHROMIUM) or shutil.which("chromium")):
-        return "Debian chromium is not installed (.ci/run installs it: apt-get install chromium)"
-    try:
-        import playwright  # noqa: F401
-    except ImportError:
-        return "the playwright package is not installed (dev extra)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def browser():
-    reason = _why_not()
-    if reason:
-        pytest.skip(reason)
+    chromium = require_chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium"),
-                              args=ARGS, headless=True)
+        b = p.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
         yield b
         b.close()
 
@@ -55,6 +41,8 @@ def site(home, browser):
         page.set_default_timeout(15000)
         yield srv, page, ids
         page.close()
+        if getattr(srv.server.config.app.state, "models", None) is not None:
+            srv.server.config.app.state.models.close()  # the playground's decode threads
 
 
 def _login(page, srv) -> None:
@@ -84,6 +72,7 @@ def test_every_page_renders(site):
     assert page.locator("[data-testid=runs] tbody tr").count() == 2
     page.click(f"text={ids['run']}")
     page.wait_for_selector("[data-testid=loss-chart] polyline")
+    assert "null" not in page.inner_text("main")  # no stray null above the charts or at the bottom
     assert page.locator("[data-testid=loss-chart] polyline").count() == 2  # train loss and eval loss
     assert page.locator("[data-testid=lr-chart] polyline").count() == 1
     assert "lr: 0.003" in page.inner_text("[data-testid=config]")
@@ -101,6 +90,11 @@ def test_every_page_renders(site):
     page.wait_for_selector("[data-testid=compare-metrics]")
     assert page.locator("[data-testid=fixed] .item").count() == 2
     assert page.locator("[data-testid=broken] .item").count() == 3
+    assert "2 fixed, 3 broken · exact McNemar p = 1.00" in page.inner_text("[data-testid=mcnemar]")  # C(5,≤2)/2^5·2
+    page.goto(f"{srv.url}/#/runs")
+    page.click("text=tiny-gemma3-20261122-050000-cd34")  # the failed run: an error line, no job
+    page.wait_for_selector("text=RuntimeError: boom")
+    assert "null" not in page.inner_text("main")
 
 
 def test_predictions_browser_filters(site):
@@ -187,5 +181,143 @@ def test_submit_a_train_run_and_follow_it_to_finished(site, home):
     assert "max_steps: 3" in page.inner_text("[data-testid=config]")
     run_id = page.url.rsplit("/", 1)[1]
     page.goto(f"{srv.url}/#/leaderboard")
-    page.wait_for_selector(f"[data-testid=leaderboard-row]:has-text('{run_id}')")
-    assert page.locator("[data-testid=leaderboard-row]").count() == 3
+    page.wait_for_selector(f"[data-testid=leaderboard-row]:has-text('{run_id}')")  # the newest board first
+    assert page.locator("[data-testid=leaderboard-row]").count() == 1  # tiny / all: its own board
+    assert "tiny@v1 / all (1)" in page.inner_text("#board option:checked")
+
+
+def _retag(eval_dir, dataset: str, split: str) -> None:
+    summary = json.loads((eval_dir / "eval_summary.json").read_text())
+    summary["dataset"].update(name=dataset, split=split)
+    (eval_dir / "eval_summary.json").write_text(json.dumps(summary))
+
+
+def test_leaderboard_one_board_per_dataset_and_split(site, home):
+    from tunix_rt.registry.record import record_eval
+
+    srv, page, ids = site
+    other = write_eval(home.root / "evals" / "gsm-test-1")
+    _retag(other, "gsm8k", "test")
+    record_eval(other)
+    _login(page, srv)
+    page.select_option("#board", label="tiny@v1 / dev (2)")
+    page.wait_for_function("document.querySelectorAll('[data-testid=leaderboard-row]').length === 2")
+    assert "gsm-test-1" not in page.inner_text("[data-testid=leaderboard]")
+    page.select_option("#board", label="gsm8k@v1 / test (1)")
+    page.wait_for_selector("[data-testid=leaderboard-row]:has-text('gsm-test-1')")
+    assert page.locator("[data-testid=leaderboard-row]").count() == 1
+    heads = page.locator("[data-testid=leaderboard] th").all_inner_texts()
+    assert heads == ["pick", "#", "evaluation", "run / model", "n", "accuracy", "format"]  # every column named once
+    page.select_option("#metric", "mean_completion_tokens")
+    page.wait_for_selector("[data-testid=leaderboard] th:has-text('mean_completion_tokens')")
+    assert "gsm-test-1" in page.inner_text("[data-testid=leaderboard]")  # the board is kept
+
+
+def test_a_long_answer_wraps(site, home):
+    from tunix_rt.registry.record import record_eval
+
+    srv, page, _ = site
+    d = write_eval(home.root / "evals" / "long-1")
+    rows = [json.loads(x) for x in (d / "predictions.jsonl").read_text().splitlines()]
+    rows[0].update(answer="9" * 300, reasoning="multiply the two numbers, digit by digit")
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record_eval(d)
+    _login(page, srv)
+    page.goto(f"{srv.url}/#/eval/long-1")
+    page.wait_for_selector("[data-testid=prediction]")
+    card = page.locator("[data-testid=prediction]").nth(0)
+    reasoning, answer = card.locator("pre").bounding_box(), card.locator("[data-testid=answer]").bounding_box()
+    assert reasoning["width"] > 0.4 * card.bounding_box()["width"]  # was a few characters wide
+    assert answer["x"] + answer["width"] <= card.bounding_box()["x"] + card.bounding_box()["width"] + 1
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
+
+def test_a_cli_run_is_visible_while_it_trains(site, home, monkeypatch):
+    """MetricsLog (what the CLI's training loop logs through) indexes the run as it goes:
+    the runs page shows it running, its page draws the curve and grows it."""
+    from tunix_rt.train.run import MetricsLog
+
+    srv, page, _ = site
+    _login(page, srv)
+    page.goto(f"{srv.url}/#/runs")
+    page.wait_for_selector("[data-testid=runs]")
+    run = write_run(home, "tiny-gemma3-20261122-070000-ef56", status="running")
+    (run / "metrics.jsonl").unlink()
+    monkeypatch.setattr(MetricsLog, "REGISTRY_EVERY_S", 0.0)
+    log = MetricsLog(run)
+    try:
+        for step in (1, 2, 3):
+            log.log({"step": step, "loss": 5.0 - step, "lr": 0.001})
+        page.wait_for_selector(f"[data-testid=runs] tr:has-text('{run.name}') .badge.running")  # no reload
+        page.click(f"text={run.name}")
+        page.wait_for_selector("[data-testid=loss-chart] polyline")
+        points = "document.querySelector('[data-testid=loss-chart] polyline').getAttribute('points').split(' ').length"
+        assert page.evaluate(points) == 3 and page.inner_text("[data-testid=status]") == "running"
+        for step in (4, 5, 6):
+            log.log({"step": step, "loss": 5.0 - step, "lr": 0.001})
+        page.wait_for_function(f"{points} === 6")
+    finally:
+        log.close()
+
+
+def test_playground_streams_two_models_side_by_side(site):
+    import httpx
+
+    srv, page, _ = site
+    _login(page, srv)
+    page.goto(f"{srv.url}/#/playground")
+    page.wait_for_selector("#play-b option[value='tiny-gemma2']", state="attached")
+    page.select_option("#play-a", "tiny-gemma3")
+    page.select_option("#play-b", "tiny-gemma2")
+    page.fill("#question", "What is 3+4?")
+    page.fill("#max-tokens", "40")
+    page.click("#ask")
+    for k, model in enumerate(("tiny-gemma3", "tiny-gemma2")):
+        pane = f"[data-testid=pane-{k}]"
+        page.wait_for_selector(f"{pane} [data-testid=pane-status]:has-text('finished')", timeout=60000)
+        assert model in page.inner_text(f"{pane} h2") and "40 tokens" in page.inner_text(f"{pane} [data-testid=pane-status]")
+        got = page.get_attribute(f"{pane} [data-testid=reasoning]", "data-raw")
+        r = httpx.post(srv.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60,
+                       json={"model": model, "messages": [{"role": "user", "content": "What is 3+4?"}], "max_tokens": 40})
+        assert got == r.json()["choices"][0]["message"]["content"] != ""
+    split = page.evaluate("splitAnswer('<reasoning>\\nadd them\\n</reasoning>\\n<answer>7</answer>')")
+    assert split == {"reasoning": "\nadd them\n", "answer": "7"}
+    page.select_option("#play-b", "")
+    page.fill("#max-tokens", "1500")
+    page.click("#ask")
+    page.wait_for_selector("[data-testid=pane-0] [data-testid=pane-status]:has-text('streaming')")
+    page.click("#stop")
+    page.wait_for_selector("[data-testid=pane-0] [data-testid=pane-status]:has-text('stopped')")
+    sched = srv.server.config.app.state.models.get("tiny-gemma3").scheduler
+    page.wait_for_function("true")  # let the abort reach the server
+    import time
+
+    deadline = time.monotonic() + 5
+    while sched.active and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sched.active == 0
+
+
+def test_an_rl_run_page_shows_rewards_kl_clip_length_and_time(site, home):
+    """A GRPO run's page: the total reward and each reward, rollout accuracy and format rate,
+    the zero-variance share, KL and clip fraction, completion length, rollout vs update time."""
+    from tunix_rt.registry.record import record_run
+
+    srv, page, _ = site
+    run = write_run(home, "grpo-20261122-080000-ab12", steps=4, ckpts=(2, 4))
+    rows = [{"step": s, "loss": 0.01 * s, "lr": 2e-5, "grad_norm": 0.5, "reward": 0.2 * s, "reward_answer": 0.1 * s,
+             "reward_format": 0.3 * s, "rollout_accuracy": 0.1 * s, "rollout_format_rate": 0.2 * s,
+             "zero_variance_share": 0.5, "kl": 0.001 * s, "clip_fraction": 0.01, "completion_tokens": 80 + s,
+             "rollout_s": 30.0, "update_s": 12.0} for s in range(1, 5)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record_run(run)
+    _login(page, srv)
+    page.goto(f"{srv.url}/#/run/{run.name}")
+    for chart in ("reward-chart", "rollout-chart", "zero-var-chart", "kl-chart", "length-chart", "time-chart"):
+        page.wait_for_selector(f"[data-testid={chart}] polyline", state="attached")  # a flat line has no height
+    assert page.locator("[data-testid=reward-chart] polyline").count() == 3  # total, answer, format
+    assert "answer, format" in page.text_content("[data-testid=reward-chart]")
+    page.goto(f"{srv.url}/#/run/{site[2]['run']}")  # an SFT run's page has none of them
+    page.wait_for_function("!document.querySelector('[data-testid=reward-chart]')")  # the new page rendered
+    page.wait_for_selector("[data-testid=loss-chart] polyline")
+    assert page.locator("[data-testid=reward-chart]").count() == 0

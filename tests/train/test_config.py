@@ -36,7 +36,8 @@ def test_defaults_resolved_once():
 
 
 @pytest.mark.parametrize("items, needle", [
-    (["method=qlora"], "method must be one of lora|full"),
+    (["method=qlora"], "method must be one of sft|grpo"),
+    (["finetune=qlora"], "finetune must be one of lora|full"),
     (["batch_size=0"], "batch_size must be >= 1"),
     (["max_steps=5", "epochs=1"], "not both"),
     (["lr=0"], "lr must be > 0"),
@@ -57,3 +58,9 @@ def test_dataset_required_and_unknown_preset():
         TrainConfig()
     with pytest.raises(BadInput, match="no shipped preset"):
         TrainConfig.load("no-such-preset")
+
+
+def test_older_method_spellings_mean_sft_with_that_finetune():
+    cfg = TrainConfig.load("smoke", ["method=full"])
+    assert (cfg.method, cfg.finetune) == ("sft", "full")
+    assert (TrainConfig.load("smoke").method, TrainConfig.load("smoke").finetune) == ("sft", "lora")

@@ -1,7 +1,7 @@
 """QLoRA in the JAX engine (qwix LoRA with lora_weight_qtype) on the tiny Gemma 3, on CPU.
 
-One nf4 QLoRA run and the same run as plain LoRA, in this process through `jax_engine.train`
-(the trained models are kept by wrapping `write_final`, which receives them and still writes
+One nf4 QLoRA run and the same run as plain LoRA, in this process through the driver on the
+JAX engine (the trained models are kept by wrapping `JaxEngine.export`, which still writes
 the outputs):
 
 - QLoRA trains: a finite loss that falls on a repeated batch; its run directory is laid out
@@ -25,6 +25,7 @@ import re
 
 import numpy as np
 import pytest
+from requires import require_module
 
 from tunix_rt.errors import BadInput
 from tunix_rt.train.config import TrainConfig
@@ -56,22 +57,23 @@ class Trained:
 def runs(tmp_path_factory):
     """{"qlora": Trained, "lora": Trained}: the same 6 steps on the same 4 examples (one batch,
     repeated), nf4 QLoRA and plain LoRA, both with merge=true."""
-    pytest.importorskip("jax")
+    require_module("jax")
     from tunix_rt.home import Home
-    from tunix_rt.train import jax_engine
+    from tunix_rt.train import driver
+    from tunix_rt.train.jax_engine import JaxEngine
 
     root = tmp_path_factory.mktemp("qlora")
     kept = {}
-    real = jax_engine.write_final
+    real = JaxEngine.export
 
-    def keep(model, s, run_dir):
-        kept[s.cfg.run_name] = (model, s)
-        return real(model, s, run_dir)
+    def keep(engine, final_dir):
+        kept[engine.cfg.run_name] = (engine.model(), engine)
+        return real(engine, final_dir)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TUNIX_RT_HOME", str(root / "home"))
         mp.delenv("DATABASE_URL", raising=False)
-        mp.setattr(jax_engine, "write_final", keep)
+        mp.setattr(JaxEngine, "export", keep)
         home = Home.resolve().ensure()
         data = _traces(root / "traces.jsonl")
         out = {}
@@ -79,9 +81,9 @@ def runs(tmp_path_factory):
             cfg = TrainConfig(model="tiny-gemma3", dataset=data, split="all", limit=4, eval_split="all",
                               eval_limit=4, system_prompt="Be brief.", batch_size=4, max_seq_len=128,
                               max_steps=STEPS, lr=1e-2, schedule="constant", lora_rank=4, lora_alpha=8.0,
-                              loss_chunk_tokens=64, engine="jax", device="cpu", lora_weight_qtype=qtype,
+                              loss_chunk_bytes=64 * 1024 * 4, engine="jax", device="cpu", lora_weight_qtype=qtype,
                               run_name=name, merge=True)
-            path = jax_engine.train(cfg, home)
+            path = driver.train(cfg, home)
             out[name] = Trained(path, *kept[name])
     return out
 
@@ -294,7 +296,7 @@ def test_adapter_in_peft_gives_the_qlora_logits_up_to_the_quantisation(runs):
     (["lora_weight_qtype=nf5"], r"lora_weight_qtype must be one of nf4\|int8 .*got 'nf5'"),
     (["lora_weight_qtype=bf16"], r"lora_weight_qtype must be one of nf4\|int8"),
     (["lora_weight_qtype=NF4"], r"lora_weight_qtype must be one of nf4\|int8"),
-    (["lora_weight_qtype=nf4", "method=full"], "needs method=lora"),
+    (["lora_weight_qtype=nf4", "finetune=full"], "needs finetune=lora"),
     (["lora_weight_qtype=nf4", "engine=torch"], "JAX engine only"),
     (["lora_weight_qtype=int8", "engine=auto", "device=cpu"], "JAX engine only"),
 ])

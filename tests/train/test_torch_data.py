@@ -3,6 +3,7 @@ example only, and packing that keeps each example's loss what it is alone."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,16 +81,16 @@ def test_packed_examples_have_the_same_loss_as_alone(home, tiny_tok):
     from tunix_rt.models.store import ensure_model
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(model="tiny-gemma3", dataset="unused.jsonl", method="full")
-    model, head = te.load_model(cfg, ensure_model("tiny-gemma3", home), torch.device("cpu"))
-    model.eval()
+    cfg = TrainConfig(model="tiny-gemma3", dataset="unused.jsonl", finetune="full", device="cpu")
+    engine = te.TorchEngine(cfg)
+    engine.devices()
+    engine.setup(ensure_model("tiny-gemma3", home), tiny_tok)
     ex = _examples(tiny_tok, 3)
-    with torch.no_grad():
-        packed = te.batch_loss_sum(model, head, collate([ex], 0), cfg)
-        alone = sum(te.batch_loss_sum(model, head, collate([[e]], 0), cfg) for e in ex)
-        # the same tokens run as one causal sequence (no block boundaries) differ
-        b = collate([ex], 0)
-        b.position_ids = torch.arange(b.input_ids.shape[1])[None]
-        leaky = te.batch_loss_sum(model, head, b, cfg)
+    packed = engine.loss_sum(collate([ex], 0))  # coefficients 1: summed loss
+    alone = sum(engine.loss_sum(collate([[e]], 0)) for e in ex)
+    # the same tokens run as one causal sequence (no block boundaries) differ
+    b = collate([ex], 0)
+    b.position_ids = np.arange(b.input_ids.shape[1])[None]
+    leaky = engine.loss_sum(b)
     assert float(packed) == pytest.approx(float(alone), abs=1e-4)
     assert abs(float(leaky) - float(alone)) > 1e-3

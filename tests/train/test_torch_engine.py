@@ -13,6 +13,7 @@ from tunix_rt.evidence import find_placeholders
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import BatchStream
 from tunix_rt.train import torch_engine as te
+from tunix_rt.train.driver import train
 from tunix_rt.train.run import read_jsonl
 from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
 
@@ -65,7 +66,7 @@ def test_lora_packing_accum_merge_outputs_load(home, tmp_path):
     from transformers import AutoModelForCausalLM
 
     cfg = small_cfg(tmp_path, packing=True, grad_accum=2, merge=True, keep_checkpoints=1)
-    run = te.train(cfg, home)
+    run = train(cfg, home)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-000003"]  # keep-N
     base_dir = json.loads((run / "run_manifest.json").read_text())["model"]["dir"]
     ids = torch.tensor([[2, 4, 10, 11, 12, 13, 5]])
@@ -85,7 +86,7 @@ def test_full_finetune_writes_a_loadable_model(home, tmp_path):
     from safetensors.torch import load_file
 
     cfg = small_cfg(tmp_path, method="full", max_steps=2, optimizer="adafactor", lr=1e-3)
-    run = te.train(cfg, home)
+    run = train(cfg, home)
     manifest = json.loads((run / "run_manifest.json").read_text())
     after = load_file(str(run / "final/merged/model.safetensors"))
     before = load_file(str(next(iter(__import__("pathlib").Path(manifest["model"]["dir"]).glob("*.safetensors")))))
@@ -96,14 +97,25 @@ def test_full_finetune_writes_a_loadable_model(home, tmp_path):
 
 def test_grad_accumulation_8x1_equals_1x8(home, tmp_path):
     """Per-token normalisation over the window: the same gradient however it is split."""
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.data import weighted
+    from tunix_rt.train.engine import NLL
+    from tunix_rt.train.sft import SFT
+
     grads = []
     for batch, accum in ((8, 1), (1, 8)):
         cfg = small_cfg(tmp_path, method="full", batch_size=batch, grad_accum=accum)
-        s = te.setup(cfg, home, torch.device("cpu"))
-        batches = [s.stream.next_batch() for _ in range(accum)]
-        loss = te.backward_window(s.model, s.head, batches, cfg, s.device)
-        grads.append((loss, {n: p.grad.clone() for n, p in s.trainable.items()}))
-    assert len({len(e.ids) for e in s.stream.examples}) > 3  # variable-length examples
+        tok = load_tokenizer(cfg.model, home)
+        engine, sft = te.TorchEngine(cfg), SFT(cfg, home, tok)
+        engine.devices()
+        engine.setup(ensure_model(cfg.model, home), tok)
+        loss = 0.0
+        for b in weighted([sft.stream.next_batch() for _ in range(accum)]):
+            part, _ = engine.objective_sum(b, NLL)
+            part.backward()
+            loss += float(part.detach())
+        grads.append((loss, {n: p.grad.clone() for n, p in engine.trainable.items()}))
+    assert len({len(e.ids) for e in sft.stream.examples}) > 3  # variable-length examples
     assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
     for name, g in grads[0][1].items():
         torch.testing.assert_close(grads[1][1][name], g, atol=1e-6, rtol=0, msg=name)
@@ -114,8 +126,8 @@ def test_device_errors_name_what_was_asked_and_what_exists(tmp_path):
         with pytest.raises(BadInput, match=r"device 'cuda' was asked.*available here: cpu"):
             te.resolve_device(small_cfg(tmp_path, device="cuda"))
     with pytest.raises(BadInput, match="bf16 on a CPU is refused"):
-        te.resolve_device(small_cfg(tmp_path, device="cpu", dtype="bf16"))
-    assert te.resolve_device(small_cfg(tmp_path, device="cpu", dtype="bf16", force_bf16_cpu=True)).type == "cpu"
+        te.TorchEngine(small_cfg(tmp_path, device="cpu", dtype="bf16")).devices()
+    assert te.TorchEngine(small_cfg(tmp_path, device="cpu", dtype="bf16", force_bf16_cpu=True)).devices()["platform"] == "cpu"
     with pytest.raises(BadInput, match="JAX device name"):
         te.resolve_device(small_cfg(tmp_path, device="tpu"))
 
@@ -123,7 +135,7 @@ def test_device_errors_name_what_was_asked_and_what_exists(tmp_path):
 def test_a_failing_run_is_recorded_failed_not_running(home, tmp_path):
     cfg = small_cfg(tmp_path, max_seq_len=8)  # every example is too long: nothing to train on
     with pytest.raises(BadInput, match="no training examples"):
-        te.train(cfg, home)
+        train(cfg, home)
     run = next(home.runs.iterdir())
     manifest = json.loads((run / "run_manifest.json").read_text())
     assert manifest["status"] == "failed" and "no training examples" in manifest["error"]
@@ -137,7 +149,9 @@ def test_epochs_become_steps(tmp_path):
     tok = load_tokenizer("tiny-gemma3")
     ex = [render_example(f"e{i}", "q?", ["s"], "1", tok, "") for i in range(10)]
     cfg = small_cfg(tmp_path, max_steps=None, epochs=2.0, batch_size=3, grad_accum=2)
-    assert te.steps_for(cfg, ex, 0) == 4  # 4 micro-batches per epoch, 2 epochs, 2 per step
+    from tunix_rt.train.common import steps_for
+
+    assert steps_for(cfg, ex, 0) == 4  # 4 micro-batches per epoch, 2 epochs, 2 per step
     assert isinstance(BatchStream(ex, 3, 64, False, 0, 0).next_batch().n_tokens, int)
 
 
@@ -145,5 +159,5 @@ def test_a_run_the_plan_says_will_not_fit_is_refused_before_anything_is_written(
     cfg = small_cfg(tmp_path, model="gemma2-2b", method="full", batch_size=64, max_seq_len=8192,
                     loss_impl="plain", device="cpu")
     with pytest.raises(BadInput, match=r"(?s)does not fit.*--force"):
-        te.train(cfg, home)
+        train(cfg, home)
     assert not any(home.runs.iterdir())  # refused before a run directory exists

@@ -6,9 +6,9 @@ as when it is not installed and transformers' `is_torch_available()` says False 
 which needs torch, does not import).
 
 - the blocker blocks (control runs), and only torch;
-- `model import --from-dir` of a tiny checkpoint, `data import`, `train --engine jax`
-  (smoke preset, 2 steps) and `eval --engine jax` of its adapter all succeed and write
-  their files;
+- `model import --from-dir` of a tiny checkpoint, `data import`, `train --engine auto`
+  (smoke preset, 2 steps) and `eval` of its adapter (engine auto by default) both pick JAX,
+  succeed and write their files;
 - what needs PyTorch (building a tiny preset, the torch engine, torch eval) stops with a
   BadInput naming the extra to install, not an ImportError traceback;
 - the torch-free tensor table of `model import --from-dir` equals transformers' models.
@@ -24,10 +24,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from requires import require_module
 
 pytestmark = pytest.mark.jax
 
-pytest.importorskip("jax")
+require_module("jax")
 
 from train_testlib import write_traces as _traces  # noqa: E402 (tests/train is on sys.path)
 
@@ -138,7 +139,7 @@ def test_the_blocker_blocks_torch_only(no_torch):
 
 
 def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp_path):
-    pytest.importorskip("transformers")
+    require_module("transformers")
     from safetensors.numpy import load_file
 
     from tunix_rt.models.catalog import get_preset
@@ -175,15 +176,15 @@ def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp
     assert [x["step"] for x in rows] == [1, 2] and all(x["loss"] > 0 for x in rows)
     assert any("eval_loss" in x for x in read_jsonl(run / "metrics.jsonl"))
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))  # tensorboardX, not torch's writer
-    assert (run / "loss.png").is_file() and (run / "checkpoints" / "step_000002").is_dir()
+    assert (run / "loss.png").is_file() and (run / "checkpoints" / "step-000002" / "COMMIT").is_file()
     assert load_file(str(run / "final" / "adapter" / "adapter_model.safetensors"))
     assert json.loads((run / "final" / "adapter" / "adapter_config.json").read_text())["peft_type"] == "LORA"
 
-    _bad_input(_cli(no_torch, "eval", "--adapter", run.name, "--dataset", "nt", "--split", "all", "--limit", "1"),
-               "tunix-rt[torch]", "--engine jax")  # the default eval engine is torch
+    _bad_input(_cli(no_torch, "eval", "--adapter", run.name, "--dataset", "nt", "--split", "all", "--limit", "1",
+                    "--engine", "torch"), "tunix-rt[torch]", "--engine jax")
 
     r = _ok(_cli(no_torch, "eval", "--adapter", run.name, "--dataset", "nt", "--split", "all", "--limit", "2",
-                 "--max-new-tokens", "4", "--engine", "auto", "--json"))
+                 "--max-new-tokens", "4", "--json"))  # no --engine: auto, JAX since torch is not installed
     summary = json.loads(r.stdout[r.stdout.index("{"):])
     assert summary["engine"] == "jax" and summary["run_id"] == run.name
     assert summary["dataset"]["n"] == 2 and summary["adapter"].endswith("final/adapter")
@@ -195,7 +196,7 @@ def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp
 def test_torch_free_tensor_table_equals_transformers(name):
     """`model import --from-dir` checks names and shapes without torch; the table it uses
     is transformers' own model, built here on the meta device."""
-    torch = pytest.importorskip("torch")
+    torch = require_module("torch")
     from transformers import AutoModelForCausalLM
 
     from tunix_rt.models.importer import expected_shapes

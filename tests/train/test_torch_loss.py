@@ -4,15 +4,20 @@ the tied embedding), on Gemma 3 and on Gemma 2 (final-logit soft-capping)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from tunix_rt.render import render_example
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import collate
-from tunix_rt.train.loss import FusedLinearCrossEntropy, chunked_linear_ce, plain_ce, supervised_rows
+from tunix_rt.train.data import collate, weighted
+from tunix_rt.train.engine import NLL, Objective
+from tunix_rt.train.loss import (FusedTokenObjective, chunked_linear_ce, chunked_logprobs, phi, plain_ce,
+                                 supervised_rows)
 from tunix_rt.train import torch_engine as te
 from train_testlib import one_torch_thread  # noqa: E402,F401 (autouse fixture)
+
+POLICY = Objective("policy", eps_low=0.2, eps_high=0.28, beta=0.04)
 
 
 def _examples(tok, n=3):
@@ -22,38 +27,88 @@ def _examples(tok, n=3):
     return [render_example(f"ex{i}", qs[i], steps[i], answers[i], tok, "Be brief.") for i in range(n)]
 
 
-def _loss_and_grads(model, head, batch, cfg):
-    model.zero_grad(set_to_none=True)
-    loss = te.batch_loss_sum(model, head, batch, cfg) / batch.n_supervised
+def _engine(cfg, model_dir, tok):
+    engine = te.TorchEngine(cfg)
+    engine.devices()
+    engine.setup(model_dir, tok)
+    if cfg.finetune == "lora":  # B starts at zero; make both LoRA factors carry gradient
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for n, p in engine.model.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(0, 0.02)
+    return engine
+
+
+def _loss_and_grads(engine, batch, objective=NLL):
+    engine.model.zero_grad(set_to_none=True)
+    loss, _ = engine.objective_sum(batch, objective)
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    grads = {n: p.grad.detach().clone() for n, p in engine.model.named_parameters() if p.requires_grad}
     return float(loss.detach()), grads
 
 
+def _policy_aux(batch, seed=0):
+    """Random old/ref log-probs and advantages on every labelled position: ratios on both sides
+    of both clip bounds, positive and negative advantages."""
+    rng = np.random.default_rng(seed)
+    shape = batch.labels.shape
+    batch.aux = {"old_logp": rng.normal(-3.0, 1.0, shape).astype(np.float32),
+                 "ref_logp": rng.normal(-3.0, 1.0, shape).astype(np.float32),
+                 "adv": rng.normal(0.0, 1.0, shape).astype(np.float32)}
+    return batch
+
+
 @pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
-@pytest.mark.parametrize("method", ["lora", "full"])
-def test_chunked_equals_plain_on_tiny_models(home, tiny_tok, preset, method):
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+@pytest.mark.parametrize("objective", [NLL, POLICY], ids=["nll", "policy"])
+def test_chunked_equals_plain_on_tiny_models(home, tiny_tok, preset, finetune, objective):
     from tunix_rt.models.store import ensure_model
 
-    cfg = TrainConfig(model=preset, dataset="unused.jsonl", method=method, loss_chunk_tokens=7)
-    model, head = te.load_model(cfg, ensure_model(preset, home), torch.device("cpu"))
-    if method == "lora":  # B starts at zero; make both LoRA factors carry gradient
-        torch.manual_seed(1)
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(0, 0.02)
-    assert (head.softcap is not None) == (preset == "tiny-gemma2")
-    batch = collate([[ex] for ex in _examples(tiny_tok)], tiny_tok.pad_id)
-    chunked = _loss_and_grads(model, head, batch, cfg)
-    plain = _loss_and_grads(model, head, batch, TrainConfig(**{**cfg.to_dict(), "loss_impl": "plain"}))
+    cfg = TrainConfig(model=preset, dataset="unused.jsonl", finetune=finetune, device="cpu",
+                      loss_chunk_bytes=7 * 1024 * 4)  # 7-token chunks of the 1024 vocabulary
+    engine = _engine(cfg, ensure_model(preset, home), tiny_tok)
+    assert (engine.softcap is not None) == (preset == "tiny-gemma2")
+    batch = weighted([collate([[ex] for ex in _examples(tiny_tok)], tiny_tok.pad_id)])[0]
+    if objective.kind == "policy":
+        batch = _policy_aux(batch)
+    chunked = _loss_and_grads(engine, batch, objective)
+    engine.cfg = TrainConfig(**{**cfg.to_dict(), "loss_impl": "plain"})
+    plain = _loss_and_grads(engine, batch, objective)
     assert chunked[0] == pytest.approx(plain[0], abs=1e-5)
     assert chunked[1].keys() == plain[1].keys() and len(chunked[1]) > 0
     for name in plain[1]:
         torch.testing.assert_close(chunked[1][name], plain[1][name], atol=1e-5, rtol=1e-5, msg=name)
-    if method == "full":  # the head's (tied embedding's) gradient went through the fused loss
-        emb = dict(model.named_parameters())["model.embed_tokens.weight"]
+    if finetune == "full":  # the head's (tied embedding's) gradient went through the fused loss
+        emb = dict(engine.model.named_parameters())["model.embed_tokens.weight"]
         assert emb.requires_grad and plain[1]["model.embed_tokens.weight"].abs().sum() > 0
+
+
+def test_policy_phi_derivative_matches_autograd_on_both_clip_sides():
+    """phi'(logp) as the fused kernel forms it equals autograd through phi's value, at ratios
+    below, inside and above the clip range, for both signs of the advantage."""
+    torch.manual_seed(0)
+    n = 400
+    logp = torch.randn(n, dtype=torch.float64) - 2.0
+    old = logp + torch.empty(n, dtype=torch.float64).uniform_(-0.6, 0.6)  # ratios from 0.55 to 1.8
+    aux = torch.stack([old, logp + torch.randn(n, dtype=torch.float64), torch.randn(n, dtype=torch.float64)], -1)
+    x = logp.clone().requires_grad_(True)
+    value, grad, stats = phi(POLICY, x, aux)
+    (auto,) = torch.autograd.grad(value.sum(), x)
+    torch.testing.assert_close(grad, auto, atol=1e-12, rtol=1e-12)
+    clipped, _kl, _ratio, tokens = stats.tolist()
+    assert 0 < clipped < tokens == n  # both branches exercised
+
+
+def test_logprobs_match_log_softmax():
+    torch.manual_seed(0)
+    h, w = torch.randn(11, 8), torch.randn(40, 8)
+    y = torch.randint(0, 40, (11,))
+    for cap in (None, 4.0):
+        z = h @ w.t()
+        z = cap * torch.tanh(z / cap) if cap else z
+        ref = torch.log_softmax(z, -1).gather(1, y[:, None])[:, 0]
+        torch.testing.assert_close(chunked_logprobs(h, w, y, 4 * 40 * 4, cap), ref, atol=1e-6, rtol=1e-6)
 
 
 def test_function_matches_reference_with_softcap_and_odd_chunks():
@@ -67,7 +122,7 @@ def test_function_matches_reference_with_softcap_and_odd_chunks():
             z = cap * torch.tanh(z / cap)
         ref = torch.nn.functional.cross_entropy(z, y, reduction="sum")
         gh, gw = torch.autograd.grad(ref, (h, w))
-        got = FusedLinearCrossEntropy.apply(h, w, y, 4, cap)
+        got, _ = FusedTokenObjective.apply(h, w, y, torch.ones(13, dtype=torch.float64), None, 4, cap, NLL)  # chunk: 4 rows
         fh, fw = torch.autograd.grad(got * 2.0, (h, w))  # backward scales by the incoming gradient
         assert float(got.detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
         torch.testing.assert_close(fh, 2 * gh, atol=1e-6, rtol=1e-6)
@@ -79,7 +134,7 @@ def test_no_grad_path_gives_the_same_loss():
     h, w = torch.randn(9, 8), torch.randn(30, 8)
     y = torch.randint(0, 30, (9,))
     with torch.no_grad():
-        a = chunked_linear_ce(h, w, y, chunk=4, softcap=5.0)
+        a = chunked_linear_ce(h, w, y, chunk_bytes=4 * 30 * 4, softcap=5.0)  # 4 tokens a chunk
     ref = torch.nn.functional.cross_entropy(5.0 * torch.tanh((h @ w.t()) / 5.0), y, reduction="sum")
     assert float(a) == pytest.approx(float(ref), rel=1e-6)
 
@@ -92,12 +147,12 @@ def test_supervised_rows_only_keeps_labelled_positions():
     assert h.tolist() == [[0, 1], [4, 5], [10, 11]]
 
 
-def _plain64_loss_and_grads(model, head, batch):
+def _plain64_loss_and_grads(model, head, batch):  # batch of torch tensors
     """The plain loss with the full [B, L, V] logits in float64: the exact reference. (fp32
     F.cross_entropy is off by ~6e-5 on Gemma 3 270M, whose logits reach ~100.)"""
     model.zero_grad(set_to_none=True)
-    hidden = te.decoder(model)(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
-    logits = hidden.last_hidden_state.double() @ head.weight.double().t()
+    hidden = model.get_base_model().model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
+    logits = hidden.last_hidden_state.double() @ head.double().t()
     flat, labels = logits.reshape(-1, logits.shape[-1]), batch.labels.reshape(-1)
     loss = torch.nn.functional.cross_entropy(flat, labels, ignore_index=-100, reduction="sum") / batch.n_supervised
     loss32 = plain_ce(logits.float(), batch.labels) / batch.n_supervised  # plain_ce works in fp32
@@ -113,16 +168,15 @@ def test_chunked_equals_plain_on_gemma3_270m(gemma3_270m, tmp_path):
     from tunix_rt.models.tokenizer import ChatTokenizer
 
     tok = ChatTokenizer.from_file(gemma3_270m)
-    cfg = TrainConfig(model=str(gemma3_270m), dataset="unused.jsonl", loss_chunk_tokens=32)
-    model, head = te.load_model(cfg, gemma3_270m, torch.device("cpu"))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(0, 0.01)
-    batch = te.on_device(collate([[ex] for ex in _examples(tok, 2)], tok.pad_id))  # numpy → tensors
-    chunked = _loss_and_grads(model, head, batch, cfg)
-    exact, exact_grads, plain32 = _plain64_loss_and_grads(model, head, batch)
+    cfg = TrainConfig(model=str(gemma3_270m), dataset="unused.jsonl", device="cpu",
+                      loss_chunk_bytes=32 * 262144 * 4)  # 32-token chunks
+    engine = _engine(cfg, gemma3_270m, tok)
+    batch = weighted([collate([[ex] for ex in _examples(tok, 2)], tok.pad_id)])[0]
+    chunked = _loss_and_grads(engine, batch)
+    t = te.tensors(batch, "cpu")
+    tb = type("B", (), {"input_ids": t["input_ids"], "position_ids": t["position_ids"], "labels": t["labels"],
+                        "n_supervised": batch.n_supervised})
+    exact, exact_grads, plain32 = _plain64_loss_and_grads(engine.model, engine.head_weight, tb)
     assert chunked[0] == pytest.approx(exact, abs=1e-5)
     assert abs(chunked[0] - exact) <= abs(plain32 - exact)  # at least as exact as fp32 logits
     for name in exact_grads:

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tunix_rt.eval.generate import DecodeConfig
+
 out = Console()
 err = Console(stderr=True)
 
@@ -23,26 +25,29 @@ def eval_cmd(
     adapter: Annotated[Optional[str], typer.Option("--adapter", help="A run id, a run dir, or a PEFT adapter dir.")] = None,
     split: Annotated[Optional[str], typer.Option("--split", help="train | dev | all (default: dev; all for a JSONL path).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N records of the split.")] = None,
-    engine: Annotated[str, typer.Option("--engine", help="torch | jax | auto (jax for gpu/tpu devices or without torch)")] = "torch",
+    engine: Annotated[str, typer.Option("--engine", help="auto | torch | jax (auto: JAX for gpu/tpu or where torch is missing, as train picks)")] = "auto",
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (torch) | gpu | tpu (jax)")] = "auto",
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most tokens generated per item.")] = 256,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together.")] = 8,
-    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; above 0 samples.")] = 0.0,
-    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (sampling only).")] = 1.0,
-    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all; sampling only).")] = 0,
-    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most tokens generated per item.")] = DecodeConfig.max_new_tokens,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together.")] = DecodeConfig.batch_size,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; above 0 samples.")] = DecodeConfig.temperature,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (sampling only).")] = DecodeConfig.top_p,
+    top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all; sampling only).")] = DecodeConfig.top_k,
+    seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = DecodeConfig.seed,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write the eval here (default: runs/<run>/eval/<eval_id>/ for a run, else <home>/evals/<eval_id>/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print eval_summary.json instead of the table.")] = False,
+    judge: Annotated[Optional[Path], typer.Option("--judge", help="A YAML judge config (url, model, rubric, score_pattern, …): adds judge_score.")] = None,
 ) -> None:
     """Evaluate a base model, a run's LoRA adapter or a merged model on a dataset split:
     writes predictions.jsonl and eval_summary.json."""
-    from tunix_rt.eval.generate import DecodeConfig
     from tunix_rt.eval.runner import SUMMARY, EvalRequest, run_eval
 
     decode = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, seed=seed, batch_size=batch_size)
+    from tunix_rt.eval.judge import JudgeConfig
+
     req = EvalRequest(dataset=dataset, model=model, adapter=adapter, split=split, limit=limit,
-                      engine=engine, device=device, decode=decode, out=out_dir)
+                      engine=engine, device=device, decode=decode, out=out_dir,
+                      judge=JudgeConfig.from_yaml(judge) if judge else None)
     with GenerationProgress() as progress:
         path = run_eval(req, on_start=progress.start, on_tokens=progress.advance)
     from tunix_rt.registry.record import record_eval

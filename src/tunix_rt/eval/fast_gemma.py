@@ -97,6 +97,7 @@ class LeanGemma:
         self.rotary = inner.rotary_emb
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._screen = False  # not built yet (None: does not apply)
+        self._screen_version = self._head_version()
 
     @classmethod
     def for_model(cls, model) -> "LeanGemma | None":
@@ -185,39 +186,52 @@ class LeanGemma:
 
     def step(self, tokens: "torch.Tensor", st: DecodeState) -> "torch.Tensor":
         """Feed one token per row ([B]); returns the next-token logits [B, vocab] (fp32)."""
-        import torch
+        return self._logits(self._hidden(tokens, st))
 
-        logits = self._head(self._hidden(tokens, st))
-        if self.final_softcap is not None:
-            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return logits
+    def step_pick(self, tokens: "torch.Tensor", st: DecodeState, cfg, noise: "torch.Tensor | None") -> "torch.Tensor":
+        """Feed one token per row; returns the next token of each row ([B]): greedy when
+        `cfg.greedy`, else drawn with the Gumbel noise [B, vocab] (tunix_rt.eval.sampling).
+        The same ids as `step(...)` then argmax / `sample_full`, through the int8-screened
+        head where it applies (tunix_rt.eval.screened_head: a proven bound, then exact fp32
+        logits)."""
+        from tunix_rt.eval.sampling import sample_full
 
-    def step_argmax(self, tokens: "torch.Tensor", st: DecodeState) -> "torch.Tensor":
-        """Feed one token per row; returns the greedy next token of each row ([B]), the same
-        ids as `step(...).argmax(-1)`, through the int8-screened head where it applies
-        (tunix_rt.eval.screened_head: a proven bound, then exact fp32 logits)."""
         x = self._hidden(tokens, st)
         screen = self.screen()
-        if screen is None:
-            return self._full_argmax(x)
-        return screen.argmax(x)
+        if screen is not None:
+            return screen.argmax(x) if cfg.greedy else screen.sample(x, noise, cfg)
+        logits = self._logits(x)
+        return logits.argmax(dim=-1) if cfg.greedy else sample_full(logits, noise, cfg)
 
-    def _full_argmax(self, x: "torch.Tensor") -> "torch.Tensor":
+    def _logits(self, x: "torch.Tensor") -> "torch.Tensor":
         import torch
 
         logits = self._head(x)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
-        return logits.argmax(dim=-1)
+        return logits
 
     def screen(self):
-        """The int8 screen of the head (built on first use, ~1 s and an int8 copy of the
-        head), or None where it does not apply (not CPU fp32, small vocabulary)."""
-        if self._screen is False:
+        """The int8 screen of the head, or None where it does not apply (not CPU fp32, small
+        vocabulary, non-finite weights, an int8 kernel that saturates). Built on first use
+        (~1 s and an int8 copy of the head) and again whenever the head was changed in place
+        since (an optimizer step, load_state_dict: its version counter moved), so a screen
+        never bounds weights that are gone."""
+        version = self._head_version()
+        if self._screen is False or version != self._screen_version:
             from tunix_rt.eval.screened_head import ScreenedArgmax
 
             self._screen = ScreenedArgmax.build(self.head.detach(), self.final_softcap)
+            self._screen_version = version
         return self._screen
+
+    def _head_version(self) -> int | None:
+        """The head's in-place version counter; None for an inference tensor (made under
+        torch.inference_mode), which keeps none."""
+        try:
+            return self.head._version
+        except RuntimeError:
+            return None
 
     def _hidden(self, tokens: "torch.Tensor", st: DecodeState) -> "torch.Tensor":
         """Run the layers on one token per row and advance the state; the final-normed

@@ -12,8 +12,10 @@ The contract (the JAX engine's `tunix_rt.eval.jax_generate` implements the same)
   len(ids)`; `text` decodes `ids` without the final stop token; `finish_reason` is "stop"
   (hit <end_of_turn> or <eos>) or "length" (hit `max_new_tokens`).
 - Greedy when `cfg.temperature == 0`; otherwise temperature, then top-k, then top-p, drawn
-  from a per-prompt RNG seeded by (cfg.seed, prompt index), so a prompt's sample does not
-  depend on which other prompts share its batch.
+  as Gumbel-max (`tunix_rt.eval.sampling`) with noise seeded per row and decode step by
+  (cfg.seed, the prompt's key, step): the key is the prompt's index unless the caller passes
+  `keys=` (one int or tuple of ints per prompt), so a prompt's sample does not depend on
+  which other prompts share its batch or when they stop.
 - `on_tokens(n)` is called as tokens are produced (for progress bars and tokens/s).
 
 The PyTorch generator is a lean loop over a transformers model (plain, PEFT-wrapped, or
@@ -26,8 +28,10 @@ cache is compacted, so the tail of a batch does not pay for rows that already st
 
 For Gemma 3 and Gemma 2 the decode steps after that prefill run through
 `tunix_rt.eval.fast_gemma.LeanGemma` (same arithmetic on the same weights, a preallocated
-cache written in place, none of transformers' per-step mask/cache/RoPE work); any other
-model, or `lean=False`, steps through the transformers forward.
+cache written in place, none of transformers' per-step mask/cache/RoPE work) and pick their
+token through the int8-screened head (`tunix_rt.eval.screened_head`), greedy or sampled,
+with the same ids as full logits; any other model, or `lean=False`, steps through the
+transformers forward.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.sampling import Key, check_keys, gumbel, row_seed, sample_full
 
 if TYPE_CHECKING:  # torch stays out of `tunix-rt --help`
     import torch
@@ -147,21 +152,25 @@ class TorchGenerator:
         prompts: Sequence[Sequence[int]],
         cfg: DecodeConfig,
         on_tokens: Callable[[int], None] | None = None,
+        *,
+        keys: Sequence[Key] | None = None,
     ) -> list[Generation]:
+        """`keys`: one sampling-noise key per prompt (default: its index), see the module doc."""
         import torch
 
         if any(len(p) == 0 for p in prompts):
             raise BadInput("cannot generate from an empty prompt")
+        keys = check_keys(keys, len(prompts)) if keys is not None else list(range(len(prompts)))
         out: list[Generation | None] = [None] * len(prompts)
         with torch.inference_mode():
             for batch in length_sorted_batches(prompts, cfg.batch_size):
-                rngs = None if cfg.greedy else [_row_rng(cfg.seed, i) for i in batch]
-                rows = self._decode_batch([list(prompts[i]) for i in batch], cfg, rngs, on_tokens)
+                rows = self._decode_batch([list(prompts[i]) for i in batch], cfg,
+                                          [keys[i] for i in batch], on_tokens)
                 for i, ids in zip(batch, rows):
                     out[i] = finish(ids, self.stop_ids, self.tok, cfg.max_new_tokens)
         return out  # type: ignore[return-value]
 
-    def _decode_batch(self, prompts, cfg: DecodeConfig, rngs, on_tokens) -> list[list[int]]:
+    def _decode_batch(self, prompts, cfg: DecodeConfig, keys, on_tokens) -> list[list[int]]:
         """Decode one batch; returns each row's generated ids (stop token included)."""
         import torch
         from transformers import DynamicCache
@@ -178,7 +187,12 @@ class TorchGenerator:
         alive = list(range(len(prompts)))  # original row of each batch row
         outs: list[list[int]] = [[] for _ in prompts]
         stop = torch.tensor(self.stop_ids, device=dev)
-        nxt = pick(logits, cfg, rngs)
+        vocab = logits.shape[-1]
+
+        def noise(step: int):  # the rows alive now, each from its own (seed, key, step)
+            return None if cfg.greedy else gumbel([row_seed(cfg.seed, keys[r], step) for r in alive], vocab)
+
+        nxt = pick(logits, cfg, noise(0))
         for step in range(cfg.max_new_tokens):
             for row, t in zip(alive, nxt.tolist()):
                 outs[row].append(t)
@@ -195,16 +209,13 @@ class TorchGenerator:
                 else:
                     cache.batch_select_indices(keep)
                     mask, next_pos = mask[keep], next_pos[keep]
-            if state is not None and cfg.greedy:
-                nxt = self.lean.step_argmax(nxt, state)  # int8-screened head, same ids
-                continue
             if state is not None:
-                logits = self.lean.step(nxt, state)
-            else:
-                mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-                logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
-                next_pos = next_pos + 1
-            nxt = pick(logits, cfg, [rngs[r] for r in alive] if rngs else None)
+                nxt = self.lean.step_pick(nxt, state, cfg, noise(step + 1))  # int8-screened head, same ids
+                continue
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
+            next_pos = next_pos + 1
+            nxt = pick(logits, cfg, noise(step + 1))
         return outs
 
     def _forward(self, ids, mask, pos, cache):
@@ -234,38 +245,8 @@ def position_ids(mask: "torch.Tensor") -> "torch.Tensor":
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def _row_rng(seed: int, index: int):
-    import torch
-
-    g = torch.Generator()
-    g.manual_seed(seed * 1_000_003 + index)
-    return g
-
-
-def pick(logits: "torch.Tensor", cfg: DecodeConfig, rngs) -> "torch.Tensor":
-    """Next token of each row: argmax, or a draw after temperature/top-k/top-p."""
-    import torch
-
+def pick(logits: "torch.Tensor", cfg: DecodeConfig, noise: "torch.Tensor | None") -> "torch.Tensor":
+    """Next token of each row from full logits: argmax, or the Gumbel-max draw with `noise`."""
     if cfg.greedy:
         return logits.argmax(dim=-1)
-    probs = filtered_probs(logits, cfg).cpu()
-    draws = [torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(rngs)]
-    return torch.cat(draws).to(logits.device)
-
-
-def filtered_probs(logits: "torch.Tensor", cfg: DecodeConfig) -> "torch.Tensor":
-    """Softmax of logits/temperature restricted to the top-k, then to the top-p nucleus
-    (the most likely token always survives)."""
-    import torch
-
-    logits = logits / cfg.temperature
-    if cfg.top_k and cfg.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, cfg.top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if cfg.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= cfg.top_p  # mass before this token
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(-1)
+    return sample_full(logits, noise, cfg)

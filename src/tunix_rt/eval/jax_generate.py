@@ -53,7 +53,7 @@ def merge_adapter(model_dir: Path, adapter_dir: Path, out: Path) -> Path:
     """An HF-layout copy of model_dir with a PEFT LoRA adapter merged into its weights."""
     from safetensors.numpy import load_file, save_file
 
-    from tunix_rt.train.jax_engine import merge_lora
+    from tunix_rt.train.export import merge_lora
 
     conf_path = adapter_dir / "adapter_config.json"
     if not conf_path.is_file():

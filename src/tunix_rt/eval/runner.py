@@ -23,21 +23,24 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import yaml
 
+from tunix_rt import fence
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.generate import DecodeConfig, Generation, Generator
 from tunix_rt.eval.scoring import by_category, category_of, metrics, score_completion
 from tunix_rt.home import Home
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
 
+if TYPE_CHECKING:
+    from tunix_rt.eval.judge import JudgeConfig
+
 PREDICTIONS = "predictions.jsonl"
 SUMMARY = "eval_summary.json"
 NO_ADAPTER = "base model (no adapter)"
 NO_RUN = "not a run (base model)"
-ENGINES = ("torch", "jax")
 DEVICES = {"torch": ("auto", "cpu", "cuda"), "jax": ("auto", "cpu", "gpu", "tpu")}
 
 
@@ -55,20 +58,20 @@ class EvalRequest:
     """train|dev|all; None: dev for a named dataset, all for a JSONL path."""
     limit: int | None = None
     """Evaluate only the first N records of the split."""
-    engine: str = "torch"
-    """torch | jax | auto (jax for gpu/tpu devices or where torch is not installed, else torch)."""
+    engine: str = "auto"
+    """torch | jax | auto (train.engines.pick: the rule `tunix-rt train` uses)."""
     device: str = "auto"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     out: Path | None = None
     """Write here instead of the default place."""
+    judge: "JudgeConfig | None" = None
+    """An LLM judge (tunix_rt.eval.judge) scoring each prediction: `judge_score` per line and
+    its mean in metrics; a judge that fails fails the eval."""
 
     def __post_init__(self) -> None:
-        if self.engine == "auto":  # as `tunix-rt train` picks (JAX for gpu/tpu or without torch)
-            from tunix_rt.train.common import auto_engine
+        from tunix_rt.train import engines
 
-            object.__setattr__(self, "engine", auto_engine(self.device))
-        if self.engine not in ENGINES:
-            raise BadInput(f"engine must be one of {'|'.join(ENGINES)}, got {self.engine!r}")
+        object.__setattr__(self, "engine", engines.pick(self.engine, self.device))
         if self.device not in DEVICES[self.engine]:
             raise BadInput(f"device for engine {self.engine} must be one of {'|'.join(DEVICES[self.engine])}, got {self.device!r}")
         if self.limit is not None and self.limit < 1:
@@ -163,19 +166,6 @@ def _tokenizer_of(model_dir: Path, cfg: dict | None) -> str:
     return cfg["model"]  # a merged model saved without its tokenizer: the base model's
 
 
-def require_engine(engine: str) -> None:
-    """A clear BadInput, before anything loads, when the engine's framework is not installed
-    (a JAX-only install has no torch; a torch-only one no jax)."""
-    import importlib.util
-
-    need = {"torch": ("torch", "transformers", "peft"), "jax": ("jax", "flax", "tunix")}[engine]
-    missing = [m for m in need if importlib.util.find_spec(m) is None]
-    if missing:
-        other = "jax" if engine == "torch" else "torch"
-        raise BadInput(f"eval --engine {engine} needs {', '.join(missing)}, not installed here: pip install "
-                       f"'tunix-rt[{engine}]', or evaluate with --engine {other}")
-
-
 def resolve_device(engine: str, device: str) -> str:
     """"auto" made concrete, so the summary names the device that ran."""
     if device != "auto":
@@ -240,8 +230,9 @@ def run_eval(
     max_tokens)` and `on_tokens(n)` feed a progress display."""
     from tunix_rt.models.store import load_tokenizer
     from tunix_rt.traces.dataset import load_dataset
+    from tunix_rt.train import engines
 
-    require_engine(req.engine)
+    engines.require(req.engine)
     home = (home or Home.resolve()).ensure()
     started, t0 = _now(), time.perf_counter()
     target = resolve_target(req, home)
@@ -261,6 +252,11 @@ def run_eval(
     outs = gen.generate(prompts, req.decode, on_tokens)
     gen_s = time.perf_counter() - g0
     preds = [prediction(r, p, o) for r, p, o in zip(records, prompts, outs)]
+    scores = metrics(preds).to_dict()
+    if req.judge is not None:
+        from tunix_rt.eval.judge import judge_predictions
+
+        scores.update(judge_predictions(req.judge, records, preds))
     summary = {
         "eval_id": "",
         "model": target.model,
@@ -272,7 +268,7 @@ def run_eval(
         "dataset": {"name": ds.name, "version": ds.version, "split": split, "sha256": ds.sha256, "n": len(records)},
         "system_prompt": target.system_prompt,
         "decoding": req.decode.to_dict(),
-        "metrics": metrics(preds).to_dict(),
+        "metrics": scores,
         "by_category": by_category(preds),
         "started_at": started,
         "finished_at": _now(),
@@ -280,6 +276,8 @@ def run_eval(
         "generation_s": round(gen_s, 3),
         "tokens_per_s": round(sum(o.n_tokens for o in outs) / gen_s, 3) if gen_s > 0 else 0.0,
     }
+    if req.judge is not None:
+        summary["judge"] = req.judge.describe()
     summary["eval_id"] = dest.name
     return write_eval_dir(dest, preds, summary)
 
@@ -331,6 +329,7 @@ def write_eval_dir(dest: Path, preds: list[dict], summary: dict) -> Path:
             for p in preds:
                 f.write(json.dumps(p, ensure_ascii=False) + "\n")
         (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        fence.guard(f"evaluation {dest}")  # in a job: only while its worker holds the lease
         os.rename(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,9 +1,10 @@
-"""Greedy argmax over a large vocabulary without the fp32 head matmul: an int8 screen with a
-proven error bound, then exact fp32 logits for the few tokens that can still win.
+"""The next token over a large vocabulary without the fp32 head matmul: an int8 screen with a
+proven error bound, then exact fp32 logits for the few tokens that can still be chosen.
+Greedy (argmax) and sampling (Gumbel-max, `tunix_rt.eval.sampling`) give bit-identical ids
+to full logits.
 
 Why: at batch 8 the tied head of Gemma 3 (262,144 x 640, 671 MB in fp32) is more than half of
-a decode step's memory traffic on this CPU. Greedy decoding only needs the argmax, and the
-argmax is decided by a handful of tokens.
+a decode step's memory traffic on this CPU. A token is decided by a handful of logits.
 
 How (all per decode step, rows b of the batch, vocabulary rows v):
 
@@ -12,23 +13,49 @@ How (all per decode step, rows b of the batch, vocabulary rows v):
    group: nw_g = max ||w_v||₂ and nd_g = max ||w_v − s_g·wq_v||₂ (the exact quantisation error).
 2. Activations, two int8 levels: q1 = round(x / s), q2 = round((x − s·q1)·127 / s) with
    s = max|x| / 127, so x̂ = (s/127)(127·q1 + q2) and |x − x̂| ≤ s/254 per element.
-3. One int8 matmul `torch._int_mm([q1; q2], wq.T)` (exact int32: probed for saturation on the
-   machine before the screen is built, `int8_matmul_is_exact`) gives comb = 127·acc1 + acc2 (int64 when D > 1040 could overflow int32) and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
+3. One int8 matmul `torch._int_mm([q1; q2], wq.T)` gives comb = 127·acc1 + acc2 (int64 when
+   D > 1040 could overflow int32) and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
 4. The bound: x·w − x̂·ŵ = (x − x̂)·w + x̂·(w − ŵ), so by Cauchy–Schwarz
    |x·w − a| ≤ ||x − x̂||·nw_g + ||x̂||·nd_g, plus the fp32 rounding of the reference matmul
-   itself (at most D·2⁻²⁴·||x||·||w|| for any summation order), plus a safety margin.
-   Call it E_bg. L_b = max over groups of (max_v a − E_bg) is a lower bound on the best logit;
-   a token whose a + E_bg < L_b (minus a margin of 1e-3 + 1e-5·|L_b|) provably cannot be the
-   argmax. The test is one integer compare per logit: comb ≥ T_bg. (With a softcap the
-   margin is taken after the cap, where the argmax is taken.)
-5. The survivors (a median of about 1 token per row on GSM8K, at most a few thousand) get their
-   exact fp32 logits, as the reference computes them, and the first maximum wins, as
-   `torch.argmax` picks it. Gemma 2's final softcap is applied to those exact logits.
+   itself (at most γ·||x||·||w||, γ = D·2⁻²⁴/(1 − D·2⁻²⁴), for any summation order), plus a
+   margin of 1e-3 + 1e-5·|logit| taken where the decision is made (after Gemma 2's softcap).
+   Call it E_bg: the fp32 logit of token v lies in [a_v − E_bg, a_v + E_bg].
+5. Greedy: L_b = max over groups of (max_v a − E_bg) is a lower bound on the best logit; a
+   token with a + E_bg < L_b provably cannot be the argmax: one integer compare per logit,
+   comb ≥ T_bg.
+   Sampling (token = argmax of z/T + g over the allowed tokens, `tunix_rt.eval.sampling`),
+   per token with the row's noise g: without top-k/top-p, a token whose upper bound / T + g_v
+   is below the best lower bound / T + g_j cannot be drawn; with top-k, a token whose upper
+   bound is below the k-th largest lower bound cannot be in the top-k; with top-p alone, the
+   tokens below a cut hold a bounded mass, so the normaliser lies between two bounds and each
+   nucleus decision is taken only where it is the same at both (else full logits). Top-p
+   weighs the whole tail, so it adds a fine level: the weights' quantisation residual as a
+   second int8 matrix, which cuts E about 40x on Gemma 3 270M (median 1.7 -> 0.033 logits).
+   That path is exact but slower than the fp32 head on this CPU, so it is off by default
+   (`certify_top_p`): top-p alone takes full logits, top-k (with or without top-p) screens.
+6. The survivors (a median of about 1 token per row on GSM8K when greedy) get their exact fp32
+   logits, as the reference computes them, and the same rule as on full logits picks the
+   token (the first maximum on ties, as `torch.argmax`). Past a quarter of the vocabulary the
+   full matmul is cheaper than copying the rows, and is taken (the same bits).
 
-Bit-exactness of step 5: MKL's sgemm gives the same bits for a logit when the number of
+When no bound holds the step takes full logits (`full_rows` counts the rows), as the
+reference: a hidden state that is not finite; |x|·|w| near fp32 overflow, where the reference
+matmul's partial sums could round to inf and the rounding bound of 4. no longer holds (every
+product and partial sum is at most (1 + γ)·||x||·||w|| in magnitude, so below FLT_MAX the
+bound holds); a bound that is NaN or infinite; an int8 kernel that is not exact at this shape.
+Underflow costs at most D·2⁻¹⁴⁹ per logit, inside the margin. A head with a non-finite weight
+gets no screen at all (`build` returns None).
+
+The int8 kernel: the bound assumes exact int32 sums. oneDNN's AVX2 and AVX-512 (non-VNNI)
+kernels saturate int16 pair sums (vpmaddubsw; measured here with ONEDNN_MAX_CPU_ISA=AVX2);
+VNNI and AMX do not. oneDNN picks its implementation by ISA and shape, so
+`int8_matmul_is_exact` probes each shape the screen serves ([2B, D] x [D, V'] for B rows
+alive), once per process, before the screen uses it.
+
+Bit-exactness of 6.: MKL's sgemm gives the same bits for a logit when the number of
 vocabulary columns is a multiple of 256 (at the same number of rows), so the survivors are
-padded to a multiple of 256 columns.
-The bench (`benchmarks/bench_generate.py`) and the tests check the ids against full logits.
+padded to a multiple of 256 columns. The bench (`benchmarks/bench_generate.py`) and the tests
+check the ids against full logits.
 
 CPU only (`torch._int_mm` on CUDA wants other shapes, and there the fp32 head is not the
 bottleneck); `ScreenedArgmax.build` returns None elsewhere and the caller keeps full logits.
@@ -36,8 +63,10 @@ bottleneck); `ScreenedArgmax.build` returns None elsewhere and the caller keeps 
 
 from __future__ import annotations
 
-import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from tunix_rt.eval.sampling import allowed_ids, sample_full, scores
 
 if TYPE_CHECKING:
     import torch
@@ -50,40 +79,123 @@ REL_SAFETY = 1e-4
 """Relative slack on every computed norm (they are computed in fp64; this is generous)."""
 ABS_MARGIN = 1e-3
 REL_MARGIN = 1e-5
+FLT_MAX = 3.4028234663852886e38
+SCORE_SLACK = 1e-9
+"""Relative slack on fp64 scores and sums of masses (a sum of 2^20 positive terms is exact to
+1.2e-10 in any order)."""
+TAIL_SHARES = (0.2, 0.02)
+"""top-p: the tokens left unscored may hold at most this share of (1 − p) of the normaliser
+(upper bounds): first a generous cut, which decides most rows, then a tight one for the rows
+whose nucleus decision it could not settle; the rest take full logits."""
+BINS = 240
+"""top-p: the cut is searched in bins of 1/4 of (logit − best lower bound) / T, down to −60."""
+FULL_SHARE = 0.25
+"""Beyond this share of the vocabulary, copying the candidates' rows costs more than the full
+matmul: the step takes full logits (the same bits)."""
+INT32_MIN = -(2**31)
 
 
-@functools.lru_cache(maxsize=None)
-def int8_matmul_is_exact(dim: int) -> bool:
-    """Probe `torch._int_mm` on this machine at contraction length `dim` with the values that
-    would overflow an int16 pair sum (AVX2's vpmaddubsw saturates there; a VNNI or AMX kernel
-    does not) and with random ones, at the row counts a decode uses: the bound assumes exact
-    int32 sums, so a kernel that is not exact here turns the screen off."""
+PROBED: dict[tuple[int, int, int], bool] = {}
+"""(rows, dim, cols) -> whether `torch._int_mm` is exact at that shape, filled as the screen
+first serves each shape (this process)."""
+
+
+def int8_matmul_is_exact(rows: int, dim: int, cols: int) -> bool:
+    """Whether `torch._int_mm` at exactly this shape ([rows, dim] x [dim, cols]) sums exactly,
+    probed once per shape. The matrix holds all-127 and all-(-127) rows against all-127 and
+    all-(-127) activations (the values that overflow an int16 pair sum, where AVX2's
+    vpmaddubsw saturates) and random ones, tiled from one 256-row block so the expected result
+    costs a small fp64 matmul (exact: every sum is below 2^53)."""
     import torch
 
-    cols = 512
-    g = torch.Generator().manual_seed(0)
-    for rows in (2, 16):
-        for xv, wv in ((127, 127), (-127, 127), (-127, -127)):
-            xq = torch.full((rows, dim), xv, dtype=torch.int8)
-            wq = torch.full((cols, dim), wv, dtype=torch.int8)
-            if not torch.equal(torch._int_mm(xq, wq.t()), torch.full((rows, cols), xv * wv * dim, dtype=torch.int32)):
-                return False
+    shape = (rows, dim, cols)
+    if shape not in PROBED:
+        g = torch.Generator().manual_seed(0)
+        block = torch.randint(-127, 128, (256, dim), dtype=torch.int8, generator=g)
+        block[0], block[1] = 127, -127
         xq = torch.randint(-127, 128, (rows, dim), dtype=torch.int8, generator=g)
-        wq = torch.randint(-127, 128, (cols, dim), dtype=torch.int8, generator=g)
-        if not torch.equal(torch._int_mm(xq, wq.t()).long(), xq.long() @ wq.long().t()):
-            return False
-    return True
+        xq[0] = 127
+        xq[rows - 1] = -127
+        reps = -(-cols // 256)
+        want = (xq.double() @ block.double().t()).to(torch.int32).repeat(1, reps)[:, :cols]
+        PROBED[shape] = torch.equal(torch._int_mm(xq, block.repeat(reps, 1)[:cols].t()), want)
+    return PROBED[shape]
+
+
+def int_thresholds(low: "torch.Tensor", err: "torch.Tensor", step: "torch.Tensor", dtype) -> "torch.Tensor":
+    """floor((low_b − err_bg) / step_bg) as integers of `dtype`: comb below it cannot reach
+    low_b. A bound that is NaN or infinite keeps every token of that row and group (INT32_MIN):
+    no NaN is ever cast to an integer (that cast is undefined)."""
+    import torch
+
+    thr = torch.floor((low[:, None] - err) / step)
+    thr = torch.where(torch.isfinite(thr), thr, torch.full_like(thr, INT32_MIN))
+    return thr.clamp_(INT32_MIN, 2**31 - 1).to(dtype)
+
+
+@dataclass
+class Approx:
+    """One step's screen: comb [B, G, per] (integers) and per row and group the logit per unit
+    of comb (`step`) and the error bound (`err`), both [B, G] fp64."""
+
+    comb: "torch.Tensor"
+    step: "torch.Tensor"
+    err: "torch.Tensor"
+    bound_x: "torch.Tensor"  # [B, G]: ||x||·nw_g, a bound on |logit| (Cauchy–Schwarz)
+    residual: "torch.Tensor | None" = None
+    """[B, G, per] fp64, the fine level: x̂·r̂ (the int8 quantised weight residual), already
+    added into the approximation that `err` bounds."""
+
+
+class _TopPTail:
+    """For top-p through the screen, per row: the mass w = exp((upper − m) / T) of every token
+    at its upper bound (m: a lower bound on the row's best logit, so the normaliser is at least
+    1 in these units; at its lower bound a token's mass is at least w·exp(−span_g / T)), and
+    the upper-bound mass per bin of 1/4 in (upper − m) / T, down to −BINS/4. A cut between
+    bins leaves out the tokens below it, whose mass lies between those two sums."""
+
+    def __init__(self, up: "torch.Tensor", span: "torch.Tensor", t: float, vocab: int):
+        import torch
+
+        b = up.shape[0]
+        self.t = t
+        self.m = (up.amax(2) - span).amax(1)
+        u = up.sub_(self.m[:, None, None]).div_(t)  # in place: `up` is not needed after this
+        u.view(b, -1)[:, vocab:] = float("-inf")  # the padding copies: no mass, never inside
+        self.u = u.view(b, -1)
+        self.w = torch.exp(u)
+        self.decay = torch.exp(-span / t)  # [B, G]
+        self.total_lo = (self.w.sum(2) * self.decay).sum(1)  # a lower bound on the normaliser
+        self.bins = (u * 4).clamp_(min=-BINS).floor_().long().add_(BINS).view(b, -1)
+        width = int(self.bins.max()) + 1
+        flat = (self.bins + torch.arange(b)[:, None] * width).view(-1)
+        mass = torch.bincount(flat, weights=self.w.view(-1), minlength=b * width).view(b, width)
+        self.below = torch.cumsum(mass, 1)  # upper-bound mass of the bins up to each one
+
+    def cut(self, share: float):
+        """Leave out the lowest bins whose upper-bound mass stays within `share` of the
+        normaliser's lower bound: (inside [B, V'], the left-out mass's lower and upper bound
+        [B], the largest left-out upper bound on a logit [B])."""
+        b, g = self.w.shape[:2]
+        n_out = (self.below <= share * self.total_lo[:, None]).sum(1)  # bins left out
+        inside = self.bins >= n_out[:, None]
+        out = (self.w * ~inside.view(b, g, -1)).sum(2)  # [B, G]
+        top_out = self.u.masked_fill(inside, float("-inf")).amax(1)
+        return inside, (out * self.decay).sum(1), out.sum(1), self.m + self.t * top_out
 
 
 class ScreenedArgmax:
-    """argmax_v (x @ head.T)[b, v] (after an optional softcap), with int8 screening."""
+    """The next token of x @ head.T (after an optional softcap), greedy or sampled, with int8
+    screening; build with `ScreenedArgmax.build`."""
 
     def __init__(self, head: "torch.Tensor", softcap: float | None = None, groups: int = GROUPS,
-                 pad_cols: int = PAD_COLS):
+                 pad_cols: int = PAD_COLS, certify_top_p: bool = False):
         import torch
 
         if head.dim() != 2 or head.dtype != torch.float32:
             raise ValueError("the head must be a 2-D fp32 matrix")
+        if not bool(torch.isfinite(head).all()):
+            raise ValueError("the head has a non-finite weight: no bound holds")
         vocab, dim = head.shape
         self.head = head
         self.softcap = softcap
@@ -96,7 +208,7 @@ class ScreenedArgmax:
             order = torch.argsort(rowmax, stable=True)
             if padded > vocab:  # pad with copies of real rows: their logits are real logits
                 order = torch.cat([order, order[: padded - vocab]])
-            self.perm = order  # position in the screen -> token id
+            self.perm = order  # position in the screen -> token id (positions >= vocab: copies)
             self.wq = torch.empty((padded, dim), dtype=torch.int8)
             scale = torch.empty(self.groups, dtype=torch.float64)
             nw = torch.empty(self.groups, dtype=torch.float64)
@@ -120,66 +232,65 @@ class ScreenedArgmax:
         self.per = per
         self.pad_cols = max(1, pad_cols)
         self.gamma = dim * 2.0**-24 / (1 - dim * 2.0**-24)
+        self.certify_top_p = certify_top_p
+        """Top-p without top-k through the screen (certified nucleus, `_sample_top_p`); off by
+        default, where such a step takes full logits: on the AVX-512 VNNI CPU here (no AMX)
+        the fine level's second int8 matmul plus the per-token tail cost more than the fp32
+        head (bench_generate.py --mode sample). Top-k, with or without top-p, always screens."""
+        self._fine = None  # the residual level (see _residual_level), built on first use
         self.steps = 0
         self.candidates = 0
-        """Running totals: screened rows and tokens rescored exactly (for benchmarks)."""
+        self.full_rows = 0
+        """Running totals: rows decided through the screen, tokens rescored exactly for them
+        (summed over those rows), rows decided on full logits (see the module doc)."""
 
     @classmethod
     def build(cls, head: "torch.Tensor", softcap: float | None = None) -> "ScreenedArgmax | None":
-        """The screen for a CPU fp32 head, or None where it does not apply."""
+        """The screen for a CPU fp32 head, or None where it does not apply: not CPU fp32, a
+        small vocabulary (the plain matmul is already cheap), a non-finite weight, or an int8
+        kernel that saturates (no bound would hold)."""
         import torch
 
         if head.device.type != "cpu" or head.dtype != torch.float32 or not hasattr(torch, "_int_mm"):
             return None
-        if head.shape[0] < 4 * PAD_COLS:
-            return None  # a small vocabulary: the plain matmul is already cheap
-        if not int8_matmul_is_exact(head.shape[1]):
-            return None  # this CPU's int8 kernel saturates: no bound would hold
-        return cls(head, softcap)
+        if head.shape[0] < 4 * PAD_COLS or not bool(torch.isfinite(head).all()):
+            return None
+        screen = cls(head, softcap)
+        return screen if screen.kernel_exact(1) else None
+
+    def kernel_exact(self, batch: int) -> bool:
+        """The int8 kernel is exact at the shape a step with `batch` rows uses (probed once)."""
+        return int8_matmul_is_exact(2 * batch, self.dim, self.wq.shape[0])
+
+    # -----------------------------------------------------------------------------------
+    # Greedy
 
     def argmax(self, x: "torch.Tensor") -> "torch.Tensor":
         """The greedy next token of each row of x [B, D] (fp32)."""
-        import torch
-
-        b = x.shape[0]
-        if not bool(torch.isfinite(x).all()):  # no bound holds: full logits, as the reference
-            tokens, cand = torch.arange(self.vocab), torch.arange(self.vocab)
-        else:
-            cand = self.candidates_of(x)
-            tokens = self._padded(cand)
-        exact = torch.mm(x, self.head.index_select(0, tokens).t())
-        if self.softcap is not None:
-            exact = torch.tanh(exact / self.softcap) * self.softcap
-        self.steps += b
-        self.candidates += int(cand.numel()) * b
-        return tokens[exact.argmax(dim=1)]
+        ap = self.approx(x)
+        if ap is None:
+            return self._full(x).argmax(dim=1)
+        cand = self._greedy_candidates(ap)
+        tokens = self._padded(cand)
+        self._count(x.shape[0], cand.numel())
+        return tokens[self.exact_logits(x, tokens).argmax(dim=1)]
 
     def candidates_of(self, x: "torch.Tensor") -> "torch.Tensor":
-        """Sorted token ids that may hold some row's maximum (the union over the rows)."""
+        """Sorted token ids that may hold some row's maximum (the union over the rows); every
+        token where no bound holds."""
         import torch
 
-        b, g = x.shape[0], self.groups
-        sx = (x.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-        q1 = torch.round(x / sx[:, None]).clamp_(-127, 127)
-        q2 = torch.round((x - q1 * sx[:, None]) * 127 / sx[:, None]).clamp_(-127, 127)
-        acc = torch._int_mm(torch.cat([q1, q2]).to(torch.int8), self.wq.t())  # [2B, V] int32
-        if self.wide:
-            comb = acc[b:].long().add_(acc[:b].long(), alpha=127).view(b, g, self.per)
-        else:
-            comb = acc[b:].add_(acc[:b], alpha=127).view(b, g, self.per)  # 127*q1 + q2, exact
-        top = comb.amax(2).double()  # [B, G]
+        ap = self.approx(x)
+        return torch.arange(self.vocab) if ap is None else self._greedy_candidates(ap)
 
-        x64 = x.double()
-        c = sx.double() / 127  # x̂ = c * (127 q1 + q2)
-        xh = (q1.double() * 127 + q2.double()) * c[:, None]
-        dx = (x64 - xh).norm(dim=1) * (1 + REL_SAFETY)
-        nxh = xh.norm(dim=1) * (1 + REL_SAFETY)
-        nx = x64.norm(dim=1) * (1 + REL_SAFETY)
-        err = dx[:, None] * self.nw + nxh[:, None] * self.nd + self.gamma * nx[:, None] * self.nw
-        step = c[:, None] * self.scale[None, :]  # logit per unit of comb, [B, G]
-        low = self._margin((step * top - err).amax(1))  # under each row's best logit
-        thr = torch.floor((low[:, None] - err) / step).clamp_(-(2.0**31), 2.0**31 - 1)
-        keep = comb >= thr.to(comb.dtype)[:, :, None]
+    def _greedy_candidates(self, ap: Approx) -> "torch.Tensor":
+        import torch
+
+        b = ap.comb.shape[0]
+        top = ap.comb.amax(2).double()  # [B, G]
+        low = self._margin((ap.step * top - ap.err).amax(1))  # under each row's best logit
+        thr = int_thresholds(low, ap.err, ap.step, ap.comb.dtype)
+        keep = ap.comb >= thr[:, :, None]
         pos = keep.view(b, -1).any(0).nonzero().squeeze(1)
         return torch.unique(self.perm.index_select(0, pos))
 
@@ -199,12 +310,243 @@ class ScreenedArgmax:
         raw = torch.atanh(ratio.clamp(-1 + 1e-12, 1 - 1e-12)) * c
         return torch.where(ratio > -1 + 1e-12, raw, torch.full_like(raw, float("-inf")))
 
+    # -----------------------------------------------------------------------------------
+    # Sampling
+
+    def sample(self, x: "torch.Tensor", g: "torch.Tensor", cfg) -> "torch.Tensor":
+        """The sampled next token of each row of x [B, D] with Gumbel noise g [B, vocab]
+        (fp64): the same ids as `sampling.sample_full(full logits, g, cfg)`.
+
+        - top-k: only a token whose upper bound reaches the k-th largest lower bound can be in
+          the top-k; those are rescored and the top-k (and top-p within it) decided on their
+          exact logits, as on full logits.
+        - top-p alone (when `certify_top_p`, else full logits): the tokens are rescored whose
+          upper bounds are not in a tail of negligible mass; the normaliser lies between the
+          rescored mass plus the tail's lower and upper bounds, and each nucleus decision is
+          taken only where it is the same at both ends (else that row takes full logits).
+        - neither: a token whose upper bound / T + g cannot reach the best lower bound / T + g
+          cannot be drawn; the rest are rescored."""
+        top_k = 0 < cfg.top_k < self.vocab
+        top_p_alone = cfg.top_p < 1.0 and not top_k
+        ap = self.approx(x, fine=top_p_alone) if self.certify_top_p or not top_p_alone else None
+        if ap is None:  # no bound holds, or top-p alone while certify_top_p is off
+            return sample_full(self._full(x), g, cfg)
+        up, span = self._upper(ap)  # [B, G, per] in screen order, [B, G]
+        if top_p_alone:
+            return self._sample_top_p(x, g, cfg, up, span)
+        if top_k:
+            return self._sample_top_k(x, g, cfg, up, span)
+        return self._sample_gumbel(x, g, cfg, up, span, ap)
+
+    def _sample_gumbel(self, x, g, cfg, up, span, ap: Approx) -> "torch.Tensor":
+        b, t = x.shape[0], cfg.temperature
+        score = up.div_(t).add_(g.index_select(1, self.perm).view_as(up))  # upper bounds on z/T + g
+        best = (score.amax(2) - span / t).amax(1)  # a lower bound on each row's best score
+        # |z / T + g| <= (||x||·nw + err) / T + 1e3 (-log of a positive double is below 745)
+        slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
+        tokens, n = self._union((score >= (best - slack)[:, None, None]).view(b, -1))
+        pick = scores(self.exact_logits(x, tokens), g[:, tokens], t).argmax(dim=1)
+        self._count(b, n)
+        return tokens[pick]
+
+    def _sample_top_k(self, x, g, cfg, up, span) -> "torch.Tensor":
+        import torch
+
+        b = x.shape[0]
+        lo = (up - span[:, :, None]).view(b, -1)[:, : self.vocab]  # copies must not count twice
+        kth = torch.topk(lo, cfg.top_k, dim=1).values[:, -1]
+        tokens, n = self._union(up.view(b, -1) >= kth[:, None])
+        z = self.exact_logits(x, tokens)
+        picks = [tokens[ids[scores(z[r, ids], g[r, tokens[ids]], cfg.temperature).argmax()]]
+                 for r, ids in enumerate(allowed_ids(z, cfg))]
+        self._count(b, n)
+        return torch.stack(picks)
+
+    def _sample_top_p(self, x, g, cfg, up, span) -> "torch.Tensor":
+        import torch
+
+        b, t = x.shape[0], cfg.temperature
+        tail = _TopPTail(up, span, t, self.vocab)
+        picks: list[torch.Tensor | None] = [None] * b
+        pending, n = list(range(b)), 0
+        for share in TAIL_SHARES:  # a generous cut first, a tight one for the rows it left
+            inside, out_lo, out_hi, cut = tail.cut(share * (1 - cfg.top_p))
+            keep = torch.zeros_like(inside)
+            keep[pending] = inside[pending]
+            tokens, n = self._union(keep)
+            if tokens.numel() == self.vocab:
+                break  # as costly as full logits: take them
+            z = self.exact_logits(x, tokens)
+            for r in pending:
+                ids = torch.unique(self.perm[inside[r]])
+                zr = z[r, torch.searchsorted(tokens, ids)]
+                nucleus = self._certify(zr, (tail.m[r], out_lo[r], out_hi[r], cut[r]), cfg)
+                if nucleus is not None:
+                    ids = ids[nucleus]
+                    picks[r] = ids[scores(zr[nucleus], g[r, ids], t).argmax()]
+            pending = [r for r in pending if picks[r] is None]
+            if not pending:
+                break
+        if pending:  # full logits for the whole batch: the same rows as the reference's matmul
+            full = sample_full(self._full(x, count=False), g, cfg)
+            for r in pending:
+                picks[r] = full[r]
+            self.full_rows += len(pending)
+        self._count(b - len(pending), n)
+        return torch.stack(picks)  # type: ignore[arg-type]
+
+    def _certify(self, z: "torch.Tensor", tail, cfg) -> "torch.Tensor | None":
+        """The nucleus among the rescored tokens of a row (z exact, in ascending token id) as a
+        mask, when the top-p decision of every token is the same at both ends of the
+        normaliser's bound; None otherwise (the row then takes full logits)."""
+        import torch
+
+        m, out_lo, out_hi, cut = tail
+        t, p = cfg.temperature, cfg.top_p
+        z64 = z.double()
+        zmax = z64.max()
+        e = torch.exp((z64 - zmax) / t)  # as sampling.nucleus computes them
+        unit = torch.exp((m - zmax) / t)  # the tail's unit, in units of exp(zmax / T)
+        total_lo = (e.sum() + out_lo * unit) * (1 - SCORE_SLACK)
+        total_hi = (e.sum() + out_hi * unit) * (1 + SCORE_SLACK)
+        head = z64 > cut  # each of these comes before every other token, rescored or not
+        if not bool(e[head].sum() * (1 - SCORE_SLACK) >= p * total_hi):
+            return None  # the tokens after them might still be in the nucleus
+        pos = head.nonzero().squeeze(1)
+        order = pos[torch.sort(z[pos], descending=True, stable=True).indices]  # ties: lower id first
+        before = torch.cat([e.new_zeros(1), torch.cumsum(e[order], 0)[:-1]])
+        inside = before * (1 + SCORE_SLACK) < p * total_lo
+        outside = before * (1 - SCORE_SLACK) >= p * total_hi
+        if not bool((inside | outside).all()):
+            return None
+        mask = torch.zeros(z.shape[0], dtype=torch.bool)
+        mask[order[inside]] = True
+        return mask
+
+    # -----------------------------------------------------------------------------------
+    # The screen and the exact logits
+
+    def approx(self, x: "torch.Tensor", fine: bool = False) -> Approx | None:
+        """The int8 screen of x [B, D], or None where no bound holds this step (see the module
+        doc): the caller takes full logits. `fine` adds the weights' quantisation residual as
+        a second int8 level (one more int8 matmul), which shrinks the error bound about 40x
+        on Gemma 3 (the residual's Cauchy–Schwarz term dominates it)."""
+        import torch
+
+        b = x.shape[0]
+        x64 = x.double()
+        nx = x64.norm(dim=1) * (1 + REL_SAFETY)
+        bound_x = nx[:, None] * self.nw  # >= |x·w| for every row of the group
+        # NaN or inf x gives a NaN or inf norm: the comparison is False there too.
+        if not bool((bound_x * (1 + self.gamma) < FLT_MAX).all()) or not self.kernel_exact(b):
+            return None
+        sx = (x.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+        q1 = torch.round(x / sx[:, None]).clamp_(-127, 127)
+        q2 = torch.round((x - q1 * sx[:, None]) * 127 / sx[:, None]).clamp_(-127, 127)
+        lhs = torch.cat([q1, q2]).to(torch.int8)
+        comb = self._combine(torch._int_mm(lhs, self.wq.t()), b)  # [B, G, per], exact
+        c = sx.double() / 127  # x̂ = c * (127 q1 + q2)
+        xh = (q1.double() * 127 + q2.double()) * c[:, None]
+        dx = (x64 - xh).norm(dim=1) * (1 + REL_SAFETY)
+        nxh = xh.norm(dim=1) * (1 + REL_SAFETY)
+        nd, residual = self.nd, None
+        if fine:
+            rq, rscale, nd = self._residual_level()
+            residual = self._combine(torch._int_mm(lhs, rq.t()), b).double()
+            residual.mul_((c[:, None] * rscale[None, :])[:, :, None])
+        err = dx[:, None] * self.nw + nxh[:, None] * nd + self.gamma * bound_x
+        step = c[:, None] * self.scale[None, :]  # logit per unit of comb, [B, G]
+        if not bool(torch.isfinite(err).all() and (step > 0).all()):
+            return None
+        return Approx(comb, step, err, bound_x, residual)
+
+    def _combine(self, acc: "torch.Tensor", b: int) -> "torch.Tensor":
+        """127·acc(q1) + acc(q2) [B, G, per], in int64 where int32 could overflow."""
+        if self.wide:
+            return acc[b:].long().add_(acc[:b].long(), alpha=127).view(b, self.groups, self.per)
+        return acc[b:].add_(acc[:b], alpha=127).view(b, self.groups, self.per)
+
+    def _residual_level(self) -> tuple["torch.Tensor", "torch.Tensor", "torch.Tensor"]:
+        """The weights' quantisation residual r = w − s_g·wq, itself int8-quantised per group
+        (scale max|r| / 127), and per group the exact error left, max ||r − r̂||; built on first
+        use (top-p sampling): one more int8 copy of the head."""
+        import torch
+
+        if self._fine is None:
+            rq = torch.empty_like(self.wq)
+            rscale = torch.empty(self.groups, dtype=torch.float64)
+            nd = torch.empty(self.groups, dtype=torch.float64)
+            for g in range(self.groups):
+                part = slice(g * self.per, (g + 1) * self.per)
+                r = self.head.index_select(0, self.perm[part]).double() - self.wq[part].double() * self.scale[g]
+                rscale[g] = (r.abs().amax() / 127).clamp_min(torch.finfo(torch.float64).tiny)
+                q = torch.round(r / rscale[g]).clamp_(-127, 127)
+                rq[part] = q.to(torch.int8)
+                nd[g] = (r - q * rscale[g]).norm(dim=1).amax()
+            self._fine = (rq, rscale, nd * (1 + REL_SAFETY))
+        return self._fine
+
+    def _upper(self, ap: Approx) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Every token's logit (after the softcap, where the sampling rule reads it) lies in
+        [up − span_g, up], margins included: (up [B, G, per] fp64 in screen order, span
+        [B, G]). With a softcap the span is 2·(err + margin): c·tanh(·/c) is 1-Lipschitz."""
+        import torch
+
+        a = ap.comb.double().mul_(ap.step[:, :, None])
+        if ap.residual is not None:
+            a.add_(ap.residual)
+        if self.softcap is None:
+            width = self._width(ap)
+            return a.add_(width[:, :, None]), 2 * width
+        c = float(self.softcap)
+        margin = ABS_MARGIN + REL_MARGIN * c  # |capped logit| <= c
+        up = torch.tanh(a.add_(ap.err[:, :, None]).div_(c)).mul_(c).add_(margin)
+        return up, 2 * (ap.err + margin)
+
+    @staticmethod
+    def _width(ap: Approx) -> "torch.Tensor":
+        """[B, G] half-width of each token's logit interval without a softcap: the error bound
+        plus the margin (1e-3 + 1e-5·|logit|, with |logit| <= ||x||·nw_g + err)."""
+        return ap.err + ABS_MARGIN + REL_MARGIN * (ap.bound_x + ap.err)
+
+    def _union(self, keep: "torch.Tensor") -> tuple["torch.Tensor", int]:
+        """keep [B, V'] (screen order) -> (the kept token ids of all rows, sorted and padded
+        for the exact rescoring; how many were kept)."""
+        import torch
+
+        pos = keep.any(0).nonzero().squeeze(1)
+        cand = torch.unique(self.perm.index_select(0, pos))
+        return self._padded(cand), int(cand.numel())
+
+    def exact_logits(self, x: "torch.Tensor", tokens: "torch.Tensor") -> "torch.Tensor":
+        """[B, len(tokens)] fp32 logits of those tokens (sorted ids), as the reference computes
+        them (softcap included)."""
+        import torch
+
+        w = self.head if tokens.numel() == self.vocab else self.head.index_select(0, tokens)
+        z = torch.mm(x, w.t())
+        if self.softcap is not None:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
+
+    def _full(self, x: "torch.Tensor", count: bool = True) -> "torch.Tensor":
+        """Full logits [B, vocab] (where no bound holds)."""
+        import torch
+
+        if count:
+            self.full_rows += x.shape[0]
+        return self.exact_logits(x, torch.arange(self.vocab))
+
+    def _count(self, rows: int, rescored: int) -> None:
+        self.steps += rows
+        self.candidates += rescored * rows
+
     def _padded(self, tokens: "torch.Tensor") -> "torch.Tensor":
         """tokens (sorted, unique) plus filler ids up to a multiple of PAD_COLS, sorted."""
         import torch
 
         want = -(-max(1, tokens.numel()) // self.pad_cols) * self.pad_cols
-        if want >= self.vocab:
+        if want >= self.vocab * FULL_SHARE:
             return torch.arange(self.vocab)
         if tokens.numel() == want:
             return tokens

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.evidence import fsync_dir, sha256_file
+from tunix_rt.files import fsync_dir, sha256_file
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import Preset, get_preset
 from tunix_rt.models.store import MODEL_MANIFEST, installed_dir

@@ -191,7 +191,7 @@ def _logits_call(model, tokens, positions, attention_mask):
     return logits, None
 
 
-def _model_class(family: str, types: list[str]):
+def model_class(family: str, types: list[str]):
     """Tunix's Gemma class with two changes: `return_hidden=True` stops before the vocabulary
     projection (our chunked loss computes logits itself; it goes through `__call__` so that
     qwix's LoRA interception, which wraps only `__call__`, applies), and for Gemma 3 the
@@ -240,18 +240,74 @@ def _model_class(family: str, types: list[str]):
     return Gemma3
 
 
-def _gemma1_key_mapping(base):
-    """HF Gemma 1's `post_attention_layernorm` is the pre-MLP norm (Tunix: pre_ffw_norm)."""
+#: HF decoder-layer norm -> Tunix norm, per family (Gemma 1's `post_attention_layernorm` is its
+#: pre-MLP norm; Gemma 2 and 3 have four norms a layer)
+NORMS = {
+    "gemma": {"input_layernorm": "pre_attention_norm", "post_attention_layernorm": "pre_ffw_norm"},
+    "gemma2": {"input_layernorm": "pre_attention_norm", "post_attention_layernorm": "post_attn_norm",
+               "pre_feedforward_layernorm": "pre_ffw_norm", "post_feedforward_layernorm": "post_ffw_norm"},
+    "gemma3": {"input_layernorm": "pre_attention_norm", "post_attention_layernorm": "post_attention_norm",
+               "pre_feedforward_layernorm": "pre_ffw_norm", "post_feedforward_layernorm": "post_ffw_norm"},
+}
+_LAYER = re.compile(r"(?:language_model\.)?model\.layers\.([0-9]+)\.(.+)\.weight")
+_TOP = {"model.embed_tokens.weight": "embedder.input_embedding", "model.norm.weight": "final_norm.scale"}
 
-    def mapping(cfg):
-        out = dict(base(cfg))
-        out[r"model\.layers\.([0-9]+)\.post_attention_layernorm\.weight"] = (
-            r"layers.\1.pre_ffw_norm.scale",
-            None,
-        )
+
+class WeightTable:
+    """HF tensor names and layouts -> Tunix parameter keys and layouts (the inverse of
+    `hf_state`): our own table, so nothing depends on a loader's private helpers.
+
+    HF stores projections [out, in]; Tunix's einsums hold q as [N, D, H], k and v fused as
+    kv [2, K, D, H] (or q, k and v as qkv [3, N, D, H] when every head has its own KV head),
+    o as [N, H, D], the MLP kernels as [in, out]. q, k and v wait in `pending` until their
+    layer's set is complete. A tensor the model has no parameter for (lm_head, a vision
+    tower, rotary buffers) maps to nothing."""
+
+    def __init__(self, family: str, cfg):
+        self.norms, self.cfg = NORMS[family], cfg
+        self.fused = cfg.num_heads == cfg.num_kv_heads
+        self.pending: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, name: str, w) -> list[tuple[str, Any]]:
+        top = _TOP.get(name.removeprefix("language_model."))
+        if top:
+            return [(top, w)]
+        m = _LAYER.fullmatch(name)
+        if not m:
+            return []
+        i, part = m.groups()
+        pre, c = f"layers.{i}", self.cfg
+        if part in self.norms:
+            return [(f"{pre}.{self.norms[part]}.scale", w)]
+        if part in ("self_attn.q_norm", "self_attn.k_norm"):
+            return [(f"{pre}.attn.{'_query_norm' if part.endswith('q_norm') else '_key_norm'}.scale", w)]
+        if part == "self_attn.o_proj":
+            return [(f"{pre}.attn.attn_vec_einsum.w", w.T.reshape(c.num_heads, c.head_dim, c.embed_dim))]
+        if part in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+            return [(f"{pre}.{part}.kernel", w.T)]
+        if part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+            slot = part[len("self_attn.")]
+            heads = c.num_heads if slot == "q" else c.num_kv_heads
+            got = self.pending.setdefault(i, {})
+            got[slot] = w.reshape(heads, c.head_dim, c.embed_dim).transpose(0, 2, 1)  # [N, D, H]
+            return self._fuse(pre, i, got)
+        return []
+
+    def _fuse(self, pre: str, i: str, got: dict[str, Any]) -> list[tuple[str, Any]]:
+        import numpy as np
+
+        out = []
+        if self.fused:
+            if len(got) == 3:
+                out.append((f"{pre}.attn.qkv_einsum.w", np.stack([got.pop("q"), got.pop("k"), got.pop("v")])))
+        else:
+            if "q" in got:
+                out.append((f"{pre}.attn.q_einsum.w", got.pop("q")))
+            if "k" in got and "v" in got:
+                out.append((f"{pre}.attn.kv_einsum.w", np.stack([got.pop("k"), got.pop("v")])))
+        if not got:
+            self.pending.pop(i, None)
         return out
-
-    return mapping
 
 
 def tunix_config(model_dir: str | Path, dtype: str = "fp32", remat: bool = False):
@@ -295,20 +351,9 @@ def load_model(model_dir: str | Path, mesh=None, dtype: str = "fp32", remat: boo
     family, cfg = tunix_config(model_dir, dtype, remat)
     mesh = mesh if mesh is not None else make_mesh("auto")
     jdtype = getattr(jnp, DTYPES[dtype])
-    if family == "gemma3":
-        from tunix.models.gemma3 import params_safetensors as ps
-
-        key_mapping = ps._get_key_and_transform_mapping
-    else:
-        from tunix.models.gemma import params_safetensors as ps
-
-        key_mapping = ps._get_key_and_transform_mapping
-        if family == "gemma":
-            key_mapping = _gemma1_key_mapping(key_mapping)
-    model_class = _model_class(family, layer_types(read_hf_config(model_dir)))
+    cls = model_class(family, layer_types(read_hf_config(model_dir)))
     with jax.set_mesh(mesh):
-        model = stream_load(model_dir, model_class, cfg, key_mapping(cfg), mesh,
-                            ps._make_preprocess_fn(cfg), jdtype)
+        model = stream_load(model_dir, cls, cfg, WeightTable(family, cfg), mesh, jdtype)
     _check_loaded(model, model_dir)
     return model, cfg
 
@@ -347,18 +392,16 @@ def read_safetensors(path: str | Path):
             yield name, arr
 
 
-def stream_load(model_dir: str, model_class, cfg, key_map: dict, mesh, preprocess, dtype):
-    """Tunix's `safetensors_loader.load_and_create_model` (same key mapping, transforms,
-    q/k/v fusion, sharding and dtype), one tensor at a time: each is read, transformed and
-    put on its devices before the next is read. Tunix's loader maps the whole file and keeps
-    every tensor until all are on device, so its peak is about twice the model (measured on
-    Gemma 3 270M fp32: 3.07 GiB peak RSS after loading 1.0 GiB of weights); here it is the
-    model plus the largest tensor."""
+def stream_load(model_dir: str, model_class, cfg, table: WeightTable, mesh, dtype):
+    """The model with the directory's weights, one tensor at a time: each is read, mapped
+    (`WeightTable`), cast and put on its devices before the next is read. A loader that maps
+    the whole file and keeps every tensor until all are on device peaks at about twice the
+    model (measured with Tunix's on Gemma 3 270M fp32: 3.07 GiB peak RSS after loading 1.0 GiB
+    of weights); here it is the model plus the largest tensor."""
     import jax
     import numpy as np
     from flax import nnx
     from tunix.models.safetensors_loader import path_to_key
-    from tunix.utils.torch_utils import torch_key_to_jax_key
 
     abstract = nnx.eval_shape(lambda: model_class(cfg, rngs=nnx.Rngs(params=0)))
     graph_def, abs_state = nnx.split(abstract)
@@ -377,19 +420,11 @@ def stream_load(model_dir: str, model_class, cfg, key_map: dict, mesh, preproces
     files = sorted(Path(model_dir).glob("*.safetensors"))
     for f in files:
         for name, arr in read_safetensors(f):
-            try:
-                key, transform = torch_key_to_jax_key(key_map, name)
-            except ValueError:
-                continue  # e.g. vision tower weights of a multimodal checkpoint
-            if transform is not None:
-                permute, reshape = transform
-                if permute:
-                    arr = arr.transpose(permute)
-                if reshape:
-                    arr = arr.reshape(reshape)
-            for k, v in (preprocess({key: arr}) if preprocess else {key: arr}).items():
+            for k, v in table(name, arr):
                 place(k, v)
             del arr
+    if table.pending:
+        raise BadInput(f"{model_dir}: incomplete q/k/v projections in layers {sorted(table.pending)}")
 
     def pick(path, shape):
         value = loaded.pop(path_to_key(path), None)
@@ -421,13 +456,7 @@ def hf_state(model, family: str) -> dict:
     import numpy as np
     from flax import nnx
 
-    norms = {
-        "pre_attention_norm": "input_layernorm",
-        "post_attention_norm": "post_attention_layernorm",  # gemma3
-        "post_attn_norm": "post_attention_layernorm",  # gemma2
-        "pre_ffw_norm": "post_attention_layernorm" if family == "gemma" else "pre_feedforward_layernorm",
-        "post_ffw_norm": "post_feedforward_layernorm",
-    }
+    norms = {tunix: hf for hf, tunix in NORMS[family].items()}
     out: dict[str, np.ndarray] = {}
     for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         keys = [str(k) for k in path]

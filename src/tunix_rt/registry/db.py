@@ -17,7 +17,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunix_rt.home import Home
@@ -42,12 +42,15 @@ def make_engine(url: str) -> Engine:
     url = normalize_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
-        _sqlite_immediate(engine)
+        sqlite_immediate(engine)
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
 
 
-def _sqlite_immediate(engine: Engine) -> None:
+def sqlite_immediate(engine: Engine) -> None:
+    """WAL, a busy timeout and BEGIN IMMEDIATE on every connection `engine` opens from now
+    on (also applied to Optuna's engine on the same file: tunix_rt.sweep.study)."""
+
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # we emit BEGIN ourselves
@@ -102,22 +105,39 @@ def alembic_config(connection) -> Config:
     return cfg
 
 
+def registry_tables_only(name: str | None, type_: str, _parents: dict) -> bool:
+    """Alembic's filter: a migration compares and changes our tables only. Optuna's tables
+    (tunix_rt.sweep) share the database and are Optuna's to manage."""
+    from tunix_rt.registry.models import Base
+
+    return type_ != "table" or name in Base.metadata.tables
+
+
 def migrate(engine: Engine) -> None:
     """Upgrade to head, once, whoever else is starting at the same time."""
-    if engine.dialect.name == "postgresql":
-        with engine.connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
-            try:
-                conn.commit()
-                with conn.begin():
-                    command.upgrade(alembic_config(conn), "head")
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
-                conn.commit()
-        return
-    with _file_lock(engine):
-        with engine.begin() as conn:
+    with exclusive(engine) as conn:
+        with conn.begin():
             command.upgrade(alembic_config(conn), "head")
+
+
+@contextlib.contextmanager
+def exclusive(engine: Engine) -> Iterator[Connection]:
+    """A connection holding the database-wide schema lock (a PostgreSQL advisory lock, or an
+    exclusive file lock beside the SQLite file): schema changes happen under it, one process
+    at a time (our migrations; Optuna's tables, tunix_rt.sweep.study)."""
+    if engine.dialect.name != "postgresql":
+        with _file_lock(engine), engine.connect() as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": ADVISORY_LOCK_KEY})
+        try:
+            conn.commit()
+            yield conn
+        finally:
+            conn.rollback()
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ADVISORY_LOCK_KEY})
+            conn.commit()
 
 
 @contextlib.contextmanager

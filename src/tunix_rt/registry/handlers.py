@@ -3,14 +3,14 @@ parameters: never a command line, never a path. Files a job reads are named rela
 home (an upload by its sha256, a dataset by name, a model by catalog name, a run by id).
 
 Each handler calls the stage function the CLI calls, so a job does exactly what the command
-does. Side effects are idempotent under retries: an import writes the dataset version
+does (a `trial` runs one trial of a sweep: tunix_rt.sweep.trial). Side effects are idempotent under retries: an import writes the dataset version
 `job<ID>` (atomic rename; a retry that finds it reuses it), a retried train resumes from the
-last committed checkpoint of its own earlier attempt.
+last committed checkpoint of its own earlier attempt. A train job returns only when its run
+succeeded (manifest status and final outputs); a run stopped on request raises RunStopped.
 """
 
 from __future__ import annotations
 
-import inspect
 import re
 import threading
 from collections.abc import Callable
@@ -21,12 +21,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tunix_rt.errors import BadInput
+from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(@[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$"
 UPLOAD = r"^[0-9a-f]{64}\.jsonl$"
+FILENAME = r"^[A-Za-z0-9._-]{1,255}$"
 UPLOADS_DIR = "uploads"
 
 
@@ -34,6 +36,7 @@ class JobKind(str, Enum):
     train = "train"
     eval = "eval"
     import_ = "import"
+    trial = "trial"
 
 
 Scalar = str | int | float | bool | None | list[str]
@@ -46,6 +49,9 @@ class ImportParams(BaseModel):
     upload: Annotated[str, Field(pattern=UPLOAD)]
     name: Annotated[str, Field(pattern=NAME)]
     format: Literal["record", "gsm8k", "traces", "generic"] = "record"
+    filename: Annotated[str | None, Field(pattern=FILENAME)] = None
+    """The uploaded file's own name (reduced to a safe basename; a label, never opened): GSM8K
+    ids are named after it, as `data import FILE` names them after FILE (traces.importers)."""
 
 
 class TrainParams(BaseModel):
@@ -57,7 +63,7 @@ class TrainParams(BaseModel):
     evaluate: bool = True
     """After training, evaluate the adapter on the dev split (so it reaches the leaderboard)."""
     eval_limit: Annotated[int, Field(ge=1, le=100000)] = 32
-    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 128
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = DecodeConfig.max_new_tokens
 
     @model_validator(mode="after")
     def _check(self) -> "TrainParams":
@@ -73,10 +79,24 @@ class TrainParams(BaseModel):
         if "run_name" in self.overrides:
             raise ValueError("run_name is set by the job (job<ID>)")
         cfg = TrainConfig.load(self.preset, [f"{k}={_yaml_scalar(v)}" for k, v in self.overrides.items()])
-        for key in ("model", "dataset"):
-            if not re.match(REF, str(getattr(cfg, key))):
-                raise ValueError(f"{key} must be a name from the home, not a path: {getattr(cfg, key)!r}")
+        check_home_names(cfg)
         return cfg
+
+
+def check_home_names(cfg) -> None:
+    """A job's model and dataset are names from the home (any worker's), never paths."""
+    for key in ("model", "dataset"):
+        if not re.match(REF, str(getattr(cfg, key))):
+            raise ValueError(f"{key} must be a name from the home, not a path: {getattr(cfg, key)!r}")
+
+
+class TrialParams(BaseModel):
+    """One trial of a sweep (tunix_rt.sweep): the study holds the base config and the search
+    space; `fixed` pins some of the trial's parameters (the sweep's `enqueue` entries)."""
+
+    model_config = ConfigDict(extra="forbid")
+    study: Annotated[str, Field(pattern=NAME)]
+    fixed: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
 
 class EvalParams(BaseModel):
@@ -88,7 +108,7 @@ class EvalParams(BaseModel):
     dataset: Annotated[str, Field(pattern=REF)]
     split: Literal["train", "dev", "all"] = "dev"
     limit: Annotated[int | None, Field(ge=1, le=100000)] = None
-    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 256
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = DecodeConfig.max_new_tokens
 
     @model_validator(mode="after")
     def _check(self) -> "EvalParams":
@@ -152,17 +172,17 @@ def handle_import(ctx: JobContext, p: ImportParams) -> dict[str, Any]:
         src = ctx.home.root / UPLOADS_DIR / p.upload
         if not src.is_file():
             raise BadInput(f"upload {p.upload} is not in the home (upload it first)")
-        _import_dataset(src, p.format, p.name, version, ctx.home)
+        _import_dataset(src, p.format, p.name, version, ctx.home, p.filename)
     record_dataset(target, strict=True)
     return {"dataset": f"{p.name}@{version}", "path": str(target)}
 
 
-def _import_dataset(src: Path, fmt: str, name: str, version: str, home: Home) -> None:
+def _import_dataset(src: Path, fmt: str, name: str, version: str, home: Home, source_name: str | None) -> None:
     """The `data import` stage. Two attempts racing on one version: the loser finds it done."""
     from tunix_rt.traces.dataset import ImportRequest, import_dataset
 
     try:
-        import_dataset(ImportRequest(fmt=fmt, source=str(src), name=name, version=version), home)
+        import_dataset(ImportRequest(fmt=fmt, source=str(src), name=name, version=version, source_name=source_name), home)
     except Exception:
         if not (home.datasets / name / version / "manifest.json").is_file():
             raise
@@ -173,27 +193,59 @@ def handle_train(ctx: JobContext, p: TrainParams) -> dict[str, Any]:
 
     cfg = p.config()
     cfg.run_name = ctx.run_prefix
+    run_dir = train_for_job(ctx, cfg, ctx.should_stop)
+    require_succeeded(run_dir)
+    record_run(run_dir, strict=True, job_id=ctx.job_id)
+    result: dict[str, Any] = {"run_id": run_dir.name}
+    if p.evaluate:
+        if ctx.should_stop():  # the retry finds the run succeeded and only evaluates
+            from tunix_rt.train.run import RunStopped
+
+            raise RunStopped(f"run {run_dir.name} trained; stopped on request before its evaluation")
+        result["eval_id"] = _evaluate(ctx, None, run_dir, cfg.dataset, cfg.eval_split, p.eval_limit, p.max_new_tokens)
+    return result
+
+
+def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_run: bool = False) -> Path:
+    """The job's run (cfg.run_name starts with job<ID>): an earlier attempt's run that already
+    succeeded as it is, else trained, resuming the earlier attempt's last committed checkpoint.
+    one_run: resume the earlier attempt's run even before its first checkpoint (from step 0),
+    so the job has exactly one run (a sweep trial's). `should_stop` is polled after every step
+    (RunStopped once it says so)."""
     earlier = ctx.find_run_dir()
     if earlier is not None and _run_status(earlier) == "succeeded":
         run_dir = earlier  # an earlier attempt finished training and died before reporting
     else:
-        resume = earlier if earlier is not None and any(earlier.glob("checkpoints/*/COMMIT")) else None
-        train = _engine_train(cfg.engine)
-        kwargs: dict[str, Any] = {"resume": str(resume) if resume else None}
-        if "should_stop" in inspect.signature(train).parameters:
-            kwargs["should_stop"] = ctx.should_stop
-            ctx.cooperative = True
+        from tunix_rt.train.driver import train
+
+        resumable = earlier is not None and (one_run or any(earlier.glob("checkpoints/*/COMMIT")))
+        resume = earlier if resumable else None
+        ctx.cooperative = True  # the driver polls should_stop after every step
         ctx.interruptible = True
         try:
-            run_dir = Path(train(cfg, ctx.home, **kwargs))
+            run_dir = Path(train(cfg, ctx.home, resume=str(resume) if resume else None, should_stop=should_stop))
         finally:
             ctx.interruptible = False
     ctx.run_dir = run_dir
-    record_run(run_dir, strict=True, job_id=ctx.job_id)
-    result: dict[str, Any] = {"run_id": run_dir.name}
-    if p.evaluate and not ctx.should_stop():
-        result["eval_id"] = _evaluate(ctx, None, run_dir, cfg.dataset, cfg.eval_split, p.eval_limit, p.max_new_tokens)
-    return result
+    return run_dir
+
+
+def require_succeeded(run_dir: Path) -> None:
+    """A train job succeeds only with its run: manifest status succeeded and every final
+    output it lists present and non-empty."""
+    import json
+
+    try:
+        manifest = json.loads((run_dir / "run_manifest.json").read_text())
+    except (OSError, ValueError) as e:
+        raise TunixRtError(f"run {run_dir.name}: cannot read its manifest: {e}") from e
+    status, outputs = manifest.get("status"), manifest.get("outputs") or {}
+    if status != "succeeded":
+        raise TunixRtError(f"run {run_dir.name} ended {status!r}, not succeeded: {manifest.get('error', '')}")
+    missing = [k for k in outputs if not (run_dir / "final" / k).is_dir() or not any((run_dir / "final" / k).iterdir())]
+    if not outputs or missing:
+        raise TunixRtError(f"run {run_dir.name} says succeeded but its final outputs are missing: "
+                           f"{missing or 'none listed'}")
 
 
 def _run_status(run_dir: Path) -> str | None:
@@ -203,14 +255,6 @@ def _run_status(run_dir: Path) -> str | None:
         return json.loads((run_dir / "run_manifest.json").read_text()).get("status")
     except (OSError, ValueError):
         return None
-
-
-def _engine_train(engine: str) -> Callable[..., Path]:
-    if engine == "jax":
-        from tunix_rt.train.jax_engine import train
-    else:
-        from tunix_rt.train.torch_engine import train
-    return train
 
 
 def handle_eval(ctx: JobContext, p: EvalParams) -> dict[str, Any]:
@@ -223,7 +267,7 @@ def handle_eval(ctx: JobContext, p: EvalParams) -> dict[str, Any]:
 
 
 def _evaluate(ctx: JobContext, model: str | None, adapter: Path | None, dataset: str, split: str,
-              limit: int | None, max_new_tokens: int = 256) -> str:
+              limit: int | None, max_new_tokens: int) -> str:
     """The `eval` stage (tunix_rt.eval.runner.run_eval); returns the evaluation's registry id."""
     from tunix_rt.eval.generate import DecodeConfig
     from tunix_rt.eval.runner import EvalRequest, run_eval
@@ -238,10 +282,17 @@ def _evaluate(ctx: JobContext, model: str | None, adapter: Path | None, dataset:
     return str(eval_id)
 
 
+def handle_trial(ctx: JobContext, p: TrialParams) -> dict[str, Any]:
+    from tunix_rt.sweep.trial import run_trial
+
+    return run_trial(ctx, p)
+
+
 KINDS: dict[str, Kind] = {
     JobKind.import_.value: Kind(ImportParams, handle_import),
     JobKind.train.value: Kind(TrainParams, handle_train),
     JobKind.eval.value: Kind(EvalParams, handle_eval),
+    JobKind.trial.value: Kind(TrialParams, handle_trial),
 }
 
 

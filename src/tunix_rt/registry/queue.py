@@ -1,12 +1,21 @@
 """The job queue, in the registry database.
 
 Life of a job: queued → running (claimed with a lease) → succeeded | cancelled | dead.
-A failed attempt goes back to queued until `max_attempts`, then dead with its error.
+A failed attempt goes back to queued until `max_attempts`, then dead with its error. An
+attempt handed back by a worker that shut down (its run stopped at a committed checkpoint)
+goes back to queued without using up the budget: `max_attempts` grows by one with it, since
+`attempts` counts claims (it numbers each attempt's log chunks).
 
 Fencing: each claim increments `lease_token`; a worker writes heartbeats, logs and its result
 only with `WHERE lease_token = <its token> AND status = 'running'`. A worker whose lease
 expired (paused, partitioned, killed) and was reclaimed can therefore never overwrite the
-newer attempt: its writes match no row, and it learns that it lost the job.
+newer attempt: its writes match no row, and it learns that it lost the job. Its files are
+fenced the same way (tunix_rt.fence: the worker's guard renews the lease under its token).
+
+Time: every lease deadline is computed and compared by the database's clock (claim,
+heartbeat, reclaim), never by a worker's, so workers whose clocks disagree still agree on
+who holds a job. Times are naive UTC in both dialects: PostgreSQL's `now()` converted to UTC
+whatever the session's time zone, SQLite's `'now'` (UTC) in the text form SQLAlchemy stores.
 
 Claiming: PostgreSQL `SELECT … FOR UPDATE SKIP LOCKED`; SQLite one `UPDATE … WHERE id =
 (SELECT … LIMIT 1) AND status = 'queued' RETURNING` inside BEGIN IMMEDIATE (db.py).
@@ -18,7 +27,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import DateTime, func, select, type_coerce, update
+from sqlalchemy.sql.elements import ColumnElement
 
 from tunix_rt.errors import BadInput
 from tunix_rt.registry import db
@@ -26,6 +36,8 @@ from tunix_rt.registry.queries import NotFound
 from tunix_rt.registry.models import Job, JobLogChunk, utcnow
 
 QUEUED, RUNNING, SUCCEEDED, CANCELLED, DEAD = "queued", "running", "succeeded", "cancelled", "dead"
+FAILED, HANDBACK = "failed", "handback"
+"""Outcomes a worker reports besides the statuses: retry if the budget allows; requeue uncounted."""
 TERMINAL = (SUCCEEDED, CANCELLED, DEAD)
 STATUSES = (QUEUED, RUNNING, SUCCEEDED, CANCELLED, DEAD)
 
@@ -57,11 +69,20 @@ def enqueue(kind: str, params: dict[str, Any], *, max_attempts: int = 3, url: st
         return job.id
 
 
+def db_now(dialect: str, plus_s: float = 0.0) -> ColumnElement:
+    """The database's current time (+ plus_s seconds) as naive UTC, in SQL."""
+    if dialect == "postgresql":
+        now = func.timezone("UTC", func.now(), type_=DateTime)
+        return now + dt.timedelta(seconds=plus_s) if plus_s else now
+    # SQLAlchemy stores SQLite DateTime as 'YYYY-MM-DD HH:MM:SS.ffffff'; this text compares
+    # with it in the same order (same layout, milliseconds).
+    return type_coerce(func.strftime("%Y-%m-%d %H:%M:%f", "now", f"{plus_s:+.3f} seconds"), DateTime)
+
+
 def claim(owner: str, lease_s: float, *, url: str | None = None, kinds: tuple[str, ...] | None = None) -> Claim | None:
     """Take the oldest queued job, or None when there is none."""
     engine = db.get_engine(url)
-    now = utcnow()
-    expires = now + dt.timedelta(seconds=lease_s)
+    now, expires = db_now(engine.dialect.name), db_now(engine.dialect.name, lease_s)
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             q = select(Job.id).where(Job.status == QUEUED).order_by(Job.id).limit(1).with_for_update(skip_locked=True)
@@ -88,12 +109,13 @@ def claim(owner: str, lease_s: float, *, url: str | None = None, kinds: tuple[st
 
 
 def heartbeat(c: Claim, lease_s: float, *, url: str | None = None) -> str:
-    """Extend the lease. Returns "ok", "cancel" (cancel requested) or "lost" (fenced out)."""
-    now = utcnow()
+    """Extend the lease to lease_s from now (one round trip). Returns "ok", "cancel" (cancel
+    requested) or "lost" (fenced out)."""
     with db.session(url) as s:
+        dialect = s.get_bind().dialect.name
         res = s.execute(
             update(Job).where(Job.id == c.job_id, Job.lease_token == c.token, Job.status == RUNNING)
-            .values(lease_expires_at=now + dt.timedelta(seconds=lease_s), heartbeat_at=now)
+            .values(lease_expires_at=db_now(dialect, lease_s), heartbeat_at=db_now(dialect))
             .returning(Job.cancel_requested)
         ).first()
     if res is None:
@@ -112,17 +134,19 @@ def set_run(c: Claim, run_id: str, *, url: str | None = None) -> bool:
 def finish(c: Claim, status: str, *, result: dict[str, Any] | None = None, error: str | None = None,
            url: str | None = None) -> bool:
     """Write the outcome of this attempt, only while still holding the lease. `status` is
-    succeeded, cancelled, dead, or "failed" (retried while attempts remain, else dead)."""
+    succeeded, cancelled, dead, "failed" (retried while attempts remain, else dead) or
+    "handback" (queued again, the attempt not counted against max_attempts)."""
     with db.session(url) as s:
         job = s.scalars(select(Job).where(Job.id == c.job_id, Job.lease_token == c.token, Job.status == RUNNING)
                         .with_for_update()).first()
         if job is None:
             return False
-        if status == "failed":
-            if job.cancel_requested:
-                status = CANCELLED
-            else:
-                status = QUEUED if job.attempts < job.max_attempts else DEAD
+        if status in (FAILED, HANDBACK) and job.cancel_requested:
+            status = CANCELLED
+        elif status == HANDBACK:
+            status, job.max_attempts = QUEUED, job.max_attempts + 1
+        elif status == FAILED:
+            status = QUEUED if job.attempts < job.max_attempts else DEAD
         job.status = status
         job.error = error
         job.lease_owner = None
@@ -135,10 +159,11 @@ def finish(c: Claim, status: str, *, result: dict[str, Any] | None = None, error
 
 
 def reclaim_expired(*, url: str | None = None) -> int:
-    """Requeue (or bury, or cancel) running jobs whose lease ran out; returns how many."""
-    now = utcnow()
+    """Requeue (or bury, or cancel) running jobs whose lease ran out by the database's clock;
+    returns how many."""
     n = 0
     with db.session(url) as s:
+        now = s.scalar(select(db_now(s.get_bind().dialect.name)))
         for job in s.scalars(select(Job).where(Job.status == RUNNING, Job.lease_expires_at < now).with_for_update(skip_locked=True)):
             note = f"attempt {job.attempts}: lease expired (worker {job.lease_owner} stopped heartbeating)"
             if job.cancel_requested:

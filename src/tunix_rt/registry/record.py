@@ -3,7 +3,9 @@ DESIGN.md §2) and upserts rows, so calling it twice, or after `registry sync`, 
 
 The stages call these after they finish (`data import`, `model import`, `train`, `eval`).
 A registry problem must never fail the caller's command: the public functions log a warning
-and return None unless `strict=True` (used by `registry sync` and the tests).
+and return None unless `strict=True` (used by `registry sync` and the tests). The one
+exception is a fence refusal (fence.LeaseLost, only inside a worker's job): the writer lost
+the job and must stop, so it always propagates.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tunix_rt import fence
 from tunix_rt.errors import BadInput
 from tunix_rt.registry import db
 from tunix_rt.registry.models import Checkpoint, Dataset, Evaluation, Metric, ModelVersion, Prediction, Run
@@ -56,7 +59,9 @@ def record_eval(eval_dir: str | Path, *, url: str | None = None, strict: bool = 
 
 
 def _safely(fn: Callable[[], T], what: str, path: Any, strict: bool) -> T | None:
-    """Run `fn`, retrying once on a unique-key race with another process."""
+    """Run `fn` once the fence allows the write, retrying once on a unique-key race with
+    another process."""
+    fence.guard(f"registry write of {what} {path}")
     for attempt in (1, 2):
         try:
             return fn()

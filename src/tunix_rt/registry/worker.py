@@ -1,6 +1,13 @@
 """`tunix-rt worker`: claim a job, run it in this process while a heartbeat thread renews the
 lease, stores the job's output as log chunks and watches for cancellation, then write the
 outcome with the fencing token. Several workers (processes, machines) share one database.
+
+Outcomes tell what happened to the run: a train job whose run stopped because this worker
+is shutting down (SIGTERM) is handed back to the queue (its next worker resumes from the
+committed checkpoint), a cancelled one ends cancelled, and a job succeeds only when its
+stage did (a sweep trial stopped by its pruner did: its handler says so, tunix_rt.sweep.trial). While a job runs, its file and registry writes are fenced (tunix_rt.fence): a
+worker that lost the lease, or could not reach the database for a whole lease period,
+stops writing and drops its outcome.
 """
 
 from __future__ import annotations
@@ -17,12 +24,15 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from tunix_rt import fence
 from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.registry import queue
 from tunix_rt.registry.handlers import JobContext, run_job
 
 log = logging.getLogger("tunix_rt.worker")
+LOST = "lost"
+"""Not an outcome anyone writes: this worker no longer holds the job."""
 
 
 class JobCancelled(KeyboardInterrupt):
@@ -133,23 +143,25 @@ class Worker:
         sink = LogSink(sys.__stdout__)
         sink.write(f"[worker {self.owner}] job {c.job_id} ({c.kind}) attempt {c.attempt}\n")
         beat = _Heartbeat(self, c, ctx, sink)
-        beat.start()
-        status, result, error = self._execute(c, ctx, sink)
-        beat.stop()
-        if beat.lost.is_set():
-            log.warning("job %s: lease lost; outcome of attempt %s dropped", c.job_id, c.attempt)
+        try:
+            with fence.installed(beat.holds, c.token):
+                beat.start()
+                status, result, error = self._execute(c, ctx, sink)
+                beat.stop()
+                if status == LOST or beat.lost.is_set():
+                    log.warning("job %s: lease lost; outcome of attempt %s dropped", c.job_id, c.attempt)
+                    return LOST
+                if ctx.cancelled.is_set() and status != queue.SUCCEEDED:  # a cancel wins over all but success
+                    status, error = queue.CANCELLED, error or "cancelled while running"
+                beat.flush(f"[worker] attempt {c.attempt}: {status}{': ' + error.splitlines()[-1] if error else ''}\n")
+                written = queue.finish(c, status, result=result, error=error, url=self.cfg.url)
+            return status if written else LOST
+        finally:
             self.current = None
-            return "lost"
-        if self.shutdown.is_set() and status != queue.SUCCEEDED and not ctx.cancelled.is_set():
-            status, error = "failed", "worker stopped before the job finished"
-        if ctx.cancelled.is_set() and status != queue.SUCCEEDED:
-            status = queue.CANCELLED
-        beat.flush(f"[worker] attempt {c.attempt}: {status}{': ' + error.splitlines()[-1] if error else ''}\n")
-        written = queue.finish(c, status, result=result, error=error, url=self.cfg.url)
-        self.current = None
-        return status if written else "lost"
 
     def _execute(self, c: queue.Claim, ctx: JobContext, sink: LogSink) -> tuple[str, dict | None, str | None]:
+        from tunix_rt.train.run import RunStopped
+
         handler = logging.StreamHandler(sink)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root = logging.getLogger()
@@ -160,6 +172,16 @@ class Worker:
             if ctx.cancelled.is_set():
                 return queue.CANCELLED, result, "cancelled while running"
             return queue.SUCCEEDED, result, None
+        except fence.LeaseLost as e:
+            sink.write(f"lease lost: {e}\n")
+            return LOST, None, str(e)
+        except RunStopped as e:  # the stage stopped at a committed checkpoint, as asked
+            sink.write(f"stopped: {e}\n")
+            if ctx.cancelled.is_set():
+                return queue.CANCELLED, None, "cancelled while running"
+            if self.shutdown.is_set():
+                return queue.HANDBACK, None, f"attempt {c.attempt} handed back: worker {self.owner} shut down ({e})"
+            return queue.FAILED, None, f"RunStopped: {e}"
         except JobCancelled:
             sink.write("cancelled: stopped at the next step; committed checkpoints are kept\n")
             return queue.CANCELLED, None, "cancelled while running"
@@ -168,20 +190,24 @@ class Worker:
             return queue.DEAD, None, str(e)
         except Exception as e:  # noqa: BLE001 — any failure is the job's, retried by the queue
             sink.write(traceback.format_exc())
-            return "failed", None, f"{type(e).__name__}: {e}"
+            return queue.FAILED, None, f"{type(e).__name__}: {e}"
         finally:
             root.removeHandler(handler)
 
 
 class _Heartbeat(threading.Thread):
     """Renews the lease, stores output chunks, links a train job's run directory (and indexes
-    its metrics so curves grow live), and turns a cancel request into ctx.stop."""
+    its metrics so curves grow live), and turns a cancel request into ctx.stop. A database
+    that stays unreachable for a whole lease period stops the job: by then another worker
+    may have taken it over."""
 
     def __init__(self, worker: Worker, c: queue.Claim, ctx: JobContext, sink: LogSink) -> None:
         super().__init__(daemon=True, name=f"heartbeat-{c.job_id}")
         self.w, self.c, self.ctx, self.sink = worker, c, ctx, sink
         self.done = threading.Event()
         self.lost = threading.Event()
+        self.last_ok = time.monotonic()
+        """When the database last confirmed the lease (claim, heartbeat or fence guard)."""
         self.seq = 0
         self.linked: str | None = None
         self.interrupted = False
@@ -193,20 +219,53 @@ class _Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         try:
-            state = queue.heartbeat(self.c, self.w.cfg.lease_s, url=self.w.cfg.url)
+            state = self._renew()
         except Exception as e:  # noqa: BLE001 — a database hiccup: try again next beat
-            log.warning("heartbeat failed: %s", e)
+            silent = time.monotonic() - self.last_ok
+            if silent < self.w.cfg.lease_s:
+                log.warning("heartbeat failed (%.1f s without the database): %s", silent, e)
+                return
+            log.error("job %s: no database for %.1f s, a whole lease: stopping the job (%s)",
+                      self.c.job_id, silent, e)
+            self._lose()
             return
         if state == "lost":
-            self.lost.set()
-            self.ctx.stop.set()
             return
         if state == "cancel":
             self.ctx.cancelled.set()
             self.ctx.stop.set()
             self._interrupt()
         self.flush()
-        self._index_run()
+        try:
+            self._index_run()
+        except fence.LeaseLost:
+            self._lose()
+
+    def holds(self) -> bool:
+        """The fence's checker: renew the lease now (one round trip). While the database does
+        not answer it retries, for at most a lease period since the last confirmation, and
+        then raises (the guard refuses the write)."""
+        while True:
+            if self.lost.is_set():
+                return False
+            try:
+                return self._renew() != "lost"
+            except Exception:  # noqa: BLE001
+                if time.monotonic() - self.last_ok >= self.w.cfg.lease_s:
+                    raise
+                time.sleep(min(0.5, self.w.cfg.heartbeat_s / 4))
+
+    def _renew(self) -> str:
+        state = queue.heartbeat(self.c, self.w.cfg.lease_s, url=self.w.cfg.url)
+        if state == "lost":
+            self._lose()
+        else:
+            self.last_ok = time.monotonic()
+        return state
+
+    def _lose(self) -> None:
+        self.lost.set()
+        self.ctx.stop.set()
 
     def _interrupt(self) -> None:
         """A stage that cannot poll should_stop() is stopped with JobCancelled, once, through
@@ -237,16 +296,20 @@ class _Heartbeat(threading.Thread):
             return
         try:
             if not queue.append_log(self.c, self.seq, text, url=self.w.cfg.url):
-                self.lost.set()
-                self.ctx.stop.set()
+                self._lose()
         except Exception as e:  # noqa: BLE001
             log.warning("storing log chunk failed: %s", e)
         self.seq += 1
 
     def stop(self) -> None:
+        """Stop beating; store the last output; index the run once more (fenced)."""
         self.done.set()
         self.join()
         self.flush()
-        if self.ctx.run_dir is not None or self.ctx.find_run_dir() is not None:
-            with contextlib.suppress(Exception):
+        if not self.lost.is_set() and (self.ctx.run_dir is not None or self.ctx.find_run_dir() is not None):
+            try:
                 self._index_run()
+            except fence.LeaseLost:
+                self._lose()
+            except Exception as e:  # noqa: BLE001 — indexing is best effort; the files stay
+                log.warning("indexing the run of job %s failed: %s", self.c.job_id, e)

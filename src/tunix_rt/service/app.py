@@ -3,6 +3,7 @@ tests point it at a temporary home and database; `tunix-rt serve` runs it with u
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI, Request
@@ -14,7 +15,7 @@ from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.registry import db
 from tunix_rt.registry.queries import NotFound
 from tunix_rt.service.auth import TokenAuth
-from tunix_rt.service.routers import datasets, evaluations, health, jobs, models, runs
+from tunix_rt.service.routers import datasets, evaluations, health, jobs, models, openai, runs, sweeps
 from tunix_rt.service.settings import Settings
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -23,13 +24,16 @@ SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy"
 
 
 def create_app(settings: Settings) -> FastAPI:
-    """The API under /api (token required except /api/health), the UI at / and /static/."""
+    """The API under /api (token required except /api/health), the OpenAI-compatible
+    /v1 (token required), the UI at / and /static/."""
     db.get_engine(settings.database_url)  # migrate now, not on the first request
     app = FastAPI(title="tunix-rt", version=__version__, docs_url=None, redoc_url=None, openapi_url=None,
-                  description="Registry, jobs and evaluations of tunix-rt. Send `Authorization: Bearer <token>`.")
+                  description="Registry, jobs and evaluations of tunix-rt. Send `Authorization: Bearer <token>`.",
+                  lifespan=_lifespan)
     app.state.settings = settings
-    for r in (health, datasets, runs, jobs, evaluations, models):
+    for r in (health, datasets, runs, jobs, evaluations, models, sweeps):
         app.include_router(r.router)
+    openai.install(app)
     _errors(app)
     _ui(app)
 
@@ -41,6 +45,13 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(_BodyLimit, limit=settings.max_upload_bytes + 64 * 1024)
     app.add_middleware(TokenAuth, token=settings.token)
     return app
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    yield
+    if getattr(app.state, "models", None) is not None:  # stop the decode threads
+        app.state.models.close()
 
 
 def _errors(app: FastAPI) -> None:

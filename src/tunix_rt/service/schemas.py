@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tunix_rt.eval.generate import DecodeConfig
+
 
 class Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -135,6 +137,17 @@ class Comparison(BaseModel):
     """Wrong in A, right in B."""
     broken: list[FlippedItem]
     """Right in A, wrong in B."""
+    mcnemar_p: float
+    """Two-sided exact McNemar p-value of the flips (is the difference more than chance?)."""
+
+
+class Board(BaseModel):
+    """A leaderboard: the evaluations of one dataset and split."""
+
+    dataset: str
+    split: str
+    evaluations: int
+    latest: dt.datetime
 
 
 class JobPublic(Public):
@@ -168,9 +181,57 @@ class TrainSubmit(BaseModel):
     overrides: dict[str, Any] = Field(default_factory=dict)
     evaluate: bool = True
     eval_limit: int = 32
-    max_new_tokens: int = 128
+    max_new_tokens: int = DecodeConfig.max_new_tokens
 
 
 class Artifact(BaseModel):
     path: str
     size: int
+
+
+class SweepSummary(BaseModel):
+    name: str
+    created_at: str
+    trials_requested: int
+    trials_asked: int
+    best_value: float | None
+    params: list[str]
+
+
+class SweepTrial(BaseModel):
+    """One trial job of a sweep; trial, value and times stay null until a worker asks for it."""
+
+    job_id: int
+    job_status: str
+    attempts: int
+    trial: int | None
+    state: str
+    value: float | None
+    params: dict[str, Any]
+    last_step: int | None
+    intermediate: dict[str, float]
+    run_id: str | None
+    started_at: str | None
+    finished_at: str | None
+
+
+class SweepBest(BaseModel):
+    trial: int
+    value: float
+    params: dict[str, Any]
+    run_id: str | None
+    job_id: int | None
+    config: dict[str, Any]
+
+
+class SweepDetail(BaseModel):
+    name: str
+    created_at: str
+    objective: str
+    direction: str
+    trials_requested: int
+    counts: dict[str, int]
+    base: dict[str, Any]
+    space: dict[str, Any]
+    trials: list[SweepTrial]
+    best: SweepBest | None

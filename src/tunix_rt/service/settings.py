@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
 
 TOKEN_FILE = "service_token"
@@ -30,6 +31,16 @@ class Settings(BaseModel):
     """A log stream closes after this long (the client reconnects with Last-Event-ID)."""
     max_attempts: int = 3
     """Attempts a submitted job gets before it is marked dead."""
+    serve_device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where served models run (/v1/chat/completions, the playground)."""
+    serve_max_models: int = Field(2, ge=1)
+    """Models kept loaded at once; the least recently used is unloaded past this."""
+    serve_max_batch: int = Field(DecodeConfig().batch_size, ge=1)
+    """Completions (rows) one model decodes together; later requests wait in the queue."""
+    serve_max_queue: int = Field(64, ge=0)
+    """Requests allowed to wait for a free row per model; past this a request gets 429."""
+    serve_max_tokens: int = Field(1024, ge=1)
+    """Cap on max_tokens: a request asking for more gets at most this many."""
 
     @classmethod
     def from_home(cls, home: Home | None = None, **overrides) -> "Settings":

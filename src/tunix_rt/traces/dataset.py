@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import tunix_rt
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.evidence import fsync_dir
+from tunix_rt.files import fsync_dir
 from tunix_rt.home import Home
 from tunix_rt.traces.importers import FORMATS, get_importer, gsm8k_split_name
 from tunix_rt.traces.reader import DEFAULT_MAX_LINE_BYTES, Scan, scan
@@ -48,6 +48,7 @@ DATA, MANIFEST, REJECTS = "data.jsonl", "manifest.json", "rejects.jsonl"
 VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parent / "assets" / "gsm8k" / "train.jsonl"
 """GSM8K's train split (MIT), shipped inside the package so a wheel install has it too."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_FILE_NAME = re.compile(r"[^/\\\x00]{1,255}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -214,6 +215,10 @@ class ImportRequest:
     """Bad lines / all lines above which a quarantined import still fails."""
     allow_network: bool = False
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+    source_name: str | None = None
+    """The file's own name when `source` is a stored copy of it (an API upload is kept as
+    uploads/<sha256>.jsonl): GSM8K ids take their split part from this name, as they do from
+    the path's name otherwise, so an upload and `data import` of one file give the same ids."""
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
@@ -227,6 +232,8 @@ class ImportRequest:
             raise BadInput(f"--max-reject-rate {self.max_reject_rate}: must be in [0, 1]")
         if self.max_line_bytes < 1:
             raise BadInput("max_line_bytes must be positive")
+        if self.source_name is not None and not _FILE_NAME.fullmatch(self.source_name):
+            raise BadInput(f"source name {self.source_name!r}: a bare file name (no path), 1-255 characters")
 
 
 @dataclass
@@ -284,7 +291,7 @@ def _resolve_source(req: ImportRequest, home: Home, staging: Path) -> tuple[Path
     path = Path(req.source)
     if not path.is_file():
         raise BadInput(f"{req.source}: no such file")
-    return path, req.source, gsm8k_split_name(path.stem)
+    return path, req.source, gsm8k_split_name(Path(req.source_name or path.name).stem)
 
 
 def _manifest(name: str, version: str, source: str, result: Scan, digest: str, dev_fraction: float,

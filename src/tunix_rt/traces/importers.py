@@ -6,7 +6,12 @@ Formats (names used by `data import`, `data validate --format` and `read_traces`
 - `gsm8k`   `{"question", "answer"}`; the answer is the worked solution with `<<a*b=c>>`
             calculator notes and a final `#### 18` line. Steps are the solution lines without
             the notes; the answer is what follows `####`, commas removed. The id is
-            `gsm8k-<split>-<0-based line index, 5 digits>`.
+            `gsm8k-<split>-<0-based line index, 5 digits>`, <split> named after the source:
+            its file name without the extension, lower-cased, runs of other characters than
+            a-z0-9 as "-" (train.jsonl → gsm8k-train-00017; hf:openai/gsm8k@test → test).
+            An upload through the API keeps the uploaded file's own name for this, so the
+            same file gets the same ids, hence the same id-hash train/dev split, whether it
+            came through `data import` or the API (the vendored train.jsonl: gsm8k-train-…).
 - `traces`  the older trace format `{"trace_version", "prompt", "steps": [{"i", "type",
             "content"}], "final_answer", "meta"}`; steps are ordered by `i`, which must be
             exactly 0..N-1.

@@ -1,50 +1,57 @@
-"""Atomic, self-describing checkpoints: runs/<id>/checkpoints/step-000100/.
+"""One checkpoint contract for every engine and method: runs/<id>/checkpoints/step-000100/.
 
-A checkpoint is written into a temporary directory beside the final one, every file is
-fsynced, the directory is renamed into place, and only then is the COMMIT marker written
-(and fsynced). A directory without COMMIT is a write that died: resume ignores it and the
-next save removes it. Everything is safetensors or JSON, never pickle:
+A checkpoint is written into a temporary directory beside the final one (its name carries
+the writer: fence.tmp_name), every file is fsynced, the directory is renamed into place,
+and only then is the COMMIT marker written (and fsynced). A directory without COMMIT is a
+write that died: resume ignores it and the next save removes it. A job's writer commits,
+and prunes, only after `fence.guard` confirms it still holds the job's lease; only the
+owner of a temp dir (or whoever finds the owner dead) removes it. Inside:
 
-    weights.safetensors    trainable tensors by parameter name (the LoRA adapter, or all weights)
-    optimizer.safetensors  every tensor of the optimizer state, as state.<index>.<key>
-    optimizer.json         param groups, non-tensor state, and the parameter names by index
-    rng.safetensors        torch CPU (and CUDA) generator states, numpy's MT19937 key
-    state.json             step, data position and seed, python/numpy RNG scalars, model and
-                           dataset sha256, engine, created_at
-    config.yaml            the resolved run config
-    COMMIT                 written last
+    state.json     step, the method's data position, every RNG stream (python, numpy and the
+                   engine's), config digest, engine, device kind, model and dataset sha256,
+                   created_at — enough to refuse a checkpoint that is not this run's
+    config.yaml    the resolved run config
+    ...            the engine's payload: weights (trainable ones) and optimizer state as
+                   safetensors (torch), or safetensors / orbax (JAX); never pickle
+    COMMIT         written last
+
+The engine writes its payload (`Engine.save`), the driver decides when; this module owns
+the directory dance, keep-N and the checks on load.
+
+In a multi-process run (train.dist) every process calls `save`: process 0 makes the temp dir,
+every process's engine writes its part into it (or process 0 the state gathered from all),
+and process 0 commits only after a barrier every process reached. The payload has the same
+layout whatever the number of processes.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from tunix_rt.errors import TunixRtError
+from tunix_rt import fence
+from tunix_rt.errors import BadInput
+from tunix_rt.files import fsync_dir, fsync_tree, write_text_synced
+from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import DataPosition
 from tunix_rt.train.run import fault_point
 
 COMMIT = "COMMIT"
 PREFIX = "step-"
-
-
-@dataclass(frozen=True)
-class Restored:
-    """What a checkpoint gives back besides the tensors it loads in place."""
-
-    step: int
-    position: DataPosition
-    state: dict[str, Any]
-    path: Path
+STATE = "state.json"
+#: config fields that may differ between a checkpoint and the run resuming it: how a run is
+#: watched or exported, and engine/device as asked (what they resolve to is checked apart:
+#: state.json's engine and device_kind must match the resuming process's)
+DIGEST_EXEMPT = ("force", "merge", "log_interval", "engine", "device")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
@@ -65,149 +72,115 @@ def latest(run_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def save(run_dir: Path, step: int, params: dict, optimizer, position: DataPosition,
-         cfg: TrainConfig, meta: dict[str, Any], keep: int) -> Path:
-    """Write the checkpoint of `step` atomically, then drop all but the newest `keep`."""
-    from safetensors.torch import save_file
+def config_digest(cfg: TrainConfig) -> str:
+    """sha256 of the resolved config minus the fields a resume may change."""
+    data = {k: v for k, v in cfg.to_dict().items() if k not in DIGEST_EXEMPT}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
+
+def save(run_dir: Path, step: int, write_payload: Callable[[Path], dict[str, Any]],
+         state: dict[str, Any], cfg: TrainConfig, keep: int) -> Path:
+    """Write the checkpoint of `step` atomically, then drop all but the newest `keep`.
+    `write_payload(tmp)` is the engine's save; `state` the driver's facts (step, data
+    position, identities); the RNG streams of python and numpy are added here."""
     final = step_dir(run_dir, step)
-    tmp = final.parent / f".tmp-{final.name}-{os.getpid()}"
-    _clear_stale(final.parent)
-    if final.exists():  # an uncommitted leftover of the same step
-        shutil.rmtree(final)
-    tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in params.items()}, str(tmp / "weights.safetensors"))
-    opt_tensors, opt_json = flatten_optimizer(optimizer.state_dict(), list(params))
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
-    rng_tensors, rng_json = capture_rng()
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
-    state = {"step": step, "data_position": {"epoch": position.epoch, "cursor": position.cursor},
-             "data_seed": cfg.seed, "rng": rng_json, "created_at": _now(), **meta}
-    _write_text(tmp / "optimizer.json", json.dumps(opt_json))
-    _write_text(tmp / "state.json", json.dumps(state, indent=2))
-    _write_text(tmp / "config.yaml", cfg.to_yaml())
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
+    tmp = Path(dist.broadcast(str(_fresh_tmp(final)) if dist.is_main() else "", "checkpoint dir"))
+    engine_facts = write_payload(tmp)
+    dist.barrier(f"checkpoint {final.name}")  # every process's part is in
+    if not dist.is_main():
+        return final
+    full = {"step": step, **state, "config_digest": config_digest(cfg),
+            "rng": {"python": _python_rng(), "numpy": _numpy_rng(), **engine_facts.pop("rng", {})},
+            **engine_facts, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_text_synced(tmp / STATE, json.dumps(full, indent=2))
+    write_text_synced(tmp / "config.yaml", cfg.to_yaml())
+    fsync_tree(tmp)
     fault_point("ckpt-write")
+    try:
+        fence.guard(f"commit checkpoint {final}")
+    except fence.LeaseLost:
+        shutil.rmtree(tmp, ignore_errors=True)  # our own temp dir: nothing of ours stays behind
+        raise
+    clear_uncommitted(final.parent)  # under the lease: a half commit of a writer that lost it
     os.rename(tmp, final)
-    _fsync(final.parent)
-    _write_text(final / COMMIT, f"step {step}\n")
-    _fsync(final)
-    _prune(run_dir, keep)
+    fsync_dir(final.parent)
+    write_text_synced(final / COMMIT, f"step {step}\n")
+    fsync_dir(final)
+    prune(run_dir, keep)
     return final
 
 
-def load(ckpt: Path, params: dict, optimizer, expect: dict[str, Any]) -> Restored:
-    """Load weights and optimizer state in place and restore every RNG; refuse a checkpoint
-    made from another model or dataset (`expect` holds the current sha256 values)."""
-    from safetensors.torch import load_file
+def _fresh_tmp(final: Path) -> Path:
+    """An empty temp dir beside `final`, named after its writer; stale ones removed."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clear_stale(final.parent)
+    tmp = final.parent / fence.tmp_name(final.name)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
 
+
+def read_state(ckpt: Path) -> dict[str, Any]:
     if not (ckpt / COMMIT).is_file():
-        raise TunixRtError(f"{ckpt}: no COMMIT marker (an interrupted write)")
-    state = json.loads((ckpt / "state.json").read_text())
-    for key, value in expect.items():
-        if state.get(key) != value:
-            raise TunixRtError(f"{ckpt}: {key} is {state.get(key)!r}, this run has {value!r}; refusing to resume")
-    weights = load_file(str(ckpt / "weights.safetensors"))
-    if set(weights) != set(params):
-        missing, extra = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
-        raise TunixRtError(f"{ckpt}: weights do not match the model (missing {missing[:3]}, extra {extra[:3]})")
-    import torch
-
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(weights[name])
-    opt_json = json.loads((ckpt / "optimizer.json").read_text())
-    if opt_json["param_names"] != list(params):
-        raise TunixRtError(f"{ckpt}: optimizer parameter order differs from the model's")
-    optimizer.load_state_dict(unflatten_optimizer(load_file(str(ckpt / "optimizer.safetensors")), opt_json))
-    restore_rng(load_file(str(ckpt / "rng.safetensors")), state["rng"])
-    pos = state["data_position"]
-    return Restored(state["step"], DataPosition(pos["epoch"], pos["cursor"]), state, ckpt)
+        raise BadInput(f"{ckpt}: no COMMIT marker (an interrupted write)")
+    return json.loads((ckpt / STATE).read_text())
 
 
-def flatten_optimizer(sd: dict, names: list[str]) -> tuple[dict, dict]:
-    """torch optimizer state dict → (tensors for safetensors, JSON for the rest)."""
-    import torch
-
-    tensors, scalars = {}, {}
-    for idx, st in sd["state"].items():
-        for key, value in st.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state.{idx}.{key}"] = value.detach().contiguous().cpu()
-            else:
-                scalars.setdefault(str(idx), {})[key] = value
-    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars, "param_names": names}
+def check_resumable(ckpt: Path, expect: dict[str, Any]) -> dict[str, Any]:
+    """state.json of `ckpt` when every expected fact (engine, device kind, config digest,
+    model and dataset sha256) matches; BadInput naming what the run holds otherwise."""
+    state = read_state(ckpt)
+    bad = [f"{k}: the checkpoint has {state.get(k)!r}, this run {v!r}" for k, v in expect.items()
+           if state.get(k) != v]
+    if bad:
+        raise BadInput(f"{ckpt} cannot continue this run ({'; '.join(bad)}); resume it with what it "
+                       "was trained with, or start a new run")
+    return state
 
 
-def unflatten_optimizer(tensors: dict, meta: dict) -> dict:
-    state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        _, idx, name = key.split(".", 2)
-        state.setdefault(int(idx), {})[name] = value
-    for idx, st in meta["scalars"].items():
-        state.setdefault(int(idx), {}).update(st)
-    return {"state": state, "param_groups": meta["param_groups"]}
+def restore_host_rng(state: dict[str, Any]) -> None:
+    """python's and numpy's global RNG as the checkpoint recorded them."""
+    py = state["rng"]["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["rng"]["numpy"]
+    key = np.frombuffer(base64.b64decode(n["key"]), dtype=np.uint32)
+    np.random.set_state(("MT19937", key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
 
 
-def capture_rng() -> tuple[dict, dict]:
-    """Generator states of python, numpy and torch (CPU and every CUDA device)."""
-    import torch
-
-    np_state = np.random.get_state()
-    tensors = {"torch_cpu": torch.get_rng_state(), "numpy_key": torch.from_numpy(np_state[1].astype(np.int64))}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"torch_cuda_{i}"] = s
-    py = random.getstate()
-    scalars = {"python": [py[0], list(py[1]), py[2]],
-               "numpy": {"pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])}}
-    return tensors, scalars
+def _python_rng() -> list:
+    v, key, gauss = random.getstate()
+    return [v, list(key), gauss]
 
 
-def restore_rng(tensors: dict, scalars: dict) -> None:
-    import torch
-
-    torch.set_rng_state(tensors["torch_cpu"])
-    cuda = sorted(k for k in tensors if k.startswith("torch_cuda_"))
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
-    n = scalars["numpy"]
-    np.random.set_state(("MT19937", tensors["numpy_key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    v, key, gauss = scalars["python"]
-    random.setstate((v, tuple(key), gauss))
+def _numpy_rng() -> dict[str, Any]:
+    _name, key, pos, has_gauss, cached = np.random.get_state()
+    return {"key": base64.b64encode(np.asarray(key, np.uint32).tobytes()).decode(), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
 
 
-def _prune(run_dir: Path, keep: int) -> None:
-    for old in committed(run_dir)[:-keep]:
+def prune(run_dir: Path, keep: int) -> None:
+    """Keep the newest `keep` committed checkpoints (only the lease holder gets here)."""
+    old_ones = committed(run_dir)[:-keep]
+    if old_ones:
+        fence.guard(f"pruning the checkpoints of {run_dir}")
+    for old in old_ones:
         (old / COMMIT).unlink()  # uncommit first: a crash mid-delete leaves an ignored dir
         shutil.rmtree(old)
 
 
-def _clear_stale(root: Path) -> None:
-    """Remove temp dirs and uncommitted step dirs left by a killed writer."""
+def clear_stale(root: Path) -> None:
+    """Remove the temp dirs this process may remove: its own, and those of dead writers."""
     if not root.is_dir():
         return
     for p in root.iterdir():
-        if p.name.startswith(".tmp-") or (p.name.startswith(PREFIX) and not (p / COMMIT).is_file()):
+        if p.name.startswith(fence.TMP_PREFIX) and fence.may_delete(p.name):
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _write_text(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def clear_uncommitted(root: Path) -> None:
+    """Remove step dirs without COMMIT (a writer died between its rename and its marker).
+    Called by the lease holder only, right after its guard."""
+    for p in root.iterdir():
+        if p.name.startswith(PREFIX) and not (p / COMMIT).is_file():
+            shutil.rmtree(p, ignore_errors=True)

@@ -10,19 +10,6 @@ import typer
 
 from tunix_rt.errors import BadInput
 
-ENGINES = ("auto", "torch", "jax")
-DEVICES = ("auto", "cpu", "cuda", "gpu", "tpu")
-
-
-def pick_engine(engine: str, device: str) -> str:
-    """auto: JAX for the device names only it serves (gpu, tpu) or where torch is not
-    installed, PyTorch otherwise (common.auto_engine)."""
-    if engine != "auto":
-        return engine
-    from tunix_rt.train.common import auto_engine
-
-    return auto_engine(device)
-
 
 def train_cmd(
     overrides: Annotated[Optional[list[str]], typer.Argument(
@@ -43,17 +30,19 @@ def train_cmd(
 ) -> None:
     """Fine-tune a Gemma model on a trace dataset (LoRA or full); writes runs/<run_id>/."""
     from tunix_rt.home import Home
+    from tunix_rt.train import engines
     from tunix_rt.train.config import TrainConfig
 
     home = Home.resolve()
     items = list(overrides or [])
     if resume:
         if config or items:
-            raise BadInput("--resume continues a run with its own config; drop --config and key=value overrides")
+            raise BadInput("--resume continues a run with its own config; drop --config and key=value overrides "
+                           "(--engine and --device must resolve to what its checkpoint was trained with)")
         from tunix_rt.train.run import resolve_run
 
         config = str(resolve_run(resume, home) / "config.yaml")
-    for flag, value, allowed in (("engine", engine, ENGINES), ("device", device, DEVICES)):
+    for flag, value, allowed in (("engine", engine, engines.CHOICES), ("device", device, engines.DEVICES)):
         if value is not None:
             if value not in allowed:
                 raise BadInput(f"--{flag} must be one of {'|'.join(allowed)}, got {value!r}")
@@ -63,12 +52,12 @@ def train_cmd(
     if merge and not resume:
         items.append("merge=true")
     cfg = TrainConfig.load(config, items)
-    chosen = pick_engine(cfg.engine, cfg.device)
-    if chosen == "jax":
-        from tunix_rt.train.jax_engine import train as run_train
-    else:
-        from tunix_rt.train.torch_engine import train as run_train
-    run_dir = run_train(cfg, home, resume)
+    from tunix_rt.train import dist
+    from tunix_rt.train.driver import train
+
+    run_dir = train(cfg, home, resume)
+    if not dist.is_main():  # under torchrun: process 0 records and reports the run
+        return
     from tunix_rt.registry.record import record_run
 
     record_run(run_dir)  # the run directory stays the source of truth; the registry points at it

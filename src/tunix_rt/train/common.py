@@ -1,5 +1,5 @@
 """What both engines share and neither framework is needed for: the rendered examples of a
-run, its number of optimizer steps, the weights' digest, and atomic output directories.
+run, its number of optimizer steps, the dtype rule and the CPU allocator setting.
 
 Nothing here imports torch or JAX, so the JAX engine runs where torch is not installed
 (a Kaggle TPU image with `tunix-rt[jax,hub]`), and the torch engine never loads JAX.
@@ -7,12 +7,10 @@ Nothing here imports torch or JAX, so the JAX engine runs where torch is not ins
 
 from __future__ import annotations
 
-import hashlib
 import math
-import shutil
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import BatchStream
@@ -49,28 +47,11 @@ def steps_for(cfg: TrainConfig, examples: list, pad_id: int) -> int:
     return max(1, math.ceil(cfg.epochs * micro / cfg.grad_accum))
 
 
-def model_sha256(model_dir: Path) -> str:
-    """sha256 of the weights (of the sorted shard digests when sharded)."""
-    from tunix_rt.evidence import sha256_file
-
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if len(files) == 1:
-        return sha256_file(files[0])
-    joined = "\n".join(f"{f.name}:{sha256_file(f)}" for f in files)
-    return hashlib.sha256(joined.encode()).hexdigest()
-
-
-def atomic_dir(target: Path, write: Callable[[Path], Any]) -> Path:
-    """Build a directory with write(tmp) in a sibling temp dir, then rename it to target
-    (an older target, or a leftover temp dir of a killed run, is removed first)."""
-    tmp = target.parent / f".tmp-{target.name}"
-    for p in (tmp, target):
-        if p.exists():
-            shutil.rmtree(p)
-    tmp.mkdir()
-    write(tmp)
-    tmp.rename(target)
-    return target
+def check_dtype(cfg: TrainConfig, platform: str) -> None:
+    """bf16 on a CPU is refused (both engines): no bf16 matmul units on these CPUs."""
+    if platform == "cpu" and cfg.dtype == "bf16" and not cfg.force_bf16_cpu:
+        raise BadInput("dtype bf16 on a CPU is refused: these CPUs have no bf16 matmul units and bf16 "
+                       "runs ~300x slower than fp32 here; use dtype=fp32, or force_bf16_cpu=true")
 
 
 def tune_cpu_allocator() -> bool:
@@ -90,20 +71,3 @@ def tune_cpu_allocator() -> bool:
         return bool(ctypes.CDLL(name).mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         return False
-
-
-def auto_engine(device: str) -> str:
-    """What engine=auto means, for `train` and `eval` alike: JAX for the devices only it serves
-    (gpu, tpu) and where torch is not installed but JAX is (a `tunix-rt[jax]` install, as on
-    a Kaggle TPU image); PyTorch otherwise."""
-    if device in ("gpu", "tpu"):
-        return "jax"
-    try:
-        import torch  # noqa: F401  (the torch engine would import it next anyway)
-    except ImportError:
-        try:
-            import jax  # noqa: F401
-        except ImportError:
-            return "torch"  # neither: the torch engine's own check names what to install
-        return "jax"
-    return "torch"

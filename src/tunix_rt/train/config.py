@@ -15,6 +15,8 @@ import yaml
 
 from tunix_rt.errors import BadInput
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
+from tunix_rt.train import engines
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -39,8 +41,11 @@ class TrainConfig:
     """Held-out examples for that loss (the first N of the split; None: the whole split)."""
     limit: int | None = None
     """Use only the first N examples of the split (None: all)."""
-    method: str = "lora"
-    """lora (adapter only) or full (every weight)."""
+    method: str = "sft"
+    """What one step does: sft (next-token loss on the traces) or grpo (RL with verifiable
+    rewards, the GRPO family). The older spellings method=lora|full mean sft with that finetune."""
+    finetune: str = "lora"
+    """Which weights train: lora (an adapter only) or full (every weight)."""
     lora_rank: int = 16
     """LoRA rank r."""
     lora_alpha: float = 32.0
@@ -95,8 +100,9 @@ class TrainConfig:
     """Keep the newest N checkpoints."""
     loss_impl: str = "chunked"
     """chunked (fused linear cross-entropy, no [B, L, V] logits) or plain (reference)."""
-    loss_chunk_tokens: int = 1024
-    """Tokens per chunk of the chunked loss."""
+    loss_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    """Bytes of one chunk's fp32 logits in the chunked loss (256 MiB: 256 tokens of Gemma 3's
+    262K vocabulary); turned into tokens from the model's vocabulary (train/chunking.py)."""
     gradient_checkpointing: bool = False
     """Recompute layer activations in backward (remat) to save memory."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -114,14 +120,53 @@ class TrainConfig:
     run_name: str | None = None
     """Prefix of the run id (default: the model name)."""
 
+    # ----- reinforcement learning (method: grpo) -----------------------------------------
+    init: str | None = None
+    """grpo: start from a run (its LoRA adapter merged into its base, or its final/merged
+    model): the usual SFT → RL chain. The merged model becomes this run's model (and, with
+    LoRA, its reference policy). None: the model as given."""
+    rl_loss: str = "grpo"
+    """grpo (group-normalised advantages, sequence-mean-token-mean loss), dr_grpo (no std
+    division, token-sum / max_new_tokens) or dapo (clip-higher, token-mean, zero-variance
+    groups dropped and refilled)."""
+    group_size: int = 4
+    """G: completions sampled per prompt."""
+    rl_prompts: int = 4
+    """P: prompts per optimizer step (P x G completions, updated in micro-batches of batch_size)."""
+    rollout_max_new_tokens: int = 128
+    """Most tokens a rollout completion may have (the stop token counts)."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature of the rollouts (> 0)."""
+    rollout_top_p: float = 1.0
+    """Nucleus mass of the rollouts."""
+    rollout_top_k: int = 0
+    """Keep the k most likely tokens in the rollouts (0: all)."""
+    epsilon: float = 0.2
+    """Ratio clip: 1 - epsilon below."""
+    epsilon_high: float | None = None
+    """Ratio clip above (1 + epsilon_high); None: epsilon (dapo's clip-higher uses 0.28)."""
+    beta: float = 0.04
+    """KL coefficient to the reference policy (the adapter-off model; 0: no reference)."""
+    mu: int = 1
+    """Update iterations per rollout batch (each one an optimizer step on the same rollouts)."""
+    mask_truncated: bool = False
+    """Give no loss to completions cut at rollout_max_new_tokens (no stop token)."""
+    rewards: dict[str, Any] = field(default_factory=lambda: {"format": 0.5, "answer": 1.0})
+    """Reward name (or module:function) -> weight, or -> {weight: w, <param>: value}."""
+    dapo_max_draws: int = 4
+    """dapo: draw at most this many times rl_prompts groups to find rl_prompts informative ones."""
+
     def __post_init__(self) -> None:
-        self._check_choice("method", ("lora", "full"))
+        if self.method in ("lora", "full"):  # configs written before method meant sft|grpo
+            self.method, self.finetune = "sft", self.method
+        self._check_choice("method", ("sft", "grpo"))
+        self._check_choice("finetune", ("lora", "full"))
         self._check_choice("optimizer", ("adamw", "adafactor"))
         self._check_choice("schedule", ("cosine", "linear", "constant"))
         self._check_choice("dtype", ("fp32", "bf16"))
         self._check_choice("loss_impl", ("chunked", "plain"))
-        self._check_choice("engine", ("auto", "torch", "jax"))
-        self._check_choice("device", ("auto", "cpu", "cuda", "gpu", "tpu"))
+        self._check_choice("engine", engines.CHOICES)
+        self._check_choice("device", engines.DEVICES)
         self._check_choice("split", ("train", "dev", "all"))
         self._check_choice("eval_split", ("train", "dev", "all"))
         if not self.dataset:
@@ -132,7 +177,7 @@ class TrainConfig:
             else:
                 raise BadInput("config: set max_steps or epochs, not both")
         for name in ("batch_size", "grad_accum", "max_seq_len", "lora_rank", "log_interval",
-                     "keep_checkpoints", "loss_chunk_tokens"):
+                     "keep_checkpoints", "loss_chunk_bytes"):
             if getattr(self, name) < 1:
                 raise BadInput(f"config: {name} must be >= 1, got {getattr(self, name)}")
         for name in ("eval_interval", "save_interval", "warmup_steps", "weight_decay", "grad_clip"):
@@ -154,12 +199,42 @@ class TrainConfig:
         if unknown or not self.lora_targets:
             raise BadInput(f"config: lora_targets {sorted(unknown) or '[]'} not in {list(ALL_LORA_TARGETS)}")
         self._check_qlora()
+        self._check_rl()
         if isinstance(self.mesh, str) and self.mesh != "auto":
             raise BadInput(f"config: mesh must be 'auto' or a mapping like {{fsdp: 8, tp: 1}}, got {self.mesh!r}")
         if isinstance(self.mesh, dict):
             bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or int(v) < 1}
             if bad:
                 raise BadInput(f"config: mesh axes must be fsdp/tp with sizes >= 1, got {bad}")
+
+    def _check_rl(self) -> None:
+        self._check_choice("rl_loss", ("grpo", "dr_grpo", "dapo"))
+        for name in ("group_size", "rl_prompts", "rollout_max_new_tokens", "mu", "dapo_max_draws"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"config: {name} must be >= 1, got {getattr(self, name)}")
+        if self.method != "grpo":
+            return
+        if self.group_size < 2:
+            raise BadInput(f"config: group_size must be >= 2 (advantages compare completions of one prompt), "
+                           f"got {self.group_size}")
+        if self.rollout_temperature <= 0:
+            raise BadInput(f"config: rollout_temperature must be > 0 (rollouts sample), got {self.rollout_temperature}")
+        if not 0.0 < self.rollout_top_p <= 1.0 or self.rollout_top_k < 0:
+            raise BadInput("config: rollout_top_p must be in (0, 1] and rollout_top_k >= 0")
+        if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0) or self.beta < 0:
+            raise BadInput("config: epsilon and epsilon_high must be > 0, beta >= 0")
+        if self.beta > 0 and self.finetune != "lora":
+            raise BadInput("config: beta > 0 needs finetune=lora: the reference policy is the model with the "
+                           "adapter off (no second copy of the weights); with finetune=full set beta=0")
+        if self.rollout_max_new_tokens >= self.max_seq_len:
+            raise BadInput(f"config: rollout_max_new_tokens ({self.rollout_max_new_tokens}) must leave room for the "
+                           f"prompt in max_seq_len ({self.max_seq_len})")
+        if not isinstance(self.rewards, dict) or not self.rewards:
+            raise BadInput(f"config: rewards must be a non-empty mapping name -> weight, got {self.rewards!r}")
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     def _check_qlora(self) -> None:
         """lora_weight_qtype: a qwix type we support, and a run that would honour it (only the
@@ -170,9 +245,9 @@ class TrainConfig:
         if q not in LORA_QTYPES:
             raise BadInput(f"config: lora_weight_qtype must be one of {'|'.join(LORA_QTYPES)} "
                            f"(or null for plain LoRA), got {q!r}")
-        if self.method != "lora":
-            raise BadInput(f"config: lora_weight_qtype={q} (QLoRA) needs method=lora, got method={self.method}")
-        if self.engine == "torch" or (self.engine == "auto" and self.device not in ("gpu", "tpu")):
+        if self.finetune != "lora":
+            raise BadInput(f"config: lora_weight_qtype={q} (QLoRA) needs finetune=lora, got finetune={self.finetune}")
+        if engines.pick(self.engine, self.device) != "jax":
             raise BadInput(f"config: lora_weight_qtype={q} (QLoRA) runs on the JAX engine only; set engine=jax "
                            f"(engine={self.engine}, device={self.device} would train with PyTorch, unquantised)")
 
@@ -264,6 +339,10 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
             raise BadInput(f"{source}: {key} must be a list, got {value!r}")
         return [str(v) for v in value]
     if key == "mesh":
+        return value
+    if text.startswith("dict"):
+        if not isinstance(value, dict):
+            raise BadInput(f"{source}: {key} must be a mapping, got {value!r}")
         return value
     if not isinstance(value, str) and "str" in text:
         return str(value)

@@ -17,7 +17,9 @@ tensors of them on its device (`torch_engine.on_device`), so this module needs n
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,81 @@ class Batch:
     example_ids: list[str]
     n_tokens: int  # real (non-padding) tokens
     n_supervised: int  # positions with a target
+    coef: Any = None
+    """float32 [B, L]: each position's loss coefficient (train.engine), 0 without a target;
+    set by the method for the whole optimizer step (None: not yet weighted)."""
+    aux: dict[str, Any] = field(default_factory=dict)
+    """float32 [B, L] arrays a policy objective needs (old_logp, ref_logp, adv)."""
+
+
+def weighted(batches: list[Batch], norm: float | None = None) -> list[Batch]:
+    """SFT's coefficients: 1 / (supervised positions of the whole window) at every labelled
+    position, so the window's loss is the mean per supervised token however it is split."""
+    n = norm if norm is not None else sum(b.n_supervised for b in batches)
+    for b in batches:
+        b.coef = (b.labels != IGNORE).astype(np.float32) / np.float32(max(n, 1))
+    return batches
+
+
+def coef_of(batch: Batch) -> np.ndarray:
+    """The batch's coefficients; an unweighted batch counts each labelled position once."""
+    return batch.coef if batch.coef is not None else (batch.labels != IGNORE).astype(np.float32)
+
+
+def process_rows(batch: Batch, rank: int, world: int) -> Batch:
+    """Process `rank`'s share of a global micro-batch of a multi-process run: a contiguous
+    block of its rows, coefficients (normalised over the whole window) and aux kept, so
+    the sum of every process's loss is the one-process loss. A process left without a row
+    (fewer rows than processes) gets the first row with zero coefficients: it takes part in
+    every collective and adds nothing. (Example ids and token counts stay with the global
+    batch: the method logs those.)"""
+    if world == 1:
+        return batch
+    n = batch.input_ids.shape[0]
+    lo, hi = n * rank // world, n * (rank + 1) // world
+    rows, keep = (slice(lo, hi), 1.0) if hi > lo else (slice(0, 1), 0.0)
+    labels = batch.labels[rows]
+    return dataclasses.replace(
+        batch, input_ids=batch.input_ids[rows], labels=labels, position_ids=batch.position_ids[rows],
+        example_ids=[], n_tokens=0, n_supervised=int((labels != IGNORE).sum()) if keep else 0,
+        coef=coef_of(batch)[rows] * np.float32(keep),
+        aux={k: v[rows] for k, v in batch.aux.items()})
+
+
+def window_digest(batches: list[Batch]) -> str:
+    """sha256 of a step's global batches (ids, labels, positions, coefficients, aux): the
+    processes of a run compare it before they train on their rows."""
+    h = hashlib.sha256()
+    for b in batches:
+        for a in (b.input_ids, b.labels, b.position_ids, coef_of(b), *(b.aux[k] for k in sorted(b.aux))):
+            h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+class SeededOrder:
+    """An endless stream of indices into n items: epoch after epoch, each a permutation drawn
+    from (seed, epoch). Its whole state is a DataPosition (SFT batches and RL prompts alike)."""
+
+    def __init__(self, n: int, seed: int, position: DataPosition = DataPosition()):
+        self.n, self.seed, self.position = n, seed, position
+        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def peek(self) -> int:
+        return int(self._order(self.position.epoch)[self.position.cursor])
+
+    def take(self) -> int:
+        i = self.peek()
+        epoch, cursor = self.position.epoch, self.position.cursor + 1
+        if cursor == self.n:
+            epoch, cursor = epoch + 1, 0
+        self.position = DataPosition(epoch, cursor)
+        return i
 
 
 class BatchStream:
@@ -58,25 +135,21 @@ class BatchStream:
             raise BadInput("no training examples left (empty split, or all dropped as too long)")
         self.examples, self.batch_size, self.max_seq_len = examples, batch_size, max_seq_len
         self.packing, self.seed, self.pad_id = packing, seed, pad_id
-        self.position = position
-        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+        self.order = SeededOrder(len(examples), seed, position)
 
-    def _order(self, epoch: int) -> np.ndarray:
-        if epoch != self._perm_epoch:
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
-            self._perm_epoch = epoch
-        return self._perm
+    @property
+    def position(self) -> DataPosition:
+        return self.order.position
+
+    @position.setter
+    def position(self, value: DataPosition) -> None:
+        self.order.position = value
 
     def _peek(self) -> Rendered:
-        return self.examples[int(self._order(self.position.epoch)[self.position.cursor])]
+        return self.examples[self.order.peek()]
 
     def _take(self) -> Rendered:
-        ex = self._peek()
-        epoch, cursor = self.position.epoch, self.position.cursor + 1
-        if cursor == len(self.examples):
-            epoch, cursor = epoch + 1, 0
-        self.position = DataPosition(epoch, cursor)
-        return ex
+        return self.examples[self.order.take()]
 
     def next_rows(self) -> list[list[Rendered]]:
         """The examples of the next micro-batch, one list per row."""

@@ -1,37 +1,37 @@
-"""The JAX engine: the same runs as the PyTorch engine, on google-tunix (CPU, GPU, TPU).
+"""The JAX engine: the same runs as the PyTorch engine, on google-tunix's model code (CPU, GPU,
+TPU, sharded over a mesh).
 
-    train(cfg, home, resume) = devices → run dir → setup → tunix PeftTrainer.train → export
+It implements train.engine.Engine; the driver decides the order of things. What it uses of
+its libraries is public: Tunix's Gemma modules (loaded from the HF-layout directory by
+`models.jax_loader`, through our own weight table), qwix (Q)LoRA, optax, flax.nnx's
+split/merge. The step is ours:
 
-What Tunix provides and we use as is: its Gemma model code (loaded from the HF-layout
-directory by `models.jax_loader`), qwix LoRA / QLoRA, `PeftTrainer` (the jitted step,
-gradient accumulation through optax.MultiSteps, orbax checkpoints and automatic restore).
-What we pass in: our loss (`with_loss_fn`, chunked, model turn only), our model inputs
-(`with_gen_model_input_fn`), our data (a `DataHooks` over the same `BatchStream` the torch
-engine uses, so both see the same examples in the same order), and a metrics sink that
-writes the run directory's metrics.jsonl. Tunix does not save the data position: it goes
-into each orbax checkpoint's custom metadata, and a resumed run continues from it.
-
-Checkpoints: runs/<id>/checkpoints/step_000010/ (orbax; written to a temp dir and renamed
-by orbax, so a killed save is ignored on restore). Outputs: final/adapter/ (PEFT format)
-for LoRA, final/merged/ (HF layout) for full fine-tuning or on `merge: true`.
+- the model is split once into trainable parameters (LoRA factors, or every weight), the
+  frozen rest and the RNG state; a jitted gradient function takes them with one micro-batch
+  and returns the loss, the objective's statistics and the gradients (`train.jax_loss`: the
+  fused chunked objective, never [B, L, V] logits); a jitted update clips, applies the
+  optimizer and returns the new parameters and optimizer state. The update donates its
+  inputs, and the frozen weights are never an output, so no step holds a second copy of
+  the model (the 28.59 GiB failure of the system we replace was exactly that copy);
+- gradient accumulation sums the micro-batch gradients of coefficients normalised over the
+  whole window (by the method), so 8 x 1 equals 1 x 8, as in the torch engine;
+- every batch is right-padded to a width bucket (one compilation per bucket) and sharded
+  over the mesh's fsdp axis by rows when they divide;
+- checkpoints (train.checkpoint's contract) hold the trainable weights, the optimizer state
+  and the RNG state as safetensors, by tree path: a killed run resumes bit-exactly.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import shutil
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.evidence import peak_rss_bytes
-from tunix_rt.home import Home
 from tunix_rt.train.config import TrainConfig
+from tunix_rt.train.engine import NLL, Objective, StepResult
 
 PLATFORMS = {"auto": None, "cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}
 HOW_TO_GET = {
@@ -41,6 +41,9 @@ HOW_TO_GET = {
            "`nvidia-smi` lists a GPU",
     "cpu": "the CPU backend is always built in; check JAX_PLATFORMS",
 }
+#: batch widths are rounded up to a multiple of this (one compilation per width)
+WIDTH_BUCKET = 64
+WEIGHTS, OPTIMIZER, RNG = "weights.safetensors", "optimizer.safetensors", "rng.safetensors"
 
 
 # --------------------------------------------------------------------------- devices
@@ -73,7 +76,7 @@ def select_devices(device: str) -> list:
     if not found:
         have = jax.devices()
         names = ", ".join(sorted({str(d.device_kind) for d in have}))
-        raise TunixRtError(
+        raise BadInput(
             f"--device {device}: JAX found no {want.upper()} device; it sees {len(have)} "
             f"{have[0].platform} device(s) ({names}). To get one: {HOW_TO_GET[want]}"
         )
@@ -106,6 +109,8 @@ def _device_limit(d) -> int:
 
 def peak_memory_bytes(devices) -> int:
     """Accelerators: the largest peak bytes in use of any device; CPU: peak RSS."""
+    from tunix_rt.files import peak_rss_bytes
+
     peaks = []
     for d in devices:
         try:
@@ -138,7 +143,7 @@ def lora_module_path(cfg: TrainConfig, num_heads: int, num_kv_heads: int) -> str
     return r".*/(?:" + "|".join(mods) + ")"
 
 
-def apply_lora(model, cfg: TrainConfig, tcfg):
+def apply_lora(model, cfg: TrainConfig, tcfg, dropout: float | None = None):
     """qwix LoRA (QLoRA when lora_weight_qtype is set) on the targeted projections."""
     import qwix
     from flax import nnx
@@ -149,7 +154,8 @@ def apply_lora(model, cfg: TrainConfig, tcfg):
                  "tile_size": _tile(tcfg.embed_dim, tcfg.hidden_dim, tcfg.head_dim)}
     provider = qwix.LoraProvider(
         module_path=lora_module_path(cfg, tcfg.num_heads, tcfg.num_kv_heads),
-        rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, **extra,
+        rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout if dropout is None else dropout,
+        **extra,
     )
     return qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(cfg.seed), **model.get_model_input())
 
@@ -160,367 +166,22 @@ def _tile(*dims: int) -> int:
     return next(t for t in (256, 128, 64, 32, 16, 8, 4, 2, 1) if all(d % t == 0 for d in dims))
 
 
-def make_optimizer(cfg: TrainConfig, total_steps: int):
-    """optax optimizer with the torch engine's learning-rate curve (`schedule.lr_at`)."""
-    import jax.numpy as jnp
+def make_optimizer(cfg: TrainConfig):
+    """optax at unit learning rate (the step scales the update by the driver's lr, as torch's
+    optimizers do: AdamW's decoupled decay and Adafactor's update are both lr * (...)),
+    after clipping the global gradient norm to cfg.grad_clip."""
     import optax
 
-    from tunix_rt.train.schedule import lr_at
-
-    table = jnp.asarray([lr_at(s, cfg, total_steps) for s in range(total_steps)], jnp.float32)
-
-    def schedule(count):
-        return table[jnp.minimum(count, total_steps - 1)]
-
     if cfg.optimizer == "adafactor":
-        opt = optax.adafactor(learning_rate=schedule, weight_decay_rate=cfg.weight_decay or None)
+        opt = optax.adafactor(learning_rate=1.0, weight_decay_rate=cfg.weight_decay or None)
     else:
-        opt = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=cfg.weight_decay)
+        opt = optax.adamw(1.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=cfg.weight_decay)
     if cfg.grad_clip > 0:
         opt = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), opt)
     return opt
 
 
-# --------------------------------------------------------------------------- data
-
-def jax_batch(rows, pad_id: int, norm: float, process: tuple[int, int] = (0, 1)) -> dict[str, np.ndarray]:
-    """One micro-batch as numpy arrays for the trainer: the torch engine's collate (same ids,
-    labels, positions), and loss weights = supervised mask / norm. On several hosts each
-    process feeds its own rows."""
-    from tunix_rt.train.data import IGNORE, collate
-
-    b = collate(rows, pad_id)
-    ids = b.input_ids.astype(np.int32)
-    labels = b.labels
-    idx, count = process
-    per = ids.shape[0] // count
-    sl = slice(idx * per, (idx + 1) * per)
-    return {
-        "input_tokens": ids[sl],
-        "input_mask": (ids != pad_id)[sl],
-        "positions": b.position_ids.astype(np.int32)[sl],
-        "loss_weights": ((labels != IGNORE).astype(np.float32) / np.float32(norm))[sl],
-    }
-
-
-def fixed_width(batch: dict[str, np.ndarray], width: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Right-pad a batch to `width` so every step has the same shape (one compilation)."""
-    n = width - batch["input_tokens"].shape[1]
-    if n < 0:
-        raise TunixRtError(f"batch of width {batch['input_tokens'].shape[1]} > {width}")
-    if n == 0:
-        return batch
-    pad = {"input_tokens": pad_id, "input_mask": False, "loss_weights": 0.0}
-    out = {k: np.pad(v, ((0, 0), (0, n)), constant_values=pad.get(k, 0)) for k, v in batch.items()}
-    last = batch["positions"][:, -1:]
-    out["positions"][:, -n:] = last + 1 + np.arange(n)[None, :]
-    return out
-
-
-@dataclass
-class DataFeed:
-    """Tunix DataHooks: the train stream (resumable position) and the fixed eval batches."""
-
-    stream: Any
-    cfg: TrainConfig
-    total_steps: int
-    width: int
-    pad_id: int
-    eval_batches: list = field(default_factory=list)
-    log: Any = None
-    tokens: dict = field(default_factory=dict)
-    should_stop: Any = None
-    stopped_at: int | None = None
-    _eval_i: int = 0
-    _window: list = field(default_factory=list)
-    _norm: float = 1.0
-
-    def load_next_train_batch(self, trainer):
-        """The next micro-batch, or None after the last one of the run (or when asked to
-        stop: then the step just done is checkpointed with its data position first)."""
-        if trainer.iter_steps >= self.total_steps * self.cfg.grad_accum:
-            return None
-        if not self._window and self._stop_requested(trainer):
-            return None
-        if not self._window:
-            self._window = [self.stream.next_rows() for _ in range(self.cfg.grad_accum)]
-            step = trainer.train_steps + 1
-            self.tokens[step] = sum(len(ex.ids) for rows in self._window for row in rows for ex in row)
-            if self.log is not None:
-                self.log.log_order(step, [ex.id for rows in self._window for row in rows for ex in row])
-            self._norm = sum(sum(ex.loss_mask[1:].count(1) for ex in row)
-                             for rows in self._window for row in rows) / self.cfg.grad_accum
-        rows = self._window.pop(0)
-        return self._pack(rows, self._norm)
-
-    def _stop_requested(self, trainer) -> bool:
-        done = trainer.train_steps
-        if self.should_stop is None or done <= getattr(trainer, "first_step", 0) or not self.should_stop():
-            return False
-        if trainer.checkpoint_manager.latest_step() != done:
-            trainer.checkpoint_manager.save(done, trainer.model, trainer.optimizer,
-                                            save_only_lora_params=trainer._lora_enabled, force=True,
-                                            custom_metadata=trainer.custom_checkpoint_metadata())
-        self.stopped_at = done
-        return True
-
-    def _pack(self, rows, norm):
-        import jax
-
-        b = jax_batch(rows, self.pad_id, norm, (jax.process_index(), jax.process_count()))
-        return fixed_width(b, self.width, self.pad_id)
-
-    def load_next_eval_batch(self, trainer):
-        if self._eval_i >= len(self.eval_batches):
-            self._eval_i = 0
-            return None
-        self._eval_i += 1
-        return self.eval_batches[self._eval_i - 1]
-
-    def build_eval(self, examples: list) -> None:
-        """Eval batches in fixed order; each batch's loss is scaled so that the mean over
-        batches (what Tunix reports) is the mean per supervised token of the whole split."""
-        groups = [examples[i:i + self.cfg.batch_size] for i in range(0, len(examples), self.cfg.batch_size)]
-        total = sum(ex.loss_mask[1:].count(1) for ex in examples)
-        norm = total / max(len(groups), 1)
-        for g in groups:
-            rows = [[ex] for ex in g]
-            while len(rows) < self.cfg.batch_size:  # a short last batch: pad rows, no loss
-                rows.append([])
-            self.eval_batches.append(self._pack_eval(rows, norm))
-
-    def _pack_eval(self, rows, norm):
-        real = [r for r in rows if r]
-        b = self._pack(real, norm)
-        missing = len(rows) - len(real)
-        if missing:
-            b = {k: np.concatenate([v, np.zeros((missing,) + v.shape[1:], v.dtype)]) for k, v in b.items()}
-            b["positions"][-missing:] = np.arange(self.width)[None, :]
-        return b
-
-
-# --------------------------------------------------------------------------- the trainer
-
-def make_trainer_class():
-    """PeftTrainer that saves the data position with every checkpoint and, like the torch
-    engine, does not evaluate before the first step."""
-    from tunix.sft import peft_trainer
-
-    class Trainer(peft_trainer.PeftTrainer):
-        feed: DataFeed | None = None
-        extra_metadata: dict = {}
-
-        def custom_checkpoint_metadata(self) -> dict[str, Any]:
-            if self.feed is None:
-                return {}
-            pos = self.feed.stream.position
-            return {"data_position": {"epoch": pos.epoch, "cursor": pos.cursor},
-                    "optimizer_step": self.train_steps, **self.extra_metadata}
-
-        def _run_eval(self, eval_ds, eval_step_fn):
-            if self.train_steps == getattr(self, "first_step", -1):
-                return
-            super()._run_eval(eval_ds, eval_step_fn)
-
-        def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False):
-            """Tunix's jitted steps, with the model donated too (Tunix donates only the
-            optimizer). nnx.jit returns the model's whole state, frozen base weights
-            included: undonated, every step writes them into new buffers, a second copy of
-            the model at the peak (1 GB for Gemma 3 270M in fp32) and a copy's worth of time.
-            Donated, XLA aliases each unchanged weight to its input buffer."""
-            if skip_jit or cache_nnx_graph or self._jitted_train_step_fn is not None:
-                return super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
-            import functools
-
-            from flax import nnx
-            from jax.interpreters import pxla
-
-            self._shard_optimizer(pxla.thread_resources.env.physical_mesh)
-            train = nnx.jit(self.create_train_step_fn(), donate_argnames=("model", "optimizer"))
-            evaluate = nnx.jit(self.create_eval_step_fn(), donate_argnames=("model",))
-            self._jitted_train_step_fn = functools.partial(train, self.model, self.optimizer)
-            self._jitted_eval_step_fn = functools.partial(evaluate, self.model)
-            return self._jitted_train_step_fn, self._jitted_eval_step_fn
-
-    return Trainer
-
-
-class MetricsSink:
-    """Tunix's MetricsLogger interface → our metrics.jsonl / TensorBoard (run.MetricsLog).
-    Tunix reports a step's loss one step late (it overlaps logging with the next step);
-    the row carries that step's own number, lr and token count."""
-
-    def __init__(self, cfg: TrainConfig, total_steps: int, feed: DataFeed, devices):
-        from tunix_rt.train.schedule import lr_at
-
-        self.out = None  # the run's MetricsLog, set once the restored step is known
-        self.cfg, self.total, self.feed, self.devices = cfg, total_steps, feed, devices
-        self._lr = lambda step: lr_at(step - 1, cfg, total_steps)
-        self._row: dict[str, float] = {}
-        self._t = time.perf_counter()
-        self.last: dict[str, Any] = {}
-        self.last_eval: tuple[int, float] | None = None
-        self.bar = None
-
-    def log(self, prefix, name, value, mode, step):  # noqa: D401 - tunix's signature
-        value = float(np.asarray(value))
-        if str(mode) == "eval":
-            if name == "loss":
-                self.last_eval = (int(step), value)
-                self.out.log({"step": int(step), "eval_loss": value})
-            return
-        self._row[name] = value
-        if name == "grad_norm":
-            self._emit(int(step))
-
-    def _emit(self, step: int) -> None:
-        from tunix_rt.train.run import fault_point
-
-        now = time.perf_counter()
-        dt, self._t = now - self._t, now
-        tokens = self.feed.tokens.get(step, 0)
-        row = {"step": step, "loss": self._row["loss"], "lr": self._lr(step),
-               "grad_norm": self._row["grad_norm"], "tokens": tokens, "tokens_per_s": tokens / dt,
-               "step_s": dt, "peak_mem_bytes": peak_memory_bytes(self.devices)}
-        self.last, self._row = row, {}
-        if step % self.cfg.log_interval == 0 or step == self.total:
-            self.out.log(row)
-        if self.bar is not None:
-            self.bar.update(step, row["loss"], row["tokens_per_s"])
-        fault_point("step")
-
-    # the rest of tunix's MetricsLogger interface
-    def metric_exists(self, *a) -> bool:
-        return False
-
-    def get_metric(self, prefix, name, mode):
-        return self.last_eval[1] if self.last_eval else float("nan")
-
-    def close(self) -> None:
-        pass
-
-
-# --------------------------------------------------------------------------- setup
-
-@dataclass
-class Setup:
-    cfg: TrainConfig
-    devices: list
-    mesh: Any
-    model: Any
-    tcfg: Any
-    family: str
-    model_dir: Path
-    feed: DataFeed
-    total_steps: int
-    facts: dict[str, Any]
-
-
-def setup(cfg: TrainConfig, home: Home, devices) -> Setup:
-    import jax
-
-    from tunix_rt.models.jax_loader import load_model, make_mesh
-    from tunix_rt.models.store import ensure_model, load_tokenizer
-    from tunix_rt.train.data import BatchStream
-    from tunix_rt.train.common import load_data, model_sha256, steps_for
-
-    tok = load_tokenizer(cfg.model, home)
-    train_ex, eval_ex, data_facts = load_data(cfg, home, tok)
-    model_dir = ensure_model(cfg.model, home)
-    mesh = make_mesh(cfg.mesh, devices)
-    with jax.set_mesh(mesh):
-        model, tcfg = load_model(model_dir, mesh, cfg.dtype, remat=cfg.gradient_checkpointing)
-        if cfg.method == "lora":
-            model = apply_lora(model, cfg, tcfg)
-    from tunix_rt.models.jax_loader import family_of, read_hf_config
-
-    family = family_of(read_hf_config(model_dir))
-    total = steps_for(cfg, train_ex, tok.pad_id)
-    stream = BatchStream(train_ex, cfg.batch_size, cfg.max_seq_len, cfg.packing, cfg.seed, tok.pad_id)
-    width = batch_width(cfg, train_ex + eval_ex)
-    feed = DataFeed(stream, cfg, total, width, tok.pad_id)
-    feed.build_eval(eval_ex)
-    facts = {"dataset": data_facts,
-             "model": {"name": cfg.model, "dir": str(model_dir), "sha256": model_sha256(model_dir)}}
-    return Setup(cfg, devices, mesh, model, tcfg, family, model_dir, feed, total, facts)
-
-
-def batch_width(cfg: TrainConfig, examples: list) -> int:
-    """One sequence length for every batch (one compilation): the longest example (or
-    max_seq_len when packing), rounded up to a multiple of 8, at most max_seq_len."""
-    if cfg.packing:
-        return cfg.max_seq_len
-    longest = max((len(ex.ids) for ex in examples), default=8)
-    return min(cfg.max_seq_len, -(-longest // 8) * 8)
-
-
-def build_trainer(s: Setup, run_dir: Path, sink: MetricsSink):
-    """Tunix's PeftTrainer with our loss, inputs, data, checkpoints and metrics."""
-    import orbax.checkpoint as ocp
-    from tunix.sft import peft_trainer
-
-    from tunix_rt.train.jax_loss import make_loss_fn, model_inputs
-
-    cfg, total = s.cfg, s.total_steps
-    interval = cfg.save_interval or total
-
-    def should_save(step: int, last) -> bool:
-        return step % interval == 0 or step == total
-
-    options = ocp.CheckpointManagerOptions(
-        should_save_fn=should_save, max_to_keep=cfg.keep_checkpoints,
-        step_prefix="step", step_format_fixed_length=6,
-    )
-    tc = peft_trainer.TrainingConfig(
-        eval_every_n_steps=cfg.eval_interval or total + 1,
-        max_steps=total,
-        gradient_accumulation_steps=cfg.grad_accum if cfg.grad_accum > 1 else None,
-        checkpoint_root_directory=str(run_dir / "checkpoints"),
-        checkpointing_options=options,
-        pbar_description=None,
-    )
-    trainer = make_trainer_class()(s.model, make_optimizer(cfg, total), tc, metrics_logger=sink)
-    trainer._pbar = _NoBar()  # our rich progress bar (the sink) replaces tunix's
-    trainer.with_gen_model_input_fn(lambda b: model_inputs(**b))
-    trainer.with_loss_fn(make_loss_fn(cfg.loss_chunk_tokens, cfg.loss_impl))
-    trainer.with_data_hooks(s.feed)
-    trainer.feed = s.feed
-    trainer.extra_metadata = {"model_sha256": s.facts["model"]["sha256"],
-                              "dataset_sha256": s.facts["dataset"]["sha256"], "engine": "jax"}
-    return trainer
-
-
-class _NoBar:
-    def update_metrics(self, *a, **k):
-        pass
-
-    def update(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
-
-
-def restore_position(trainer, s: Setup) -> int:
-    """After Tunix restored the newest orbax checkpoint: put the data stream where it was
-    and refuse a checkpoint of another model or dataset."""
-    from tunix_rt.train.data import DataPosition
-
-    step = trainer.train_steps
-    if step == 0:
-        return 0
-    meta = dict(trainer._restored_custom_metadata or {})
-    for key in ("model_sha256", "dataset_sha256"):
-        if meta.get(key) != trainer.extra_metadata[key]:
-            raise TunixRtError(f"checkpoint step {step}: {key} {meta.get(key)!r} differs from this run's; refusing to resume")
-    pos = meta.get("data_position")
-    if pos is None:
-        raise TunixRtError(f"checkpoint step {step} has no data position; cannot resume exactly")
-    s.feed.stream.position = DataPosition(pos["epoch"], pos["cursor"])
-    return step
-
-
-def param_counts(model, method: str) -> dict[str, int]:
+def param_counts(model, finetune: str) -> dict[str, int]:
     """Parameters of the model and how many of them train (LoRA factors, or all)."""
     import jax
     from flax import nnx
@@ -531,251 +192,338 @@ def param_counts(model, method: str) -> dict[str, int]:
                    for x in jax.tree.leaves(var))
     lora = count(nnx.LoRAParam)
     total = count(nnx.Param)
-    return {"params": total - lora, "trainable_params": lora if method == "lora" else total}
+    return {"params": total - lora, "trainable_params": lora if finetune == "lora" else total}
 
 
-# --------------------------------------------------------------------------- outputs
+# --------------------------------------------------------------------------- the engine
 
-def lora_tensors(model) -> dict[str, np.ndarray]:
-    """The trained LoRA weights in PEFT names and HF layout (lora_A [r, in], lora_B [out, r])."""
-    out: dict[str, np.ndarray] = {}
-    for path, mod in model.iter_modules():
-        names = [str(p) for p in path]
-        if len(names) < 4 or names[0] != "layers":
-            continue
-        i, kind = names[1], names[-1]
-        pairs = _lora_pairs(mod)
-        if not pairs:
-            continue
-        a, b = pairs
-        out.update(_to_peft(i, kind, np.asarray(a, np.float32), np.asarray(b, np.float32)))
-    if not out:
-        raise TunixRtError("no LoRA weights found in the trained model")
-    return out
+class JaxEngine:
+    name: ClassVar[str] = "jax"
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.devs: list = []
+        self.mesh = None
+        self.model_dir: Path | None = None
+        self.tok = None
+        self.family = ""
+        self.graph = None  # the model's structure, as trained
+        self.eval_graph = None  # the same with LoRA dropout off (evaluation, rollouts)
+        self.params = None  # trainable (nnx.State)
+        self.rngs = None  # RNG state (LoRA dropout)
+        self.rest = None  # frozen weights and everything else
+        self.tx = None
+        self.opt_state = None
+        self._fns: dict[Any, Any] = {}
+
+    # ------------------------------------------------------------------ devices
+    def devices(self) -> dict[str, Any]:
+        from tunix_rt.train.common import check_dtype, tune_cpu_allocator
+
+        maybe_init_distributed()
+        self.devs = select_devices(self.cfg.device)
+        facts = device_facts(self.devs)
+        check_dtype(self.cfg, facts["platform"])
+        if facts["platform"] == "cpu":
+            tune_cpu_allocator()  # before the weights are loaded
+        return facts
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, model_dir: Path, tok) -> dict[str, Any]:
+        import jax
+        from flax import nnx
+
+        from tunix_rt.models.jax_loader import family_of, load_model, make_mesh, read_hf_config
+
+        cfg = self.cfg
+        self.model_dir, self.tok = Path(model_dir), tok
+        self.family = family_of(read_hf_config(model_dir))
+        self.mesh = make_mesh(cfg.mesh, self.devs)
+        with jax.set_mesh(self.mesh):
+            model, tcfg = load_model(model_dir, self.mesh, cfg.dtype, remat=cfg.gradient_checkpointing)
+            if cfg.finetune == "lora":
+                model = apply_lora(model, cfg, tcfg)
+            counts = param_counts(model, cfg.finetune)
+            kind = nnx.LoRAParam if cfg.finetune == "lora" else nnx.Param
+            self.graph, self.params, self.rngs, self.rest = nnx.split(model, kind, nnx.RngState, ...)
+            self.eval_graph = self.graph
+            if cfg.finetune == "lora" and cfg.lora_dropout > 0:
+                self.eval_graph = self._graph_without_dropout(model_dir, tcfg)
+            self.tx = make_optimizer(cfg)
+            self.opt_state = jax.jit(self.tx.init)(self.params)
+        return {**counts, "mesh": dict(self.mesh.shape)}
+
+    def _graph_without_dropout(self, model_dir: Path, tcfg):
+        """qwix applies LoRA dropout on every call (it has no eval mode): evaluation and
+        rollouts run through the same parameters in a structure built with dropout 0."""
+        import jax
+        from flax import nnx
+
+        from tunix_rt.models.jax_loader import layer_types, model_class, read_hf_config
+
+        cls = model_class(self.family, layer_types(read_hf_config(model_dir)))
+        abstract = nnx.eval_shape(lambda: apply_lora(cls(tcfg, rngs=nnx.Rngs(params=0)), self.cfg, tcfg, dropout=0.0))
+        graph, params, rngs, rest = nnx.split(abstract, nnx.LoRAParam, nnx.RngState, ...)
+        if [jax.tree.structure(x) for x in (params, rngs, rest)] != \
+                [jax.tree.structure(x) for x in (self.params, self.rngs, self.rest)]:
+            raise TunixRtError("the dropout-free LoRA model has another state structure")
+        return graph
+
+    def model(self, train: bool = False):
+        """The model (nnx) on the current weights: shares their buffers."""
+        from flax import nnx
+
+        return nnx.merge(self.graph if train else self.eval_graph, self.params, self.rngs, self.rest)
+
+    # ------------------------------------------------------------------ the step
+    def _fn(self, key, build):
+        if key not in self._fns:
+            self._fns[key] = build()
+        return self._fns[key]
+
+    def _grad_fn(self, objective: Objective):
+        import jax
+        from flax import nnx
+
+        from tunix_rt.train.jax_loss import hidden_states, head_of, plain_objective, token_objective
+        from tunix_rt.train.chunking import chunk_tokens
+
+        graph, impl, chunk_bytes = self.graph, self.cfg.loss_impl, self.cfg.loss_chunk_bytes
+
+        def loss_of(params, rngs, rest, b):
+            model = nnx.merge(graph, params, rngs, rest)
+            h = hidden_states(model, b["ids"], b["pos"], b["attn"])
+            emb, softcap = head_of(model)
+            if impl == "plain":
+                loss = plain_objective(h, emb, b["targets"], b["coef"], b["mask"], b["aux"], softcap, objective)
+                stats = jax.numpy.zeros(4, jax.numpy.float32)
+            else:
+                loss, stats = token_objective(h, emb, b["targets"], b["coef"], b["mask"], b["aux"],
+                                              chunk_tokens(chunk_bytes, emb.shape[0]), softcap, objective)
+            return loss, (stats, nnx.state(model, nnx.RngState))
+
+        def grad(params, rngs, rest, b):
+            (loss, (stats, rngs)), g = jax.value_and_grad(loss_of, has_aux=True)(params, rngs, rest, b)
+            return loss, stats, rngs, g
+
+        return jax.jit(grad)
+
+    def _update_fn(self):
+        import jax
+        import optax
+
+        tx = self.tx
+
+        def update(params, opt_state, grads, lr):
+            norm = optax.tree.norm(grads)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            updates = jax.tree.map(lambda u: (u * lr).astype(u.dtype), updates)
+            return optax.apply_updates(params, updates), opt_state, norm
+
+        return jax.jit(update, donate_argnums=(0, 1))
+
+    def gradients(self, batches: list, objective: Objective):
+        """(summed loss, summed statistics [4], summed gradients) of a window of micro-batches,
+        nothing applied (train_step's first half; the accumulation tests compare it)."""
+        import jax
+        import jax.numpy as jnp
+
+        from tunix_rt.train.run import fault_point
+
+        grad_fn = self._fn(("grad", objective), lambda: self._grad_fn(objective))
+        add = self._fn("add", lambda: jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,)))
+        total, stats, acc = 0.0, np.zeros(4), None
+        with jax.set_mesh(self.mesh):
+            for i, b in enumerate(batches):
+                loss, st, self.rngs, g = grad_fn(self.params, self.rngs, self.rest, self._device_batch(b))
+                acc = g if acc is None else add(acc, g)
+                total += float(loss)
+                stats += np.asarray(st, np.float64)
+                if i + 1 < len(batches):
+                    fault_point("accum")
+        return total, stats, acc
+
+    def train_step(self, batches: list, objective: Objective, lr: float) -> StepResult:
+        import jax
+        import jax.numpy as jnp
+
+        from tunix_rt.train.jax_loss import STAT_NAMES
+
+        total, stats, grads = self.gradients(batches, objective)
+        with jax.set_mesh(self.mesh):
+            update = self._fn("update", self._update_fn)
+            self.params, self.opt_state, norm = update(self.params, self.opt_state, grads, jnp.float32(lr))
+        named = dict(zip(STAT_NAMES, stats.tolist())) if objective.kind == "policy" else {}
+        return StepResult(total, float(norm), named)
+
+    def _device_batch(self, batch) -> dict[str, Any]:
+        """A data.Batch as device arrays, right-padded to a width bucket, rows over fsdp."""
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        from tunix_rt.train.data import IGNORE, coef_of
+        from tunix_rt.train.engine import POLICY_AUX
+        from tunix_rt.train.jax_loss import attention_mask
+
+        ids, labels, pos = (np.asarray(a) for a in (batch.input_ids, batch.labels, batch.position_ids))
+        b, n = ids.shape
+        width = -(-n // WIDTH_BUCKET) * WIDTH_BUCKET
+        pad = width - n
+        coef = coef_of(batch).astype(np.float32)
+        aux = np.stack([np.asarray(batch.aux[k], np.float32) if k in batch.aux else np.zeros((b, n), np.float32)
+                        for k in POLICY_AUX], axis=-1)
+        if pad:
+            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=self.tok.pad_id)
+            labels = np.pad(labels, ((0, 0), (0, pad)), constant_values=IGNORE)
+            pos = np.concatenate([pos, pos[:, -1:] + 1 + np.arange(pad)[None]], axis=1)
+            coef = np.pad(coef, ((0, 0), (0, pad)))
+            aux = np.pad(aux, ((0, 0), (0, pad), (0, 0)))
+        mask, real = labels != IGNORE, ids != self.tok.pad_id
+        host = {"ids": ids.astype(np.int32), "pos": pos.astype(np.int32), "targets": np.where(mask, labels, 0).astype(np.int32),
+                "coef": np.where(mask, coef, 0.0).astype(np.float32), "mask": mask, "aux": aux, "real": real}
+        fsdp = int(self.mesh.shape.get("fsdp", 1))
+        spec = PartitionSpec("fsdp") if fsdp > 1 and b % fsdp == 0 else PartitionSpec()
+        out = {k: jax.device_put(v, NamedSharding(self.mesh, spec)) for k, v in host.items()}
+        out["attn"] = attention_mask(out.pop("real"), out["pos"])
+        return out
+
+    def loss_sum(self, batch) -> float:
+        import jax
+
+        fn = self._fn("loss", lambda: self._forward_fn(logprobs=False))
+        with jax.set_mesh(self.mesh):
+            return float(fn(self.params, self.rngs, self.rest, self._device_batch(batch)))
+
+    def token_logprobs(self, batch, adapter: bool = True) -> np.ndarray:
+        """log p(target) [B, L] (0 where labels are IGNORE), no gradient. adapter=False: the
+        LoRA factors zeroed (B = 0: the base model's own output, no second copy of it)."""
+        import jax
+
+        fn = self._fn("logprobs", lambda: self._forward_fn(logprobs=True))
+        params = self.params
+        if not adapter and self.cfg.finetune == "lora":
+            params = jax.tree.map(jax.numpy.zeros_like, params)
+        with jax.set_mesh(self.mesh):
+            out = np.asarray(fn(params, self.rngs, self.rest, self._device_batch(batch)), np.float32)
+        labels = np.asarray(batch.labels)
+        from tunix_rt.train.data import IGNORE
+
+        out = out[:, :labels.shape[1]]
+        return np.where(labels != IGNORE, out, 0.0).astype(np.float32)
+
+    def _forward_fn(self, logprobs: bool):
+        import jax
+        from flax import nnx
+
+        from tunix_rt.train.chunking import chunk_tokens
+        from tunix_rt.train.jax_loss import chunked_logprobs, head_of, hidden_states, token_objective
+
+        graph, chunk_bytes = self.eval_graph, self.cfg.loss_chunk_bytes
+
+        def forward(params, rngs, rest, b):
+            model = nnx.merge(graph, params, rngs, rest)
+            h = hidden_states(model, b["ids"], b["pos"], b["attn"])
+            emb, softcap = head_of(model)
+            chunk = chunk_tokens(chunk_bytes, emb.shape[0])
+            if logprobs:
+                return chunked_logprobs(h, emb, b["targets"], chunk, softcap)
+            return token_objective(h, emb, b["targets"], b["coef"], b["mask"], None, chunk, softcap, NLL)[0]
+
+        return jax.jit(forward)
+
+    def generator(self):
+        """The eval generator (eval.jax_generate) on the current weights, dropout off."""
+        from tunix_rt.eval.jax_generate import JaxGenerator
+
+        return JaxGenerator(self.model(), self.tok, self.mesh)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: Path) -> dict[str, Any]:
+        from safetensors.numpy import save_file
+
+        save_file(flat(self.params), str(directory / WEIGHTS))
+        save_file(flat(self.opt_state), str(directory / OPTIMIZER))
+        save_file(flat(self.rngs, keys=True), str(directory / RNG))
+        return {"rng": {"jax": RNG}, "files": [WEIGHTS, OPTIMIZER, RNG]}
+
+    def restore(self, directory: Path, state: dict[str, Any]) -> None:
+        from safetensors.numpy import load_file
+
+        self.params = unflat(self.params, load_file(str(directory / WEIGHTS)), directory / WEIGHTS)
+        self.opt_state = unflat(self.opt_state, load_file(str(directory / OPTIMIZER)), directory / OPTIMIZER)
+        self.rngs = unflat(self.rngs, load_file(str(directory / RNG)), directory / RNG, keys=True)
+
+    # ------------------------------------------------------------------ outputs
+    def export(self, final_dir: Path) -> dict[str, str]:
+        from tunix_rt.train import export
+
+        cfg, model, out = self.cfg, self.model(), {}
+        if cfg.finetune == "lora":
+            out["adapter"] = str(export.publish(final_dir / "adapter", lambda d: export.export_adapter(
+                model, self.model_dir, d, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets,
+                weight_qtype=cfg.lora_weight_qtype)))
+        if cfg.finetune == "full" or cfg.merge:
+            scale = cfg.lora_alpha / cfg.lora_rank if cfg.finetune == "lora" else None
+            out["merged"] = str(export.publish(final_dir / "merged", lambda d: export.export_merged(
+                model, self.family, self.model_dir, d, scale)))
+        return out
+
+    def peak_memory_bytes(self) -> int:
+        return peak_memory_bytes(self.devs)
 
 
-def _lora_pairs(mod):
-    for w in ("w", "kernel"):
-        a, b = getattr(mod, f"{w}_lora_a", None), getattr(mod, f"{w}_lora_b", None)
-        if a is not None and b is not None:
-            return a[...], b[...]
-    return None
+# --------------------------------------------------------------------------- state <-> files
 
-
-def _to_peft(i: str, kind: str, a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    """qwix LoRA factors of one Tunix module → PEFT tensors of the HF projections it holds."""
-    pre = f"base_model.model.model.layers.{i}"
-    r = a.shape[-1] if kind != "attn_vec_einsum" else b.shape[0]
-
-    def pair(proj, A, B):
-        sub = "self_attn" if proj.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else "mlp"
-        return {f"{pre}.{sub}.{proj}.lora_A.weight": np.ascontiguousarray(A),
-                f"{pre}.{sub}.{proj}.lora_B.weight": np.ascontiguousarray(B)}
-
-    if kind == "q_einsum":  # a [D, r], b [r, N, H]
-        return pair("q_proj", a.T, b.reshape(r, -1).T)
-    if kind == "kv_einsum":  # a [D, r], b [r, 2, K, H]: k and v share A
-        return {**pair("k_proj", a.T, b[:, 0].reshape(r, -1).T), **pair("v_proj", a.T, b[:, 1].reshape(r, -1).T)}
-    if kind == "qkv_einsum":  # a [D, r], b [r, 3, N, H]
-        return {**pair("q_proj", a.T, b[:, 0].reshape(r, -1).T), **pair("k_proj", a.T, b[:, 1].reshape(r, -1).T),
-                **pair("v_proj", a.T, b[:, 2].reshape(r, -1).T)}
-    if kind == "attn_vec_einsum":  # a [N, H, r], b [r, D]
-        return pair("o_proj", a.reshape(-1, r).T, b.T)
-    if kind in ("gate_proj", "up_proj", "down_proj"):  # a [in, r], b [r, out]
-        return pair(kind, a.T, b.T)
-    raise TunixRtError(f"LoRA on an unknown Tunix module {kind!r}")
-
-
-def write_adapter(model, s: Setup, target: Path) -> None:
-    cfg = s.cfg
-    export_adapter(model, s.model_dir, target, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets,
-                   weight_qtype=cfg.lora_weight_qtype)
-
-
-def export_adapter(model, model_dir: Path, target: Path, rank: int, alpha: float, dropout: float,
-                   targets: list[str], weight_qtype: str | None = None) -> None:
-    """final/adapter: adapter_model.safetensors + adapter_config.json, loadable by
-    `peft.PeftModel.from_pretrained` (and so by the torch eval).
-
-    QLoRA (`weight_qtype` set): the factors were trained on the quantised base, but PEFT
-    adds them to the full-precision base in model_dir (as final/merged/ does): the exported
-    model is the trained one with the base's quantisation error taken out. Its logits equal
-    the JAX model's with the same factors on the unquantised base; they differ from the QLoRA
-    model's by that error (nf4 on the tiny test model: ~9% relative RMS per weight, ~0.17 of
-    the largest logit), and equal them on the dequantised base. tunix_rt_adapter.json records
-    the qtype."""
-    import json
-
-    from safetensors.numpy import save_file
-
-    save_file(lora_tensors(model), str(target / "adapter_model.safetensors"))
-    config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(model_dir),
-        "r": rank, "lora_alpha": alpha, "lora_dropout": dropout,
-        "target_modules": sorted(targets), "bias": "none", "fan_in_fan_out": False,
-        "inference_mode": True, "use_rslora": False, "init_lora_weights": True,
-        "modules_to_save": None, "layers_to_transform": None, "revision": None,
-    }
-    (target / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    (target / "tunix_rt_adapter.json").write_text(json.dumps(
-        {"engine": "jax", "note": "exported from qwix LoRA; Tunix fuses k/v (and q/k/v) projections, "
-                                  "so their lora_A matrices are equal copies",
-         **({"weight_qtype": weight_qtype,
-             "qlora_note": f"trained on a {weight_qtype}-quantised base; PEFT applies it to the "
-                           "full-precision base (differences of the order of the quantisation error)"}
-            if weight_qtype else {})}, indent=2))
-
-
-def write_merged(model, s: Setup, target: Path) -> None:
-    """final/merged/. After QLoRA the factors are merged into the full-precision base of
-    model_dir (not the quantised one they were trained on): the same model PEFT builds from
-    final/adapter/ (see export_adapter)."""
-    lora = s.cfg.lora_alpha / s.cfg.lora_rank if s.cfg.method == "lora" else None
-    export_merged(model, s.family, s.model_dir, target, lora)
-
-
-def export_merged(model, family: str, model_dir: Path, target: Path, lora_scale: float | None = None) -> None:
-    """HF-layout safetensors transformers loads: base + scale * B @ A for a LoRA model
-    (lora_scale = alpha / r), or every trained weight after full fine-tuning; config.json
-    and the tokenizer files are copied from the model directory."""
-    from safetensors.numpy import save_file
-
-    from tunix_rt.models.jax_loader import hf_state
-
-    model_dir = Path(model_dir)
-    if lora_scale is not None:
-        tensors = merge_lora(model_dir, lora_tensors(model), lora_scale)
-    else:
-        tensors = hf_state(model, family)
-    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
-    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-                 "special_tokens_map.json"):
-        if (model_dir / name).is_file():
-            shutil.copyfile(model_dir / name, target / name)
-
-
-def merge_lora(model_dir: Path, lora: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
-    """The directory's HF tensors with W += scale * B @ A for every adapted projection."""
-    from safetensors.numpy import load_file
-
-    base: dict[str, np.ndarray] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        base.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
-    for key in [k for k in lora if k.endswith("lora_A.weight")]:
-        name = key[len("base_model.model."):-len(".lora_A.weight")] + ".weight"
-        A, B = lora[key], lora[key.replace("lora_A", "lora_B")]
-        base[name] = base[name] + scale * (B @ A)
-    return base
-
-
-def write_final(model, s: Setup, run_dir: Path) -> dict[str, str]:
-    from tunix_rt.train.common import atomic_dir
-
-    final = run_dir / "final"
-    final.mkdir(exist_ok=True)
-    out = {}
-    if s.cfg.method == "lora":
-        out["adapter"] = str(atomic_dir(final / "adapter", lambda d: write_adapter(model, s, d)))
-    if s.cfg.method == "full" or s.cfg.merge:
-        out["merged"] = str(atomic_dir(final / "merged", lambda d: write_merged(model, s, d)))
-    return out
-
-
-# --------------------------------------------------------------------------- entry point
-
-def check_dtype(cfg: TrainConfig, platform: str) -> None:
-    if platform == "cpu" and cfg.dtype == "bf16" and not cfg.force_bf16_cpu:
-        raise BadInput("dtype bf16 on a CPU is refused: these CPUs have no bf16 matmul units and bf16 "
-                       "runs ~300x slower than fp32 here; use dtype=fp32, or force_bf16_cpu=true")
-
-
-def check_plan(cfg: TrainConfig, platform: str, n: int) -> dict[str, Any]:
-    import importlib.util
-
-    if importlib.util.find_spec("tunix_rt.plan") is None:
-        return {"predicted_peak": "memory plan not available (tunix_rt.plan missing)"}
-    from tunix_rt.plan import plan_train
-
-    plan = plan_train(cfg, platform, n, engine="jax")  # cfg.engine auto would plan as torch on one device
-    if not plan.fits and not cfg.force:
-        raise BadInput(f"the memory plan predicts this run does not fit:\n{plan.render()}\n"
-                       "change the config as suggested, or pass --force to run anyway")
-    return {"predicted_peak_bytes": int(plan.peak_bytes_per_device), "capacity_bytes": int(plan.capacity_bytes),
-            "plan_fits": bool(plan.fits)}
-
-
-
-def train(cfg: TrainConfig, home: Home, resume: str | None = None, should_stop=None) -> Path:
-    """Train with JAX / google-tunix; returns the run directory (the torch engine's layout).
-    `should_stop` is polled before every optimizer step (the job worker's cancel hook)."""
+def _leaves(tree, keys: bool = False) -> list[tuple[str, Any]]:
     import jax
-    from rich.console import Console
 
-    from tunix_rt.train.progress import TrainProgress
-    from tunix_rt.train.run import MetricsLog, plot_loss
-
-    console = Console(stderr=True)
-    maybe_init_distributed()
-    devices = select_devices(cfg.device)
-    facts = device_facts(devices)
-    check_dtype(cfg, facts["platform"])
-    predicted = check_plan(cfg, facts["platform"], len(devices))
-    if facts["platform"] == "cpu":
-        from tunix_rt.train.common import tune_cpu_allocator
-
-        tune_cpu_allocator()  # before the weights are loaded (see its doc)
-    from tunix_rt.train.run import open_run
-
-    run = open_run(cfg, home, resume, "jax")
-    console.print(f"[bold]jax[/bold] {facts['platform']} x{facts['count']} "
-                  f"(processes: {facts['process_count']}): " + ", ".join(facts["names"]))
-    with run.recording():
-        s = setup(cfg, home, devices)
-        sink = MetricsSink(cfg, s.total_steps, s.feed, devices)
-        with jax.set_mesh(s.mesh):
-            trainer = build_trainer(s, run.path, sink)
-            start = restore_position(trainer, s)
-            trainer.first_step = start
-            s.feed.should_stop = should_stop
-            log = MetricsLog(run.path, start)  # cuts lines a killed run wrote past its checkpoint
-            sink.out = s.feed.log = log
-            run.update(device=facts, dataset=s.facts["dataset"], model=s.facts["model"],
-                       summary={"total_steps": s.total_steps, "batch_width": s.feed.width,
-                                "mesh": dict(s.mesh.shape), **param_counts(trainer.model, cfg.method),
-                                "method": cfg.method, "dtype": cfg.dtype, "loss_impl": cfg.loss_impl,
-                                "train_examples": len(s.feed.stream.examples),
-                                "max_tokens_per_step": cfg.tokens_per_step, **predicted},
-                       **({"resumed_from_step": start} if start else {}))
-            console.print(f"run {run.run_id}" + (f" (resuming after step {start})" if start else "")
-                          + f": {s.total_steps} steps, mesh {dict(s.mesh.shape)}, batch width {s.feed.width}")
-            try:
-                with TrainProgress(s.total_steps, start) as bar:
-                    sink.bar = bar
-                    sink._t = time.perf_counter()
-                    trainer.train(train_ds=[], eval_ds=[0] if s.feed.eval_batches else None)
-                if s.feed.stopped_at is not None:
-                    from tunix_rt.train.run import RunStopped
-
-                    raise RunStopped(f"stopped at step {s.feed.stopped_at} of {s.total_steps} on request; "
-                                     f"checkpoint kept (continue with --resume {run.run_id})")
-                if s.feed.eval_batches and (sink.last_eval is None or sink.last_eval[0] != s.total_steps):
-                    trainer._run_eval([0], trainer.jit_train_and_eval_step()[1])
-            finally:
-                log.close()
-            outputs = write_final(trainer.model, s, run.path)
-        plot_loss(run.path)
-        run.update(outputs=outputs, final=_final_metrics(run.path, sink))
-    return run.path
-
-
-def _final_metrics(run_dir: Path, sink: MetricsSink) -> dict[str, Any]:
-    from tunix_rt.train.run import METRICS, read_jsonl
-
-    rows = [r for r in read_jsonl(run_dir / METRICS) if "loss" in r]
-    out: dict[str, Any] = {}
-    if rows:
-        out = {"steps": rows[-1]["step"], "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
-               "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rows)}
-    if sink.last_eval and math.isfinite(sink.last_eval[1]):
-        out["eval_loss"] = sink.last_eval[1]
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        out.append((jax.tree_util.keystr(path), leaf))
     return out
+
+
+def _is_key(x) -> bool:
+    import jax
+
+    return hasattr(x, "dtype") and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def flat(tree, keys: bool = False) -> dict[str, np.ndarray]:
+    """A pytree of arrays as {tree path: numpy array} (typed PRNG keys as their key data)."""
+    import jax
+
+    out = {}
+    for name, leaf in _leaves(tree):
+        if _is_key(leaf):
+            leaf = jax.random.key_data(leaf)
+        out[name] = np.ascontiguousarray(np.asarray(jax.device_get(leaf)))
+    return out
+
+
+def unflat(like, arrays: dict[str, np.ndarray], source: Path, keys: bool = False):
+    """`like` with every leaf replaced by the saved array of the same path (same shape,
+    dtype and sharding); a clear error when the files do not match the model."""
+    import jax
+
+    leaves = _leaves(like)
+    names = [n for n, _ in leaves]
+    if set(names) != set(arrays):
+        missing, extra = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
+        raise TunixRtError(f"{source}: does not match the model (missing {missing[:3]}, extra {extra[:3]})")
+    new = []
+    for name, leaf in leaves:
+        value = arrays[name]
+        if tuple(getattr(leaf, "shape", ())) == () and value.shape == (1,):
+            value = value.reshape(())  # safetensors keeps a scalar as [1]
+        if _is_key(leaf):
+            impl = jax.random.key_impl(leaf)
+            placed = jax.random.wrap_key_data(jax.device_put(value, leaf.sharding), impl=impl)
+        else:
+            if tuple(value.shape) != tuple(leaf.shape) or value.dtype != np.dtype(leaf.dtype):
+                raise TunixRtError(f"{source}: {name} is {value.dtype}{list(value.shape)}, the model's "
+                                   f"{np.dtype(leaf.dtype)}{list(leaf.shape)}")
+            placed = jax.device_put(value, leaf.sharding) if hasattr(leaf, "sharding") else value
+        new.append(placed)
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), new)

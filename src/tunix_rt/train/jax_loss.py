@@ -1,17 +1,21 @@
-"""The JAX engine's loss: masked next-token cross-entropy without [B, L, V] logits.
+"""The JAX engine's token objective without [B, L, V] logits (the torch engine's
+`train.loss`, in JAX; see train.engine for the objective).
+
+    loss = sum over tokens t of  coef[t] * phi(logp[t]; aux[t])
 
 Tunix's default PEFT loss builds the full logits, their log-softmax and a one-hot target
 over the vocabulary: three [B, L, V] arrays (1.07 GB each in fp32 for Gemma 3 at 4 x 256).
-Ours stops the model at the final norm (hidden states [B, L, D]) and scans over chunks of
-tokens; each chunk computes its logits, the log-sum-exp and the target logit by index
-(no one-hot) and, under differentiation, its gradient right away (a custom VJP: dlogits =
-softmax - onehot, then dh = dlogits @ W and dW += dlogits^T h). Backward only scales the
-stored [N, D] gradient, so nothing is recomputed and peak extra memory is one [chunk, V]
-block (an earlier version used jax.checkpoint, which recomputes every chunk's logits).
+Here the model stops at the final norm (hidden states [B, L, D]) and a scan goes over chunks
+of tokens; each chunk computes its logits, the log-sum-exp and the target logit by index
+(no one-hot), phi and, under differentiation, its gradient right away (a custom VJP:
+dloss/dz = coef * phi'(logp) * (onehot - softmax), then dh = dz @ W and dW += dz^T h).
+Backward only scales the stored [N, D] gradient, so nothing is recomputed and the peak extra
+memory is one [chunk, V] block.
 
-The loss covers the model turn only (`loss_mask` from tunix_rt.render, 1 on every target
-token) and is normalised per supervised token. `loss_weights` carries that normalisation
-so that gradient accumulation over micro-batches equals one big batch (see `weights`).
+The tokens with a target are moved to the front first (a stable sort), so the chunks after
+them hold only prompt and padding and are skipped at run time (`lax.cond` in the scan):
+shapes stay static, and the vocabulary matmuls, most of a LoRA step's FLOPs at Gemma's 262K
+vocabulary, run for the supervised tokens only. The gather's gradient puts dh back in place.
 """
 
 from __future__ import annotations
@@ -20,6 +24,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
+
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
+from tunix_rt.train.engine import NLL, Objective
+
+#: objective statistics summed over labelled tokens (train.loss.STAT_NAMES)
+STAT_NAMES = ("clipped", "kl", "ratio", "tokens")
 
 
 def shift_targets(tokens: jax.Array, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -58,106 +68,177 @@ def _logits(h, emb, softcap):
     return logits
 
 
-def chunked_ce_sum(h, emb, targets, weights, chunk: int, softcap: float | None = None):
-    """sum_t weights[t] * CE(h[t] @ emb.T, targets[t]) over all tokens, chunk by chunk.
-
-    The tokens with a weight (the model turn) are moved to the front first (a stable sort on
-    "weight is zero"), so the chunks after them hold only unweighted tokens (prompt, padding)
-    and are skipped at run time (`lax.cond` in the scan): shapes stay static, and the vocabulary
-    matmuls, most of a LoRA step's FLOPs at Gemma's 262K vocabulary, run for the supervised
-    tokens only (on GSM8K batches of 4 x 256 about half the chunks). The gather's gradient
-    puts dh back in place."""
-    d = h.shape[-1]
-    h = h.reshape(-1, d)
-    targets = targets.reshape(-1)
-    weights = weights.reshape(-1).astype(jnp.float32)
-    order = jnp.argsort(weights == 0, stable=True)
-    h, targets, weights = h[order], targets[order], weights[order]
-    n = h.shape[0]
-    chunk = min(chunk, n)
-    pad = (-n) % chunk
-    if pad:
-        h = jnp.pad(h, ((0, pad), (0, 0)))
-        targets = jnp.pad(targets, (0, pad))
-        weights = jnp.pad(weights, (0, pad))
-    k = h.shape[0] // chunk
-    return _fused_ce(h.reshape(k, chunk, d), emb, targets.reshape(k, chunk), weights.reshape(k, chunk), softcap)
+def phi(objective: Objective, logp, aux):
+    """phi(logp), phi'(logp) and the per-token statistics [n, 4] (STAT_NAMES) — train.loss.phi.
+    aux columns for a policy objective: old_logp, ref_logp, adv (engine.POLICY_AUX)."""
+    if objective.kind == "nll":
+        return -logp, jnp.full_like(logp, -1.0), None
+    old, ref, adv = aux[:, 0], aux[:, 1], aux[:, 2]
+    if objective.on_policy:
+        old = logp
+    ratio = jnp.exp(logp - old)
+    unclipped = ratio * adv
+    clipped = jnp.clip(ratio, 1.0 - objective.eps_low, 1.0 + objective.eps_high) * adv
+    take = unclipped <= clipped  # min() picks the unclipped term: its gradient flows
+    value = -jnp.minimum(unclipped, clipped)
+    grad = jnp.where(take, -unclipped, 0.0)
+    d = ref - logp
+    k3 = jnp.exp(d) - d - 1.0
+    if objective.beta:
+        value = value + objective.beta * k3
+        grad = grad + objective.beta * (1.0 - jnp.exp(d))
+    stats = jnp.stack([(~take).astype(jnp.float32), k3, ratio, jnp.ones_like(logp)], axis=-1)
+    return value, grad, stats
 
 
-def _chunk_terms(h, emb, t, w, softcap):
-    """One chunk: logits, the summed weighted CE, and dCE/dlogits (softmax - onehot, times
-    the softcap's derivative)."""
+def _chunk_terms(h, emb, t, c, m, a, softcap, objective, want_grad: bool):
+    """One chunk: sum of c * phi, the summed statistics and (want_grad) dloss/dz."""
     z = _logits(h, emb, None)
     s = None
     if softcap is not None:
         s = jnp.tanh(z / softcap)
         z = s * softcap
     lse = jax.nn.logsumexp(z, axis=-1)
-    tgt = jnp.take_along_axis(z, t[:, None], axis=-1)[:, 0]
-    loss = jnp.sum((lse - tgt) * w)
-    dz = jnp.exp(z - lse[:, None]) * w[:, None]
-    dz = dz.at[jnp.arange(t.shape[0]), t].add(-w)
+    logp = jnp.take_along_axis(z, t[:, None], axis=-1)[:, 0] - lse
+    value, dphi, st = phi(objective, logp, a)
+    loss = jnp.sum(value * c)
+    stats = jnp.zeros(len(STAT_NAMES), jnp.float32) if st is None else jnp.sum(st * m[:, None], axis=0)
+    if not want_grad:
+        return loss, stats, None
+    g = c * dphi  # dloss/dlogp per row
+    dz = -jnp.exp(z - lse[:, None]) * g[:, None]
+    dz = dz.at[jnp.arange(t.shape[0]), t].add(g)
     if s is not None:
         dz = dz * (1.0 - s * s)
-    return loss, dz
+    return loss, stats, dz
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _fused_ce(hc, emb, tc, wc, softcap):
-    """Forward only (eval): the summed loss, one chunk's logits alive at a time."""
-    def chunk_loss(h, t, w):
-        z = _logits(h, emb, softcap)
-        lse = jax.nn.logsumexp(z, axis=-1)
-        tgt = jnp.take_along_axis(z, t[:, None], axis=-1)[:, 0]
-        return jnp.sum((lse - tgt) * w)
+def _chunks(h, targets, coef, mask, aux, chunk):
+    """Flatten to tokens, labelled ones first, padded to whole chunks: ([k, chunk, ...] arrays,
+    the sort order, the token count)."""
+    d = h.shape[-1]
+    h = h.reshape(-1, d)
+    n = h.shape[0]
+    targets, coef, mask = targets.reshape(-1), coef.reshape(-1).astype(jnp.float32), mask.reshape(-1)
+    aux = aux.reshape(n, -1).astype(jnp.float32)
+    order = jnp.argsort((~mask).astype(jnp.int32), stable=True)
+    h, targets, coef, mask, aux = h[order], targets[order], coef[order], mask[order], aux[order]
+    chunk = min(chunk, n)
+    pad = (-n) % chunk
+    if pad:
+        h = jnp.pad(h, ((0, pad), (0, 0)))
+        targets, coef, mask = jnp.pad(targets, (0, pad)), jnp.pad(coef, (0, pad)), jnp.pad(mask, (0, pad))
+        aux = jnp.pad(aux, ((0, pad), (0, 0)))
+    k = h.shape[0] // chunk
+    return (h.reshape(k, chunk, d), targets.reshape(k, chunk), coef.reshape(k, chunk), mask.reshape(k, chunk),
+            aux.reshape(k, chunk, -1))
 
-    def body(total, xs):
-        h, t, w = xs
-        loss = jax.lax.cond(jnp.any(w != 0), chunk_loss, lambda *_: jnp.zeros((), jnp.float32), h, t, w)
-        return total + loss, None
 
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (hc, tc, wc))
-    return total
+def token_objective(h, emb, targets, coef, mask, aux=None, chunk: int = 1024, softcap: float | None = None,
+                    objective: Objective = NLL):
+    """(sum_t coef_t * phi_t, statistics [4]) over h [B, L, D] (or [N, D]) with targets, coef and
+    mask (the positions that carry a target) of the same leading shape, aux [..., 3] for a
+    policy objective, `chunk` tokens at a time through the head emb [V, D]."""
+    if aux is None:
+        aux = jnp.zeros(targets.shape + (3,), jnp.float32)
+    hc, tc, cc, mc, ac = _chunks(h, targets, coef, mask.astype(jnp.bool_), aux, chunk)
+    return _fused(hc, emb, tc, cc, mc, ac, softcap, objective)
 
 
-def _fused_fwd(hc, emb, tc, wc, softcap):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _fused(hc, emb, tc, cc, mc, ac, softcap, objective):
+    """Forward only (evaluation): one chunk's logits alive at a time."""
+    def body(carry, xs):
+        h, t, c, m, a = xs
+        loss, stats, _ = jax.lax.cond(
+            jnp.any(m), lambda *x: _chunk_terms(*x, softcap, objective, False)[:2] + (None,),
+            lambda *_: (jnp.zeros((), jnp.float32), jnp.zeros(len(STAT_NAMES), jnp.float32), None),
+            h, emb, t, c, m, a)
+        return (carry[0] + loss, carry[1] + stats), None
+
+    init = (jnp.zeros((), jnp.float32), jnp.zeros(len(STAT_NAMES), jnp.float32))
+    out, _ = jax.lax.scan(body, init, (hc, tc, cc, mc, ac))
+    return out
+
+
+def _fused_fwd(hc, emb, tc, cc, mc, ac, softcap, objective):
     """With gradients: each chunk's dloss/dh (and dloss/demb, accumulated) computed right
-    away, so backward needs no logits and no recomputation. When the head is frozen (LoRA),
-    the emb gradient is dead code and XLA drops it."""
-    def chunk_grads(gw, h, t, w):
-        loss, dz = _chunk_terms(h, emb, t, w, softcap)
+    away. When the head is frozen (LoRA) the emb gradient is dead code and XLA drops it."""
+    def grads(gw, h, t, c, m, a):
+        loss, stats, dz = _chunk_terms(h, emb, t, c, m, a, softcap, objective, True)
         gh = jnp.dot(dz, emb, preferred_element_type=jnp.float32).astype(h.dtype)
-        return gw + jnp.dot(dz.T, h, preferred_element_type=jnp.float32), loss, gh
+        return gw + jnp.dot(dz.T, h, preferred_element_type=jnp.float32), loss, stats, gh
 
-    def skip(gw, h, t, w):  # a chunk without weighted tokens: no loss, no gradient
-        return gw, jnp.zeros((), jnp.float32), jnp.zeros_like(h)
+    def skip(gw, h, t, c, m, a):  # a chunk without labelled tokens: no loss, no gradient
+        return gw, jnp.zeros((), jnp.float32), jnp.zeros(len(STAT_NAMES), jnp.float32), jnp.zeros_like(h)
 
     def body(gw, xs):
-        h, t, w = xs
-        gw, loss, gh = jax.lax.cond(jnp.any(w != 0), chunk_grads, skip, gw, h, t, w)
-        return gw, (loss, gh)
+        h, t, c, m, a = xs
+        gw, loss, stats, gh = jax.lax.cond(jnp.any(m), grads, skip, gw, h, t, c, m, a)
+        return gw, (loss, stats, gh)
 
-    gw, (losses, gh) = jax.lax.scan(body, jnp.zeros(emb.shape, jnp.float32), (hc, tc, wc))
-    return jnp.sum(losses), (gh, gw.astype(emb.dtype))
+    gw, (losses, stats, gh) = jax.lax.scan(body, jnp.zeros(emb.shape, jnp.float32), (hc, tc, cc, mc, ac))
+    return (jnp.sum(losses), jnp.sum(stats, axis=0)), (gh, gw.astype(emb.dtype))
 
 
-def _fused_bwd(softcap, res, g):
+def _fused_bwd(softcap, objective, res, g):
     gh, gw = res
-    return (gh * g.astype(gh.dtype), gw * g.astype(gw.dtype), None, None)
+    g = g[0]  # the statistics carry no gradient
+    return (gh * g.astype(gh.dtype), gw * g.astype(gw.dtype), None, None, None, None)
 
 
-_fused_ce.defvjp(_fused_fwd, _fused_bwd)
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+def chunked_ce_sum(h, emb, targets, weights, chunk: int, softcap: float | None = None):
+    """sum_t weights[t] * CE(h[t] @ emb.T, targets[t]): the SFT case of token_objective (every
+    token with a non-zero weight counts)."""
+    return token_objective(h, emb, targets, weights, weights != 0, None, chunk, softcap)[0]
+
+
+def chunked_logprobs(h, emb, targets, chunk: int, softcap: float | None = None):
+    """log p(target) at every position [B, L], chunk by chunk, no gradient (RL's old and
+    reference log-probabilities)."""
+    shape, d = targets.shape, h.shape[-1]
+    h, t = h.reshape(-1, d), targets.reshape(-1)
+    n = h.shape[0]
+    chunk = min(chunk, n)
+    pad = (-n) % chunk
+    h, t = jnp.pad(h, ((0, pad), (0, 0))), jnp.pad(t, (0, pad))
+
+    def one(xs):
+        hc, tc = xs
+        z = _logits(hc, emb, softcap)
+        return jnp.take_along_axis(z, tc[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, axis=-1)
+
+    out = jax.lax.map(one, (h.reshape(-1, chunk, d), t.reshape(-1, chunk)))
+    return out.reshape(-1)[:n].reshape(shape)
+
+
+def plain_objective(h, emb, targets, coef, mask, aux=None, softcap: float | None = None,
+                    objective: Objective = NLL):
+    """The reference for token_objective: full logits, autograd through log_softmax (tests and
+    loss_impl=plain)."""
+    logp = jnp.take_along_axis(jax.nn.log_softmax(_logits(h, emb, softcap), axis=-1),
+                               targets[..., None], axis=-1)[..., 0]
+    flat = logp.reshape(-1)
+    a = None if aux is None else aux.reshape(flat.shape[0], -1)
+    if objective.kind == "policy" and objective.on_policy:
+        a = a.at[:, 0].set(jax.lax.stop_gradient(flat))
+        objective = Objective("policy", objective.eps_low, objective.eps_high, objective.beta, False)
+    value, _, _ = phi(objective, flat, a)
+    return jnp.sum(value * coef.reshape(-1).astype(jnp.float32) * mask.reshape(-1))
 
 
 def plain_ce_sum(h, emb, targets, weights, softcap: float | None = None):
     """The reference: full logits and log_softmax (tests and loss_impl=plain)."""
-    logp = jax.nn.log_softmax(_logits(h, emb, softcap), axis=-1)
-    tgt = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return -jnp.sum(tgt * weights.astype(jnp.float32))
+    return plain_objective(h, emb, targets, weights, jnp.ones(weights.shape, jnp.float32), None, softcap)
 
 
-def make_loss_fn(chunk_tokens: int = 1024, impl: str = "chunked"):
-    """A loss for `PeftTrainer.with_loss_fn`: (model, **model inputs) -> scalar."""
+def make_loss_fn(chunk_bytes: int = DEFAULT_CHUNK_BYTES, impl: str = "chunked"):
+    """(model, **model inputs) -> the summed weighted CE of the batch (SFT's objective; the
+    memory plan, the tests and the benchmark call it). Each chunk's fp32 logits fit in
+    `chunk_bytes` (TrainConfig.loss_chunk_bytes)."""
 
     def loss_fn(model, input_tokens, input_mask, positions, attention_mask, loss_weights):
         del input_mask  # the padding is in attention_mask and loss_weights already
@@ -166,29 +247,31 @@ def make_loss_fn(chunk_tokens: int = 1024, impl: str = "chunked"):
         targets = jnp.concatenate([input_tokens[:, 1:], jnp.zeros_like(input_tokens[:, :1])], axis=1)
         if impl == "plain":
             return plain_ce_sum(h, emb, targets, loss_weights, softcap)
-        return chunked_ce_sum(h, emb, targets, loss_weights, chunk_tokens, softcap)
+        return chunked_ce_sum(h, emb, targets, loss_weights, chunk_tokens(chunk_bytes, emb.shape[0]), softcap)
 
     return loss_fn
 
 
+def attention_mask(input_mask, positions):
+    """[B, L, L]: causal, padding keys masked out, and kept inside each packed example
+    (positions restart at 0 there)."""
+    from tunix.sft import utils
+
+    seg = jnp.cumsum(positions == 0, axis=1)
+    same = seg[:, :, None] == seg[:, None, :]
+    return utils.make_causal_attn_mask(input_mask) & same
+
+
 def model_inputs(input_tokens, input_mask, positions=None, loss_weights=None) -> dict:
-    """`PeftTrainer.with_gen_model_input_fn`: positions (from the padding mask when not
-    given) and the [B, L, L] attention mask, built on device: causal, padding keys masked
-    out, and kept inside each packed example (positions restart at 0 there)."""
+    """positions (from the padding mask when not given) and the [B, L, L] attention mask,
+    built on device."""
     from tunix.sft import utils
 
     input_mask = input_mask.astype(jnp.bool_)
     if positions is None:
         positions = utils.build_positions_from_mask(input_mask)
-    seg = jnp.cumsum(positions == 0, axis=1)
-    same = seg[:, :, None] == seg[:, None, :]
-    causal = utils.make_causal_attn_mask(input_mask)
-    out = {
-        "input_tokens": input_tokens,
-        "input_mask": input_mask,
-        "positions": positions,
-        "attention_mask": causal & same,
-    }
+    out = {"input_tokens": input_tokens, "input_mask": input_mask, "positions": positions,
+           "attention_mask": attention_mask(input_mask, positions)}
     if loss_weights is not None:
         out["loss_weights"] = loss_weights
     return out

@@ -1,15 +1,20 @@
-"""The language-model loss without the [batch, seq, vocab] logits.
+"""The token objective without the [batch, seq, vocab] logits (PyTorch engine).
 
 Gemma's vocabulary is 256K tokens: the logits of a 4 x 256 batch are 1 GB in fp32, and
 autograd keeps them (plus the softmax) for backward. Here the head is fused into the loss:
-only the supervised positions are gathered, and for each chunk of them the forward pass
-computes the logits, the summed cross-entropy and, right away, its gradient with respect to
-the hidden states (and, when the head is trained, with respect to the head weight). The
-chunk's logits are then freed; backward only scales the stored gradients by the incoming
-scalar. Nothing is recomputed, so the loss costs the same matmuls as the plain one.
+only the positions with a target are gathered, and for each chunk of them the forward pass
+computes the logits, the log-probability of the target, the objective and, right away, its
+gradient with respect to the hidden states (and, when the head is trained, the head
+weight). The chunk's logits are then freed; backward only scales the stored gradients by
+the incoming scalar. Nothing is recomputed, so the loss costs the same matmuls as the plain
+one.
+
+Every method uses the same kernel (train.engine): loss = sum_t coef_t * phi(logp_t; aux_t),
+with phi = -logp for SFT and the clipped policy objective with a KL term for the GRPO family.
+Since phi depends on logp alone, dloss/dz_t = coef_t * phi'(logp_t) * (onehot_t - softmax_t).
 
 Gemma 2 caps its final logits with cap * tanh(z / cap); the cap's derivative
-(1 - tanh^2) is applied to the softmax gradient chunk by chunk as well.
+(1 - tanh^2) is applied chunk by chunk as well.
 """
 
 from __future__ import annotations
@@ -17,35 +22,35 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tunix_rt.train.data import IGNORE  # noqa: F401 (defined where the labels are built, torch-free)
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
+from tunix_rt.train.data import IGNORE
+from tunix_rt.train.engine import NLL, POLICY_AUX, Objective
+
+#: objective statistics summed over weighted tokens: clipped tokens, KL (k3), ratio, tokens
+STAT_NAMES = ("clipped", "kl", "ratio", "tokens")
 
 
-class FusedLinearCrossEntropy(torch.autograd.Function):
-    """sum_i CE(cap(h_i @ W^T), y_i), with gradients computed in forward, chunk by chunk."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk: int, softcap: float | None):
-        want_w = weight.requires_grad
-        grad_h = torch.empty_like(hidden)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for s in range(0, hidden.shape[0], chunk):
-            h, y = hidden[s:s + chunk], targets[s:s + chunk]
-            loss, g = _chunk_loss_and_grad(h, weight, y, softcap)
-            total += loss
-            grad_h[s:s + chunk] = g @ weight
-            if want_w:
-                grad_w.addmm_(g.t().float(), h.float())
-        ctx.save_for_backward(grad_h, grad_w if want_w else torch.empty(0))
-        ctx.want_w, ctx.w_dtype = want_w, weight.dtype
-        return total
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = grad_h * grad_out.to(grad_h.dtype)
-        gw = (grad_w * grad_out).to(ctx.w_dtype) if ctx.want_w else None
-        return gh, gw, None, None, None
+def phi(objective: Objective, logp: torch.Tensor, aux: torch.Tensor | None):
+    """phi(logp) and phi'(logp) per token, and the [4] statistics (STAT_NAMES) of the chunk.
+    aux columns for a policy objective: old_logp, ref_logp, adv (engine.POLICY_AUX)."""
+    if objective.kind == "nll":
+        return -logp, torch.full_like(logp, -1.0), None
+    old, ref, adv = aux.unbind(-1)
+    if objective.on_policy:
+        old = logp.detach()
+    ratio = torch.exp(logp - old)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - objective.eps_low, 1.0 + objective.eps_high) * adv
+    take = unclipped <= clipped  # min() picks the unclipped term: its gradient flows
+    value = -torch.minimum(unclipped, clipped)
+    grad = torch.where(take, -unclipped, torch.zeros_like(logp))
+    d = ref - logp
+    k3 = torch.exp(d) - d - 1.0
+    if objective.beta:
+        value = value + objective.beta * k3
+        grad = grad + objective.beta * (1.0 - torch.exp(d))
+    stats = torch.stack([(~take).float().sum(), k3.sum(), ratio.sum(), torch.tensor(float(logp.numel()))])
+    return value, grad, stats
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, softcap: float | None):
@@ -57,54 +62,173 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, softcap: float | None):
     return t * softcap, t
 
 
-def _chunk_loss_and_grad(h, weight, y, softcap):
-    """Summed CE of one chunk and dL/dz (softmax - onehot, times the cap's derivative)."""
+def _chunk(h, weight, y, c, aux, objective: Objective, softcap, want_grad: bool):
+    """One chunk: sum of c * phi, the statistics, and (want_grad) dloss/dz."""
     z, t = _chunk_logits(h, weight, softcap)
     rows = torch.arange(z.shape[0], device=z.device)
     target_logit = z[rows, y]
     m = z.amax(dim=-1, keepdim=True)
     p = z.sub_(m).exp_()  # reuses z's buffer
     s = p.sum(dim=-1, keepdim=True)
-    loss = (m.squeeze(1) + s.log().squeeze(1) - target_logit).sum()
-    p.div_(s)
-    p[rows, y] -= 1.0
+    logp = target_logit - m.squeeze(1) - s.log().squeeze(1)
+    value, dphi, stats = phi(objective, logp, aux)
+    loss = (c * value).sum()
+    if not want_grad:
+        return loss, stats, None
+    g = c * dphi  # dloss/dlogp per row
+    p.div_(s).mul_(-g[:, None])
+    p[rows, y] += g
     if t is not None:
         p.mul_(t.mul_(t).neg_().add_(1.0))  # d(cap * tanh(z / cap))/dz = 1 - tanh^2
-    return loss, p.to(weight.dtype)
+    return loss, stats, p.to(weight.dtype)
 
 
-def _chunk_loss_only(h, weight, y, softcap) -> torch.Tensor:
-    z, _ = _chunk_logits(h, weight, softcap)
-    return F.cross_entropy(z, y, reduction="sum")
+class FusedTokenObjective(torch.autograd.Function):
+    """sum_t c_t * phi(log softmax(cap(h_t @ W^T))[y_t]), gradients computed in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, coef, aux, chunk: int, softcap: float | None, objective: Objective):
+        want_w = weight.requires_grad
+        grad_h = torch.empty_like(hidden)
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        stats = torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=hidden.device)
+        for s in range(0, hidden.shape[0], chunk):
+            h, sl = hidden[s:s + chunk], slice(s, s + chunk)
+            loss, st, g = _chunk(h, weight, targets[sl], coef[sl], None if aux is None else aux[sl],
+                                 objective, softcap, True)
+            total += loss
+            if st is not None:
+                stats += st
+            grad_h[sl] = g @ weight
+            if want_w:
+                grad_w.addmm_(g.t().float(), h.float())
+        ctx.save_for_backward(grad_h, grad_w if want_w else torch.empty(0))
+        ctx.want_w, ctx.w_dtype = want_w, weight.dtype
+        ctx.mark_non_differentiable(stats)
+        return total, stats
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_stats):
+        grad_h, grad_w = ctx.saved_tensors
+        gh = grad_h * grad_out.to(grad_h.dtype)
+        gw = (grad_w * grad_out).to(ctx.w_dtype) if ctx.want_w else None
+        return gh, gw, None, None, None, None, None, None
 
 
-def chunked_linear_ce(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    chunk: int = 1024,
-    softcap: float | None = None,
-) -> torch.Tensor:
-    """Summed cross-entropy of the rows of `hidden` [T, H] against `targets` [T] through the
-    head `weight` [V, H]. Without autograd (evaluation) only the loss is computed."""
+def token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, coef: torch.Tensor,
+                    aux: torch.Tensor | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                    softcap: float | None = None, objective: Objective = NLL) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_t coef_t * phi_t, statistics [4]) over the rows of `hidden` [T, H] with targets [T]
+    through the head `weight` [V, H], in chunks whose fp32 logits fit in `chunk_bytes`
+    (train.chunking). Without autograd (evaluation) no gradient is formed."""
     if hidden.shape[0] == 0:
-        return hidden.sum() * 0.0
+        return hidden.sum() * 0.0, torch.zeros(len(STAT_NAMES), device=hidden.device)
+    coef = coef.float()
+    chunk = chunk_tokens(chunk_bytes, weight.shape[0])
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-        return FusedLinearCrossEntropy.apply(hidden, weight, targets, chunk, softcap)
+        return FusedTokenObjective.apply(hidden, weight, targets, coef, aux, chunk, softcap, objective)
     with torch.no_grad():
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        stats = torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=hidden.device)
         for s in range(0, hidden.shape[0], chunk):
-            total += _chunk_loss_only(hidden[s:s + chunk], weight, targets[s:s + chunk], softcap)
-        return total
+            sl = slice(s, s + chunk)
+            loss, st, _ = _chunk(hidden[sl], weight, targets[sl], coef[sl], None if aux is None else aux[sl],
+                                 objective, softcap, False)
+            total += loss
+            if st is not None:
+                stats += st
+        return total, stats
+
+
+def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                     chunk_bytes: int = DEFAULT_CHUNK_BYTES, softcap: float | None = None) -> torch.Tensor:
+    """log p(target) of each row [T], chunk by chunk, no gradient (RL's old/reference logp)."""
+    out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    chunk = chunk_tokens(chunk_bytes, weight.shape[0])
+    with torch.no_grad():
+        for s in range(0, hidden.shape[0], chunk):
+            z, _ = _chunk_logits(hidden[s:s + chunk], weight, softcap)
+            out[s:s + chunk] = z.gather(1, targets[s:s + chunk, None])[:, 0] - torch.logsumexp(z, dim=-1)
+    return out
+
+
+def chunked_linear_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, softcap: float | None = None) -> torch.Tensor:
+    """Summed cross-entropy of the rows (every coefficient 1): the SFT case of token_objective."""
+    coef = torch.ones(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    return token_objective(hidden, weight, targets, coef, None, chunk_bytes, softcap)[0]
+
+
+def target_rows(hidden: torch.Tensor, labels: torch.Tensor, *per_token: torch.Tensor):
+    """The hidden states [T, H], targets [T] and the given per-token arrays of the positions
+    that carry a label."""
+    keep = labels.reshape(-1) != IGNORE
+    rows = hidden.reshape(-1, hidden.shape[-1])[keep]
+    return (rows, labels.reshape(-1)[keep], *(a.reshape(-1, *a.shape[2:])[keep] for a in per_token))
 
 
 def supervised_rows(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The hidden states [T, H] and targets [T] of the positions that carry a label."""
-    keep = labels.reshape(-1) != IGNORE
-    return hidden.reshape(-1, hidden.shape[-1])[keep], labels.reshape(-1)[keep]
+    return target_rows(hidden, labels)
 
 
 def plain_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The reference: summed CE over full [B, L, V] logits (already soft-capped)."""
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
                            ignore_index=IGNORE, reduction="sum")
+
+
+def plain_objective(logits: torch.Tensor, labels: torch.Tensor, coef: torch.Tensor, aux: torch.Tensor | None,
+                    objective: Objective = NLL) -> torch.Tensor:
+    """The reference for token_objective: full [B, L, V] logits (already soft-capped), autograd
+    through log_softmax (tests and loss_impl=plain)."""
+    keep = labels != IGNORE
+    logp_all = torch.log_softmax(logits.float(), dim=-1)
+    logp = logp_all.gather(-1, labels.clamp(min=0)[..., None])[..., 0][keep]
+    value, _grad, _stats = phi(objective, logp, None if aux is None else aux[keep])
+    return (coef[keep].float() * value).sum()
+
+
+class ObjectiveModule(torch.nn.Module):
+    """A causal LM and its objective as one module: forward(t, objective) is
+    (sum_t coef_t * phi_t, statistics) of one micro-batch of tensors, or, with logprobs=True,
+    log p(target) of its labelled positions. The engine trains through this module (wrapped
+    in DDP or sharded with FSDP2 when several processes train), so every trainable parameter,
+    the tied head included, is used inside one forward, where FSDP2 has gathered it."""
+
+    def __init__(self, model: torch.nn.Module, loss_impl: str = "chunked", chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+        super().__init__()
+        self.model, self.loss_impl, self.chunk_bytes = model, loss_impl, chunk_bytes
+
+    def base(self) -> torch.nn.Module:
+        """The transformers model (under a PEFT wrapper, when LoRA is applied)."""
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def head(self) -> torch.Tensor:
+        return self.base().get_output_embeddings().weight
+
+    def softcap(self) -> float | None:
+        return getattr(self.base().config, "final_logit_softcapping", None)
+
+    def forward(self, t: dict[str, torch.Tensor], objective: Objective = NLL, logprobs: bool = False):
+        if self.loss_impl == "plain" and not logprobs:
+            logits = self.model(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False).logits
+            return plain_objective(logits, t["labels"], t["coef"], policy_aux(t, objective), objective), \
+                torch.zeros(len(STAT_NAMES))
+        h = self.base().model(input_ids=t["input_ids"], position_ids=t["position_ids"],
+                              use_cache=False).last_hidden_state
+        if logprobs:
+            rows, y = target_rows(h, t["labels"])
+            return chunked_logprobs(rows, self.head(), y, self.chunk_bytes, self.softcap())
+        aux = policy_aux(t, objective)
+        rows, y, coef, *rest = target_rows(h, t["labels"], t["coef"], *((aux,) if aux is not None else ()))
+        return token_objective(rows, self.head(), y, coef, rest[0] if rest else None, self.chunk_bytes,
+                               self.softcap(), objective)
+
+
+def policy_aux(t: dict[str, torch.Tensor], objective: Objective) -> torch.Tensor | None:
+    """[B, L, 3] old_logp, ref_logp, adv for a policy objective (None for nll)."""
+    if objective.kind != "policy":
+        return None
+    return torch.stack([t[k].float() for k in POLICY_AUX], dim=-1)

@@ -9,9 +9,15 @@
     loss.png            the loss curve, drawn at the end
     checkpoints/, final/
 
-`RunDir.recording()` wraps the work: whatever happens (an exception, Ctrl-C), the manifest
-leaves the "running" state with the error recorded. Only SIGKILL can leave a run marked
-running, and `--resume` takes such a run over.
+`RunDir.recording()` wraps the work: whatever happens (an exception, Ctrl-C, a stop on
+request), the manifest leaves the "running" state with the error recorded, and the exception
+goes on to the caller. Only SIGKILL can leave a run marked running, and `--resume` takes such
+a run over. In a job, every manifest update and metrics line is fenced (`fence.guard`): a
+worker that lost the job's lease writes nothing more here, not even "failed".
+
+In a multi-process run (train.dist) process 0 writes all of it; the others open the same
+directory (its id decided by process 0) and write nothing here, except "failed" when the
+process group broke (process 0 may be the process that died).
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from tunix_rt import fence
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.evidence import (environment_snapshot, find_placeholders, git_sha, now_iso,
-                               write_bytes_atomic, write_json_atomic)
+from tunix_rt.evidence import RUN_FACTS, environment_snapshot, find_fact_placeholders, git_sha, now_iso
+from tunix_rt.fence import LeaseLost
+from tunix_rt.files import write_bytes_atomic, write_json_atomic
 from tunix_rt.home import Home
+from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 
 MANIFEST = "run_manifest.json"
@@ -42,13 +51,19 @@ _FAULT_COUNTS: dict[str, int] = {}
 
 def fault_point(name: str) -> None:
     """Test hook for crash safety: with TUNIX_RT_FAULT=<name>@<n>, the n-th time this process
-    reaches the point named <name> it kills itself with SIGKILL (no cleanup can run)."""
+    reaches the point named <name> it kills itself with SIGKILL (no cleanup can run);
+    <name>@<n>:SIGSTOP freezes it there instead (a worker paused past its lease).
+    TUNIX_RT_FAULT_RANK=<r> limits it to process r of a multi-process run."""
     spec = os.environ.get("TUNIX_RT_FAULT")
     if not spec or not spec.startswith(name + "@"):
         return
+    only = os.environ.get("TUNIX_RT_FAULT_RANK")
+    if only is not None and int(only) != dist.rank():
+        return
+    count, _, sig = spec.split("@", 1)[1].partition(":")
     _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1
-    if _FAULT_COUNTS[name] == int(spec.split("@", 1)[1]):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if _FAULT_COUNTS[name] == int(count):
+        os.kill(os.getpid(), getattr(signal, sig or "SIGKILL"))
 
 
 def new_run_id(cfg: TrainConfig) -> str:
@@ -106,9 +121,12 @@ class RunDir:
         return self.path.name
 
     def update(self, **fields: Any) -> None:
+        """Update the manifest (written by process 0 only; the others keep it in memory)."""
+        fence.guard(f"update {MANIFEST} of {self.run_id}")
         self.manifest.update(fields)
         self.manifest = self._clean(self.manifest)
-        write_json_atomic(self.path / MANIFEST, self.manifest)
+        if dist.is_main():
+            write_json_atomic(self.path / MANIFEST, self.manifest)
 
     def config(self) -> TrainConfig:
         return TrainConfig.load(self.path / "config.yaml")
@@ -125,31 +143,42 @@ class RunDir:
 
     @contextlib.contextmanager
     def recording(self) -> Iterator["RunDir"]:
-        """Mark the run running; on the way out, succeeded, failed or interrupted."""
+        """Mark the run running; on the way out, succeeded, stopped, failed or interrupted.
+        A stopped run (RunStopped: a cancelled job, a worker shutting down) is re-raised:
+        the caller decides what a stop means (a job goes back to the queue), never success."""
         self.manifest.pop("error", None)  # a resumed run starts clean
         self.update(status="running", environment=environment_snapshot())
         try:
             yield self
         except RunStopped as e:  # asked to stop between steps: a checkpoint was committed
-            self.update(status="stopped", finished_at=now_iso(), error=str(e))
-            return
-        except KeyboardInterrupt:
-            self.update(status="interrupted", finished_at=now_iso(), error="interrupted by the user (Ctrl-C)")
+            self._leave("stopped", str(e))
             raise
-        except BaseException as e:
-            self.update(status="failed", finished_at=now_iso(), error=f"{type(e).__name__}: {e}")
+        except KeyboardInterrupt:
+            self._leave("interrupted", "interrupted by the user (Ctrl-C)")
+            raise
+        except LeaseLost:
+            raise  # another worker owns the run now: write nothing more
+        except BaseException as e:  # a broken process group: whichever process is left says so
+            self._leave("failed", f"{type(e).__name__}: {e}", any_process=isinstance(e, dist.RankFailed))
             raise
         finished = now_iso()
-        bad = find_placeholders({**self.manifest, "status": "succeeded", "finished_at": finished})
+        bad = find_fact_placeholders({**self.manifest, "status": "succeeded", "finished_at": finished}, RUN_FACTS)
         if bad:  # evidence with holes is a failed run, said so in the manifest
             self.update(status="failed", finished_at=finished, error=f"manifest holds placeholder values at {bad}")
             raise TunixRtError(f"{self.path / MANIFEST}: placeholder values at {bad}")
         self.update(status="succeeded", finished_at=finished)
 
+    def _leave(self, status: str, error: str, any_process: bool = False) -> None:
+        with contextlib.suppress(LeaseLost):  # a fenced-out writer leaves the manifest alone
+            self.update(status=status, finished_at=now_iso(), error=error)
+            if any_process and not dist.is_main():  # process 0 may be the one that died
+                write_json_atomic(self.path / MANIFEST, self.manifest)
 
-class RunStopped(Exception):
-    """Raised by an engine's loop when its should_stop() hook says so (a cancelled job, a
-    worker shutting down). `recording()` marks the run stopped and swallows it."""
+
+class RunStopped(TunixRtError):
+    """Raised by the driver's loop when its should_stop() hook says so (a cancelled job, a
+    worker shutting down), after the step just done was checkpointed. `recording()` marks
+    the run stopped and re-raises it."""
 
 
 def never() -> bool:
@@ -161,24 +190,48 @@ class MetricsLog:
     """metrics.jsonl plus TensorBoard; on resume, lines past the checkpoint step are cut so
     every step appears exactly once."""
 
+    REGISTRY_EVERY_S = 10.0
+    """How often a training run re-indexes itself in the registry while it runs, so the web
+    UI shows a run started from the CLI (status, growing curves) before it finishes."""
+
     def __init__(self, run_dir: Path, resume_step: int = 0):
+        self.run_dir = run_dir
         self.path = run_dir / METRICS
         self.order_path = run_dir / DATA_ORDER
         for p in (self.path, self.order_path):
             _truncate_after(p, resume_step)
         self.tb = summary_writer(run_dir / "tensorboard", resume_step + 1 if resume_step else None)
+        self._indexed_at = float("-inf")
 
     def log(self, record: dict[str, Any]) -> None:
         _append(self.path, record)
+        self._index_live()
         if self.tb is None:
             return
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)):
                 self.tb.add_scalar(f"train/{key}" if not key.startswith("eval") else f"eval/{key}", value, record["step"])
 
+    def _index_live(self) -> None:
+        """Record the run in its home's registry, at most every REGISTRY_EVERY_S; the
+        registry never fails the run (record_run logs and returns on any error)."""
+        now = time.monotonic()
+        if now - self._indexed_at < self.REGISTRY_EVERY_S or self.run_dir.parent.name != "runs":
+            return  # throttled, or a run directory outside a home (no registry of its own)
+        self._indexed_at = now
+        from tunix_rt.registry.record import record_run
+
+        record_run(self.run_dir, url=Home(self.run_dir.parent.parent).database_url)
+
     def log_order(self, step: int, example_ids: list[str]) -> None:
         """Which examples made each optimizer step (data provenance; the resume test reads it)."""
         _append(self.order_path, {"step": step, "ids": example_ids})
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         if self.tb is not None:
@@ -215,6 +268,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:
+    fence.guard(f"{path.name} line of run {path.parent.name}")
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, allow_nan=False) + "\n")
         f.flush()
@@ -236,8 +290,10 @@ def _truncate_after(path: Path, step: int) -> None:
     write_bytes_atomic(path, "".join(kept).encode())
 
 
+@dist.main_only
 def plot_loss(run_dir: Path) -> Path:
-    """loss.png: training loss per step, and eval loss where measured."""
+    """loss.png: training loss per step and eval loss where measured; for an RL run
+    (reward rows in metrics.jsonl) a second panel with the mean reward and each reward."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -248,15 +304,25 @@ def plot_loss(run_dir: Path) -> Path:
     evals = [(r["step"], r["eval_loss"]) for r in rows if "eval_loss" in r]
     if not train:
         raise TunixRtError(f"{run_dir / METRICS}: no loss to plot")
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    rewards = reward_curves(rows)
+    fig, axes = plt.subplots(2 if rewards else 1, 1, figsize=(7, 7 if rewards else 4), dpi=100, squeeze=False)
+    ax = axes[0][0]
     ax.plot(*zip(*train), label="train loss")
     if evals:
         ax.plot(*zip(*evals), "o-", label="eval loss")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy per supervised token")
+    ax.set_ylabel("policy loss" if rewards else "cross-entropy per supervised token")
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)
     ax.legend()
+    if rewards:
+        rx = axes[1][0]
+        for name, points in rewards.items():
+            rx.plot(*zip(*points), label=name, linewidth=2.0 if name == "reward" else 1.0)
+        rx.set_xlabel("optimizer step")
+        rx.set_ylabel("mean reward over the step's rollouts")
+        rx.grid(alpha=0.3)
+        rx.legend(fontsize=8)
     fig.tight_layout()
     out = run_dir / "loss.png"
     tmp = run_dir / ".loss.png.tmp"
@@ -266,21 +332,42 @@ def plot_loss(run_dir: Path) -> Path:
     return out
 
 
-# Fields a resumed run may change: where it runs, not what it computes.
-RESUMABLE_CHANGES = ("device", "engine", "force")
+def reward_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """{"reward": [(step, mean total)], "reward_<name>": [...]} of an RL run's rows ({} for SFT)."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        if "loss" not in r:
+            continue
+        for key, value in r.items():
+            if key == "reward" or key.startswith("reward_"):
+                out.setdefault(key, []).append((r["step"], value))
+    return out
 
 
 def open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "RunDir":
-    """A new run directory, or the one `resume` names when its config is the same (only
-    RESUMABLE_CHANGES may differ) and it has not already succeeded."""
+    """A new run directory, or the one `resume` names when its config is the same and it has
+    not already succeeded. Whether its checkpoint can continue here (engine, device kind,
+    config digest) is checked by the driver against the checkpoint itself. In a
+    multi-process run, process 0 creates or checks it and the others open the same one."""
+    if dist.is_main():
+        run = _open_run(cfg, home, resume, engine)
+        dist.broadcast(str(run.path), "run directory")
+        return run
+    return RunDir.open(Path(dist.broadcast("", "run directory")))
+
+
+def _open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "RunDir":
+    from tunix_rt.train.checkpoint import DIGEST_EXEMPT
+
     if not resume:
         return RunDir.create(cfg, home, engine)
     run = RunDir.open(resolve_run(resume, home))
     stored = run.config().to_dict()
-    diff = sorted(k for k, v in cfg.to_dict().items() if k not in RESUMABLE_CHANGES and stored.get(k) != v)
+    diff = sorted(k for k, v in cfg.to_dict().items() if k not in DIGEST_EXEMPT and stored.get(k) != v)
     if diff:
-        raise BadInput(f"--resume {run.run_id}: the config differs from the run's in {diff}; "
-                       "a resumed run continues the same config")
+        held = ", ".join(f"{k}={stored.get(k)!r}" for k in diff)
+        raise BadInput(f"--resume {run.run_id}: the run holds {held}; a resumed run continues its own "
+                       "config (start a new run to change it)")
     if run.manifest.get("status") == "succeeded":
         raise BadInput(f"run {run.run_id} already succeeded; nothing to resume")
     return run

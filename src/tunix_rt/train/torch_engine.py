@@ -1,50 +1,441 @@
-"""The PyTorch engine: LoRA (PEFT) or full fine-tuning with our own loop.
+"""The PyTorch engine: LoRA (PEFT) or full fine-tuning, CPU or CUDA.
 
-    train(cfg, home, resume) = plan check → setup → (restore) → fit → validate → finish
-
-The loop is short on purpose. Three choices carry it:
+It implements train.engine.Engine; the driver decides the order of things. Three choices
+carry the step:
 - the loss never builds [B, L, V] logits: the decoder returns hidden states and
-  `loss.chunked_linear_ce` applies the head chunk by chunk over supervised positions only;
-- gradient accumulation divides every micro-batch's summed loss by the supervised tokens of
-  the whole window, so the gradient is the same however the window is split;
-- everything that decides the next step (weights, optimizer, RNG, data position) is in the
-  checkpoint, so a killed run resumes bit-exactly and performs exactly the steps asked for.
+  `loss.token_objective` applies the head chunk by chunk over positions with a target;
+- gradient accumulation sums micro-batch losses whose per-token coefficients were normalised
+  over the whole window (by the method), so the gradient is the same however it is split;
+- everything that decides the next step (weights, optimizer, RNG) goes into the checkpoint
+  (with the driver's data position), so a killed run resumes bit-exactly.
+
+Under torchrun (train.dist) every process receives the same global micro-batches and trains
+on its block of rows (data.process_rows): LoRA through DDP, full fine-tuning through FSDP2
+(`fully_shard` on every decoder layer and on the whole). The coefficients are normalised over
+the global window, so the loss is a global *sum*: gradients are summed across processes, not
+averaged, and N processes equal one at the same global batch. Checkpoints and exports hold
+full (gathered) tensors written by process 0, the same files whatever the process count;
+each process's RNG stream goes into state.json.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import base64
+import contextlib
+import json
 import math
-import random
-import shutil
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, ClassVar
 
 import numpy as np
 
-from tunix_rt.errors import BadInput
-from tunix_rt.evidence import peak_rss_bytes
-from tunix_rt.home import Home
-from tunix_rt.train import checkpoint
-from tunix_rt.train.common import atomic_dir, load_data, model_sha256, steps_for
+from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import Batch, BatchStream
-from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, fault_point, never, open_run, plot_loss
-from tunix_rt.train.schedule import lr_at
+from tunix_rt.train.engine import NLL, Objective, StepResult
+from tunix_rt.train.run import fault_point
 
 
+class TorchEngine:
+    name: ClassVar[str] = "torch"
 
-# --------------------------------------------------------------------------- devices
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.device = None
+        self.model = None
+        self.module = None  # loss.ObjectiveModule: the model and its objective (FSDP2: sharded)
+        self.step_module = None  # what a training step calls: the module, or DDP around it
+        self.trainable: dict[str, Any] = {}
+        self.optimizer = None
+        self.model_dir: Path | None = None
+        self.tok = None
 
-def require_torch() -> None:
-    """A clear BadInput where torch is not installed (a JAX-only install, `tunix-rt[jax]`)."""
+    # ------------------------------------------------------------------ devices
+    def devices(self) -> dict[str, Any]:
+        import torch
+
+        from tunix_rt.evidence import cpu_facts
+        from tunix_rt.train.common import check_dtype, tune_cpu_allocator
+
+        self.device = resolve_device(self.cfg)
+        check_dtype(self.cfg, self.device.type)
+        if self.device.type == "cpu":
+            tune_cpu_allocator()  # before the weights are loaded
+            import psutil
+
+            return {"platform": "cpu", "count": 1, "names": [cpu_facts()["model"]],
+                    "memory_bytes": [int(psutil.virtual_memory().total)], "threads": torch.get_num_threads(),
+                    "processes": dist.world()}
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        return {"platform": "cuda", "count": len(props), "names": [p.name for p in props],
+                "memory_bytes": [int(p.total_memory) for p in props], "used_index": self.device.index or 0,
+                "processes": dist.world()}
+
+    # ------------------------------------------------------------------ setup
+    def setup(self, model_dir: Path, tok) -> dict[str, Any]:
+        import torch
+
+        from tunix_rt.train.loss import ObjectiveModule
+
+        self.model_dir, self.tok = Path(model_dir), tok
+        self.model = load_model(self.cfg, self.model_dir, self.device)
+        self.module = ObjectiveModule(self.model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes)
+        self.step_module = parallelize(self.module, self.cfg, self.device)
+        self.trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad}  # FSDP2: shards
+        params = list(self.trainable.values())
+        if self.cfg.optimizer == "adafactor":
+            self.optimizer = torch.optim.Adafactor(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        else:
+            self.optimizer = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        return {"params": sum(p.numel() for p in self.model.parameters()),
+                "trainable_params": sum(p.numel() for p in params)}
+
+    @property
+    def head_weight(self):
+        return self.module.head()
+
+    @property
+    def softcap(self) -> float | None:
+        return self.module.softcap()
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self, batches: list, objective: Objective, lr: float) -> StepResult:
+        import torch
+
+        from tunix_rt.train.data import process_rows, window_digest
+        from tunix_rt.train.loss import STAT_NAMES
+
+        dist.check_same(lambda: window_digest(batches), "the step's global batches")
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        total, stats = 0.0, torch.zeros(len(STAT_NAMES))
+        for i, b in enumerate(batches):
+            with self._gradient_sync(i + 1 == len(batches)):
+                loss, st = self.step_module(tensors(process_rows(b, dist.rank(), dist.world()), self.device),
+                                            objective)
+                loss.backward()
+            total += float(loss.detach())
+            stats += st.detach().cpu()
+            if i + 1 < len(batches):
+                fault_point("accum")
+        total, *summed = dist.all_sum([total, *stats.tolist()], "the step's loss")
+        params = list(self.trainable.values())
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)  # of the summed gradients
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        named = dict(zip(STAT_NAMES, summed)) if objective.kind == "policy" else {}
+        return StepResult(total, float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm), named)
+
+    def _gradient_sync(self, sync: bool):
+        """Let DDP / FSDP2 reduce the gradients on the last micro-batch of a step only."""
+        if dist.world() == 1:
+            return contextlib.nullcontext()
+        if hasattr(self.step_module, "no_sync"):  # DDP
+            return contextlib.nullcontext() if sync else self.step_module.no_sync()
+        self.step_module.set_requires_gradient_sync(sync)  # FSDP2
+        return contextlib.nullcontext()
+
+    def objective_sum(self, batch, objective: Objective):
+        """sum_t coef_t * phi_t of one whole micro-batch (and its statistics), with autograd."""
+        return self.module(tensors(batch, self.device), objective)
+
+    def loss_sum(self, batch) -> float:
+        import torch
+
+        from tunix_rt.train.data import process_rows
+
+        with torch.no_grad(), self._eval_mode():
+            loss, _ = self.module(tensors(process_rows(batch, dist.rank(), dist.world()), self.device), NLL)
+        return dist.all_sum([float(loss)], "held-out loss")[0]
+
+    def token_logprobs(self, batch, adapter: bool = True) -> np.ndarray:
+        """The whole batch on every process (no gather; under FSDP2 each gathers the weights)."""
+        import torch
+
+        from tunix_rt.train.data import IGNORE
+
+        t = tensors(batch, self.device)
+        off = self.model.disable_adapter() if (not adapter and hasattr(self.model, "disable_adapter")) \
+            else contextlib.nullcontext()
+        with torch.no_grad(), self._eval_mode(), off:
+            lp = self.module(t, logprobs=True)
+        out = np.zeros(batch.labels.shape, np.float32)
+        out[np.asarray(batch.labels) != IGNORE] = lp.cpu().numpy()
+        return out
+
+    @contextlib.contextmanager
+    def _eval_mode(self):
+        was = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was)
+
+    def generator(self):
+        """The eval generator on the current weights. A LoRA model decodes through a merged
+        view (W + scale * B @ A in separate tensors, swapped in for the generation only), so
+        the lean decode step and its int8-screened head apply; the trained parameters are
+        never modified (merging in place and back would drift by rounding)."""
+        return _LiveGenerator(self)
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: Path) -> dict[str, Any]:
+        """Every process calls it: the full weights and optimizer state (gathered from the
+        shards under FSDP2) are written by process 0; each process's RNG goes to state.json."""
+        from safetensors.torch import save_file
+
+        weights, optim = self._full_state()
+        rngs = [json.loads(r) for r in dist.gather_texts(json.dumps(torch_rng()), "RNG streams")]
+        if dist.is_main():
+            save_file(weights, str(directory / "weights.safetensors"))
+            tensors_, meta = flatten_optimizer(optim, list(self.trainable))
+            save_file(tensors_, str(directory / "optimizer.safetensors"))
+            (directory / "optimizer.json").write_text(json.dumps(meta))
+        rng = {"torch": rngs[0], **({"torch_processes": rngs} if len(rngs) > 1 else {})}
+        return {"rng": rng, "files": ["weights.safetensors", "optimizer.safetensors", "optimizer.json"]}
+
+    def _full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(trainable weights as CPU tensors, optimizer state dict keyed by parameter index);
+        under FSDP2 gathered onto process 0 (empty elsewhere)."""
+        if not is_sharded(self.module):
+            return ({k: v.detach().contiguous().cpu() for k, v in self.trainable.items()},
+                    self.optimizer.state_dict())
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(self.model, options=full)
+        optim = get_optimizer_state_dict(self.model, self.optimizer, options=full)
+        if not dist.is_main():
+            return {}, {}
+        return {k: weights[k].contiguous() for k in self.trainable}, by_index(optim, list(self.trainable))
+
+    def restore(self, directory: Path, state: dict[str, Any]) -> None:
+        """Every process reads the checkpoint (the run directory is on a filesystem they all
+        see) and takes its shard under FSDP2."""
+        import torch
+        from safetensors.torch import load_file
+
+        weights = load_file(str(directory / "weights.safetensors"))
+        if set(weights) != set(self.trainable):
+            missing, extra = sorted(set(self.trainable) - set(weights)), sorted(set(weights) - set(self.trainable))
+            raise TunixRtError(f"{directory}: weights do not match the model (missing {missing[:3]}, extra {extra[:3]})")
+        meta = json.loads((directory / "optimizer.json").read_text())
+        if meta["param_names"] != list(self.trainable):
+            raise TunixRtError(f"{directory}: optimizer parameter order differs from the model's")
+        optim = unflatten_optimizer(load_file(str(directory / "optimizer.safetensors")), meta)
+        rngs = state["rng"].get("torch_processes", [state["rng"]["torch"]])
+        if len(rngs) != dist.world():
+            raise BadInput(f"{directory} was written by {len(rngs)} process(es) and this run has {dist.world()}: "
+                           "resume with as many (each process's RNG stream is in the checkpoint)")
+        if is_sharded(self.module):
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                                 set_optimizer_state_dict)
+
+            full = StateDictOptions(full_state_dict=True, strict=False)
+            set_model_state_dict(self.model, weights, options=full)
+            set_optimizer_state_dict(self.model, self.optimizer, by_name(optim, list(self.trainable)), options=full)
+        else:
+            with torch.no_grad():
+                for name, p in self.trainable.items():
+                    p.copy_(weights[name])
+            self.optimizer.load_state_dict(optim)
+        restore_torch_rng(rngs[dist.rank()])
+
+    # ------------------------------------------------------------------ outputs
+    def export(self, final_dir: Path) -> dict[str, str]:
+        """Process 0 writes final/ (every process calls it: FSDP2 gathers the weights)."""
+        from tunix_rt.train import export
+
+        if is_sharded(self.module):
+            return self._export_sharded(final_dir)
+        out: dict[str, str] = {}
+        if not dist.is_main():
+            return out
+        if self.cfg.finetune == "lora":
+            out["adapter"] = str(export.publish(final_dir / "adapter",
+                                                lambda d: self.model.save_pretrained(d, safe_serialization=True)))
+        if self.cfg.finetune == "full" or self.cfg.merge:
+            model = self.model.merge_and_unload() if self.cfg.finetune == "lora" else self.model
+            out["merged"] = str(export.publish(final_dir / "merged",
+                                               lambda d: export.save_hf(model, self.model_dir, d)))
+        return out
+
+    def _export_sharded(self, final_dir: Path) -> dict[str, str]:
+        """final/merged of an FSDP2 (full fine-tuning) run: the full state dict gathered onto
+        process 0, saved there in HF layout."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from tunix_rt.train import export
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if not dist.is_main():
+            return {}
+        tied = ({n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+                - {n for n, _ in self.model.named_parameters()})  # the head, when tied to the embedding
+        full = {k: v for k, v in full.items() if k not in tied}
+        return {"merged": str(export.publish(final_dir / "merged",
+                                             lambda d: export.save_hf(self.model, self.model_dir, d, full)))}
+
+    def peak_memory_bytes(self) -> int:
+        import torch
+
+        from tunix_rt.files import peak_rss_bytes
+
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        return peak_rss_bytes()
+
+
+# --------------------------------------------------------------------------- helpers
+
+class _LiveGenerator:
+    """eval.generate.Generator over the engine's model as it is now."""
+
+    def __init__(self, engine: TorchEngine):
+        self.engine = engine
+
+    def generate(self, prompts, cfg, on_tokens=None):
+        from tunix_rt.eval.generate import TorchGenerator
+
+        e = self.engine
+        with e._eval_mode(), gathered(e.module), merged_lora_view(e.model) as model:
+            return TorchGenerator(model, e.tok, str(e.device.type)).generate(prompts, cfg, on_tokens)
+
+
+@contextlib.contextmanager
+def merged_lora_view(model):
+    """The plain transformers model of a PEFT LoRA model, its LoRA-wrapped projections
+    replaced for the duration by nn.Linear layers holding W + scale * B @ A (fp32, computed
+    now); the originals are put back on exit. A model without LoRA is yielded as it is."""
+    import torch
+
+    if not hasattr(model, "get_base_model"):
+        yield model
+        return
+    base = model.get_base_model()
+    swapped = []
+    with torch.no_grad():
+        for name, mod in list(base.named_modules()):
+            if not (hasattr(mod, "base_layer") and hasattr(mod, "lora_A") and mod.active_adapters):
+                continue
+            adapter = mod.active_adapters[0]
+            w = mod.base_layer.weight
+            delta = mod.lora_B[adapter].weight @ mod.lora_A[adapter].weight * mod.scaling[adapter]
+            plain = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+            plain.weight = torch.nn.Parameter(w + delta.to(w.dtype), requires_grad=False)
+            parent, _, leaf = name.rpartition(".")
+            holder = base.get_submodule(parent) if parent else base
+            swapped.append((holder, leaf, mod))
+            setattr(holder, leaf, plain)
     try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise BadInput("the PyTorch engine needs torch, which is not installed here: pip install "
-                       "'tunix-rt[torch]', or train with the JAX engine (--engine jax)") from None
+        yield base
+    finally:
+        for holder, leaf, mod in swapped:
+            setattr(holder, leaf, mod)
+
+
+def parallelize(module, cfg: TrainConfig, device):
+    """What a training step calls: the module itself in one process; under torchrun, DDP
+    around it (LoRA: the adapter is small, every process keeps all of it) or the module
+    sharded with FSDP2 (full fine-tuning: each decoder layer, then the rest). Either way the
+    gradients are summed across processes (the coefficients already hold the global
+    normaliser)."""
+    if dist.world() == 1:
+        return module
+    dist.check_same(lambda: weights_digest(module), "the initial trainable weights")
+    if cfg.finetune == "full":
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        for layer in module.base().model.layers:
+            fully_shard(layer)
+        fully_shard(module)
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)
+                m.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no PREMUL_SUM)
+        _first_forward(module, device)
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    # Every process built the same weights (checked above), so DDP's broadcast of module
+    # state is not needed, and it would be wrong: it matches buffers by position, and
+    # transformers' Gemma 3 registers its two RoPE inv_freq buffers in set order, which
+    # differs between processes (string hash seeds): measured, it swapped them on rank 1.
+    ddp = DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                  init_sync=False, forward_sync_buffers=False)
+    ddp.register_comm_hook(None, _sum_gradients)
+    return ddp
+
+
+def _first_forward(module, device) -> None:
+    """One no-grad forward of a 2-token row without labels: FSDP2 sets up its root on the
+    first forward, and generation (GRPO's rollouts) unshards the layers before any step.
+    The root keeps its weights gathered after a forward: resharded here, so that the
+    optimizer is built on the sharded parameters."""
+    import torch
+
+    t = {"input_ids": torch.zeros((1, 2), dtype=torch.long, device=device),
+         "labels": torch.full((1, 2), -100, dtype=torch.long, device=device),
+         "position_ids": torch.arange(2, device=device)[None], "coef": torch.zeros((1, 2), device=device)}
+    with torch.no_grad():
+        module(t, NLL)
+    module.reshard()
+
+
+def _sum_gradients(_state, bucket):
+    """DDP communication hook: all-reduce SUM (DDP's default divides by the process count)."""
+    import torch.distributed as td
+
+    fut = td.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def weights_digest(module) -> str:
+    """sha256 of the trainable parameters, by name."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, p in sorted(module.named_parameters()):
+        if p.requires_grad:
+            h.update(name.encode())
+            h.update(p.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def is_sharded(module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(module):
+    """Under FSDP2: every layer's full weights in place for the duration (generation runs
+    outside the module's forward, and its prefill through the layers must not free them
+    again); nothing to do otherwise."""
+    if not is_sharded(module):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    parts = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    layers = [m for m in parts if m is not module]  # the root keeps its own rule
+    for m in parts:
+        m.unshard()
+    for m in layers:
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.set_reshard_after_forward(True, recurse=False)
+        for m in parts:
+            m.reshard()
 
 
 def resolve_device(cfg: TrainConfig):
@@ -60,69 +451,9 @@ def resolve_device(cfg: TrainConfig):
         build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
         raise BadInput(f"device 'cuda' was asked, but torch {torch.__version__} ({build}) sees no CUDA "
                        f"device; available here: {have}")
-    device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and n_cuda) else "cpu")
-    if device.type == "cpu" and cfg.dtype == "bf16" and not cfg.force_bf16_cpu:
-        raise BadInput("dtype bf16 on a CPU is refused: these CPUs have no bf16 matmul units and bf16 "
-                       "runs ~300x slower than fp32 here; use dtype=fp32, or force_bf16_cpu=true")
-    return device
-
-
-def device_facts(device) -> dict[str, Any]:
-    """Platform, count, names and memory of the device a run uses (for the log and manifest)."""
-    import psutil
-    import torch
-
-    from tunix_rt.evidence import cpu_facts
-
-    if device.type == "cuda":
-        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
-        return {"platform": "cuda", "count": len(props), "names": [p.name for p in props],
-                "memory_bytes": [int(p.total_memory) for p in props], "used_index": device.index or 0}
-    return {"platform": "cpu", "count": 1, "names": [cpu_facts()["model"]],
-            "memory_bytes": [int(psutil.virtual_memory().total)], "threads": torch.get_num_threads()}
-
-
-def tune_cpu_allocator(device) -> bool:
-    """glibc's mmap threshold at 1 MiB on CPU (see common.tune_cpu_allocator)."""
-    from tunix_rt.train.common import tune_cpu_allocator as tune
-
-    return device.type == "cpu" and tune()
-
-
-def peak_memory_bytes(device) -> int:
-    """CUDA: max allocated by torch; CPU: the process's peak RSS."""
-    import torch
-
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return peak_rss_bytes()
-
-
-# --------------------------------------------------------------------------- setup
-
-@dataclass
-class Head:
-    """The output projection the fused loss applies itself, and Gemma 2's logit cap."""
-
-    weight: Any
-    softcap: float | None
-
-
-@dataclass
-class Setup:
-    """Everything a run holds while it trains."""
-
-    cfg: TrainConfig
-    device: Any
-    model: Any
-    head: Head
-    trainable: dict[str, Any]
-    optimizer: Any
-    stream: BatchStream
-    eval_examples: list
-    total_steps: int
-    model_dir: Path
-    facts: dict[str, Any] = field(default_factory=dict)
+    if cfg.device == "cuda" or (cfg.device == "auto" and n_cuda):
+        return torch.device("cuda", dist.local_rank())  # torchrun: one GPU per process
+    return torch.device("cpu")
 
 
 def load_model(cfg: TrainConfig, model_dir: Path, device):
@@ -137,7 +468,7 @@ def load_model(cfg: TrainConfig, model_dir: Path, device):
     attn = "eager" if getattr(hf_cfg, "attn_logit_softcapping", None) else "sdpa"
     model = load_causal_lm(model_dir, dtype=cfg.dtype, device=str(device.type), attn=attn)
     torch.manual_seed(cfg.seed)  # LoRA initialisation is seeded
-    if cfg.method == "lora":
+    if cfg.finetune == "lora":
         from peft import LoraConfig, get_peft_model
 
         lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
@@ -148,296 +479,79 @@ def load_model(cfg: TrainConfig, model_dir: Path, device):
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = Head(base.get_output_embeddings().weight, getattr(base.config, "final_logit_softcapping", None))
-    return model, head
+    return model
 
 
-def make_optimizer(cfg: TrainConfig, params: list):
+def tensors(batch, device) -> dict[str, Any]:
+    """The batch's arrays as torch tensors on `device` (sharing memory on the CPU)."""
     import torch
 
-    if cfg.optimizer == "adafactor":
-        return torch.optim.Adafactor(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    from tunix_rt.train.data import coef_of
 
-
-def setup(cfg: TrainConfig, home: Home, device) -> Setup:
-    from tunix_rt.models.store import ensure_model, load_tokenizer
-
-    _seed_everything(cfg.seed)
-    tok = load_tokenizer(cfg.model, home)
-    train_ex, eval_ex, data_facts = load_data(cfg, home, tok)
-    model_dir = ensure_model(cfg.model, home)
-    model, head = load_model(cfg, model_dir, device)
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    stream = BatchStream(train_ex, cfg.batch_size, cfg.max_seq_len, cfg.packing, cfg.seed, tok.pad_id)
-    facts = {"dataset": data_facts, "model": {"name": cfg.model, "dir": str(model_dir), "sha256": model_sha256(model_dir)}}
-    return Setup(cfg, device, model, head, trainable, make_optimizer(cfg, list(trainable.values())), stream,
-                 eval_ex, steps_for(cfg, train_ex, tok.pad_id), model_dir, facts)
-
-
-def _seed_everything(seed: int) -> None:
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# --------------------------------------------------------------------------- the step
-
-def decoder(model):
-    """The decoder stack that returns normed hidden states (no logits), through PEFT."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model
-
-
-def on_device(batch: Batch, device=None) -> Batch:
-    """The batch with torch tensors (on `device`) in place of collate's numpy arrays; the
-    tensors share the arrays' memory on the CPU. A batch of tensors is moved, or kept."""
-    import torch
-
-    def tensor(a):
-        return torch.as_tensor(a, device=device)
-
-    return dataclasses.replace(batch, input_ids=tensor(batch.input_ids), labels=tensor(batch.labels),
-                               position_ids=tensor(batch.position_ids))
-
-
-def batch_loss_sum(model, head: Head, batch: Batch, cfg: TrainConfig):
-    """Summed cross-entropy of a micro-batch's supervised tokens (numpy arrays or tensors)."""
-    from tunix_rt.train.loss import chunked_linear_ce, plain_ce, supervised_rows
-
-    batch = on_device(batch)
-    if cfg.loss_impl == "plain":
-        logits = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False).logits
-        return plain_ce(logits, batch.labels)
-    out = decoder(model)(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
-    h, y = supervised_rows(out.last_hidden_state, batch.labels)
-    return chunked_linear_ce(h, head.weight, y, cfg.loss_chunk_tokens, head.softcap)
-
-
-def backward_window(model, head: Head, batches: list[Batch], cfg: TrainConfig, device) -> float:
-    """Backward over one accumulation window; the loss is per supervised token of the window.
-    Returns that mean loss."""
-    n_sup = sum(b.n_supervised for b in batches)
-    total = 0.0
-    for i, b in enumerate(batches):
-        loss = batch_loss_sum(model, head, on_device(b, device), cfg) / n_sup
-        loss.backward()
-        total += float(loss.detach())
-        if i + 1 < len(batches):
-            fault_point("accum")
-    return total
-
-
-def optimizer_step(s: Setup, step: int) -> tuple[float, float, list[Batch]]:
-    """One optimizer step: lr, window backward, clip, update. Returns loss, grad norm, batches."""
-    import torch
-
-    lr = lr_at(step, s.cfg, s.total_steps)
-    for group in s.optimizer.param_groups:
-        group["lr"] = lr
-    batches = [s.stream.next_batch() for _ in range(s.cfg.grad_accum)]
-    loss = backward_window(s.model, s.head, batches, s.cfg, s.device)
-    params = list(s.trainable.values())
-    norm = torch.nn.utils.clip_grad_norm_(params, s.cfg.grad_clip if s.cfg.grad_clip > 0 else math.inf)
-    s.optimizer.step()
-    s.optimizer.zero_grad(set_to_none=True)
-    return loss, float(norm), batches
-
-
-# --------------------------------------------------------------------------- fit / validate
-
-def fit(s: Setup, run: RunDir, log: MetricsLog, start: int,
-        should_stop: Callable[[], bool] = never) -> dict[str, float]:
-    """Steps start+1 .. total_steps, with logging, eval and checkpoints at their intervals.
-    When should_stop() turns true, the step just done is checkpointed and RunStopped raised."""
-    from tunix_rt.train.progress import TrainProgress
-
-    cfg, last = s.cfg, {}
-    with TrainProgress(s.total_steps, start) as bar:
-        for step in range(start, s.total_steps):
-            t0 = time.perf_counter()
-            loss, norm, batches = optimizer_step(s, step)
-            done, dt = step + 1, time.perf_counter() - t0
-            tokens = sum(b.n_tokens for b in batches)
-            log.log_order(done, [i for b in batches for i in b.example_ids])
-            last = {"step": done, "loss": loss, "lr": s.optimizer.param_groups[0]["lr"], "grad_norm": norm,
-                    "tokens": tokens, "tokens_per_s": tokens / dt, "step_s": dt,
-                    "peak_mem_bytes": peak_memory_bytes(s.device)}
-            if done % cfg.log_interval == 0 or done == s.total_steps:
-                log.log(last)
-            bar.update(done, loss, tokens / dt)
-            fault_point("step")
-            if cfg.eval_interval and done % cfg.eval_interval == 0 and done < s.total_steps:
-                log.log({"step": done, "eval_loss": validate(s)})
-            saved = cfg.save_interval and done % cfg.save_interval == 0 and done < s.total_steps
-            if saved:
-                save_checkpoint(s, run, done)
-            if done < s.total_steps and should_stop():
-                if not saved:
-                    save_checkpoint(s, run, done)
-                raise RunStopped(f"stopped at step {done} of {s.total_steps} on request; "
-                                 f"checkpoint step-{done:06d} kept (continue with --resume {run.run_id})")
-    return last
-
-
-def validate(s: Setup) -> float:
-    """Mean held-out loss per supervised token, in fixed order (no shuffling, no packing)."""
-    import torch
-
-    from tunix_rt.train.data import collate
-
-    if not s.eval_examples:
-        return float("nan")
-    s.model.eval()
-    total, n = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(s.eval_examples), s.cfg.batch_size):
-            b = collate([[ex] for ex in s.eval_examples[i:i + s.cfg.batch_size]], s.stream.pad_id)
-            total += float(batch_loss_sum(s.model, s.head, on_device(b, s.device), s.cfg))
-            n += b.n_supervised
-    s.model.train()
-    return total / n
-
-
-def save_checkpoint(s: Setup, run: RunDir, step: int) -> Path:
-    meta = {"engine": "torch", "model_sha256": s.facts["model"]["sha256"],
-            "dataset_sha256": s.facts["dataset"]["sha256"], "method": s.cfg.method}
-    return checkpoint.save(run.path, step, s.trainable, s.optimizer, s.stream.position, s.cfg, meta,
-                           s.cfg.keep_checkpoints)
-
-
-def restore(s: Setup, run: RunDir) -> int:
-    """Continue from the newest committed checkpoint of the run (0 when there is none)."""
-    ckpt = checkpoint.latest(run.path)
-    if ckpt is None:
-        return 0
-    expect = {"model_sha256": s.facts["model"]["sha256"], "dataset_sha256": s.facts["dataset"]["sha256"]}
-    r = checkpoint.load(ckpt, s.trainable, s.optimizer, expect)
-    s.stream.position = r.position
-    return r.step
-
-
-# --------------------------------------------------------------------------- outputs
-
-def write_final(s: Setup, run: RunDir) -> dict[str, str]:
-    """final/adapter (LoRA, PEFT format) and final/merged (HF layout: merged LoRA on request,
-    or the fully fine-tuned model), each written to a temp dir and renamed."""
-    out: dict[str, str] = {}
-    final = run.path / "final"
-    final.mkdir(exist_ok=True)
-    if s.cfg.method == "lora":
-        out["adapter"] = str(atomic_dir(final / "adapter", lambda d: s.model.save_pretrained(d, safe_serialization=True)))
-    if s.cfg.method == "full" or s.cfg.merge:
-        model = s.model.merge_and_unload() if s.cfg.method == "lora" else s.model
-        out["merged"] = str(atomic_dir(final / "merged", lambda d: _save_hf(model, s.model_dir, d)))
+    out = {k: torch.as_tensor(getattr(batch, k), device=device) for k in ("input_ids", "labels", "position_ids")}
+    out["coef"] = torch.as_tensor(coef_of(batch), device=device)
+    out.update({k: torch.as_tensor(v, device=device) for k, v in batch.aux.items()})
     return out
 
 
-def _save_hf(model, model_dir: Path, target: Path) -> None:
-    model.save_pretrained(target, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (model_dir / name).is_file():
-            shutil.copyfile(model_dir / name, target / name)
+def flatten_optimizer(sd: dict, names: list[str]) -> tuple[dict, dict]:
+    """torch optimizer state dict → (tensors for safetensors, JSON for the rest)."""
+    import torch
+
+    tensors_, scalars = {}, {}
+    for idx, st in sd["state"].items():
+        for key, value in st.items():
+            if isinstance(value, torch.Tensor):
+                tensors_[f"state.{idx}.{key}"] = value.detach().contiguous().cpu()
+            else:
+                scalars.setdefault(str(idx), {})[key] = value
+    return tensors_, {"param_groups": sd["param_groups"], "scalars": scalars, "param_names": names}
 
 
-# --------------------------------------------------------------------------- summary
-
-def summary(s: Setup, predicted: dict[str, Any]) -> dict[str, Any]:
-    """The pre-run summary: sizes, dtype, first batch shapes, tokens per step, predicted peak."""
-    first = BatchStream(s.stream.examples, s.cfg.batch_size, s.cfg.max_seq_len, s.cfg.packing,
-                        s.cfg.seed, s.stream.pad_id, s.stream.position).next_batch()
-    return {
-        "params": sum(p.numel() for p in s.model.parameters()),
-        "trainable_params": sum(p.numel() for p in s.trainable.values()),
-        "method": s.cfg.method, "dtype": s.cfg.dtype, "loss_impl": s.cfg.loss_impl,
-        "first_batch_shape": list(first.input_ids.shape),
-        "first_batch_supervised_tokens": first.n_supervised,
-        "max_tokens_per_step": s.cfg.tokens_per_step,
-        "total_steps": s.total_steps,
-        "train_examples": len(s.stream.examples),
-        "dropped_overlong": s.facts["dataset"]["dropped_overlong"],
-        **predicted,
-    }
+def by_index(sd: dict, names: list[str]) -> dict:
+    """An optimizer state dict keyed by parameter name (torch.distributed.checkpoint's) →
+    keyed by index in `names` (torch's own, what the checkpoint files hold)."""
+    index = {n: i for i, n in enumerate(names)}
+    groups = [{**g, "params": [index[p] for p in g["params"]]} for g in sd["param_groups"]]
+    return {"state": {index[n]: st for n, st in sd["state"].items()}, "param_groups": groups}
 
 
-def check_plan(cfg: TrainConfig, device) -> dict[str, Any]:
-    """Ask the memory plan (tunix_rt.plan, when present) and refuse a run predicted not to fit."""
-    import importlib.util
-
-    if importlib.util.find_spec("tunix_rt.plan") is None:
-        return {"predicted_peak": "memory plan not available (tunix_rt.plan missing)"}
-    from tunix_rt.plan import plan_train
-
-    plan = plan_train(cfg, device.type, 1)
-    if not plan.fits and not cfg.force:
-        raise BadInput(f"the memory plan predicts this run does not fit:\n{plan.render()}\n"
-                       "change the config as suggested, or pass --force to run anyway")
-    return {"predicted_peak_bytes": int(plan.peak_bytes_per_device), "capacity_bytes": int(plan.capacity_bytes),
-            "plan_fits": bool(plan.fits)}
+def by_name(sd: dict, names: list[str]) -> dict:
+    """The inverse of by_index."""
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in sd["param_groups"]]
+    return {"state": {names[int(i)]: st for i, st in sd["state"].items()}, "param_groups": groups}
 
 
-# --------------------------------------------------------------------------- entry point
-
-def train(cfg: TrainConfig, home: Home, resume: str | None = None,
-          should_stop: Callable[[], bool] = never) -> Path:
-    """Train with PyTorch; returns the run directory. `resume` is a run id or directory;
-    `should_stop` is polled after every step (the job worker's cancel hook)."""
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    require_torch()
-    device = resolve_device(cfg)
-    predicted = check_plan(cfg, device)
-    tune_cpu_allocator(device)
-    run = open_run(cfg, home, resume, "torch")
-    with run.recording():
-        s = setup(cfg, home, device)
-        start = restore(s, run)
-        facts = device_facts(device)
-        info = summary(s, predicted)
-        _print_summary(console, run, facts, info, start)
-        run.update(device=facts, summary=info, dataset=s.facts["dataset"], model=s.facts["model"],
-                   **({"resumed_from_step": start} if start else {}))
-        log = MetricsLog(run.path, start)
-        try:
-            last = fit(s, run, log, start, should_stop) if start < s.total_steps else {}
-            eval_loss = validate(s)
-            if math.isfinite(eval_loss):
-                log.log({"step": s.total_steps, "eval_loss": eval_loss})
-        finally:
-            log.close()
-        if start < s.total_steps:
-            save_checkpoint(s, run, s.total_steps)
-        outputs = write_final(s, run)
-        plot_loss(run.path)
-        run.update(outputs=outputs, final=_final_metrics(run.path, last, eval_loss))
-    return run.path
+def unflatten_optimizer(tensors_: dict, meta: dict) -> dict:
+    state: dict[int, dict] = {}
+    for key, value in tensors_.items():
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = value
+    for idx, st in meta["scalars"].items():
+        state.setdefault(int(idx), {}).update(st)
+    return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def _final_metrics(run_dir: Path, last: dict, eval_loss: float) -> dict[str, Any]:
-    from tunix_rt.train.run import METRICS, read_jsonl
+def torch_rng() -> dict[str, Any]:
+    """torch's CPU and CUDA generator states, base64 (they go into state.json)."""
+    import torch
 
-    rows = [r for r in read_jsonl(run_dir / METRICS) if "loss" in r]
-    out = {"steps": rows[-1]["step"], "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],
-           "peak_mem_bytes": max(r["peak_mem_bytes"] for r in rows)}
-    if math.isfinite(eval_loss):
-        out["eval_loss"] = eval_loss
+    def b64(t) -> str:
+        return base64.b64encode(t.numpy().tobytes()).decode()
+
+    out = {"cpu": b64(torch.get_rng_state())}
+    if torch.cuda.is_available():
+        out["cuda"] = [b64(s) for s in torch.cuda.get_rng_state_all()]
     return out
 
 
+def restore_torch_rng(state: dict[str, Any]) -> None:
+    import torch
 
-def _print_summary(console, run: RunDir, facts: dict, info: dict, start: int) -> None:
-    gib = 2 ** 30
-    mem = ", ".join(f"{m / gib:.1f} GiB" for m in facts["memory_bytes"])
-    console.print(f"[bold]run[/bold] {run.run_id}" + (f" (resuming after step {start})" if start else ""))
-    console.print(f"device: {facts['platform']} x{facts['count']} ({', '.join(facts['names'])}; {mem})")
-    console.print(f"params {info['params']:,}, trainable {info['trainable_params']:,} ({info['method']}, "
-                  f"{info['dtype']}, loss {info['loss_impl']})")
-    console.print(f"examples {info['train_examples']} (dropped as too long: {info['dropped_overlong']}), "
-                  f"first batch {info['first_batch_shape']}, <= {info['max_tokens_per_step']} tokens/step, "
-                  f"{info['total_steps']} steps")
-    peak = info.get("predicted_peak_bytes")
-    console.print(f"predicted peak memory: {peak / gib:.2f} GiB" if peak else info["predicted_peak"])
+    def tensor(s: str):
+        return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+    torch.set_rng_state(tensor(state["cpu"]))
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([tensor(s) for s in state["cuda"]])
+

@@ -77,7 +77,7 @@ def upload_dataset(
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    job_id = queue.enqueue("import", {"upload": final.name, "name": name, "format": result.format},
+    job_id = queue.enqueue("import", {"upload": final.name, "name": name, "format": result.format, "filename": label},
                            max_attempts=settings.max_attempts, url=settings.database_url)
     return UploadAccepted(job_id=job_id, dataset=f"{name}@job{job_id}", records=len(result.records), format=result.format)
 
@@ -98,6 +98,8 @@ def _save_limited(file: UploadFile, fd: int, limit: int) -> str:
 
 
 def _label(filename: str | None) -> str:
-    """The client's file name, reduced to a safe basename, for error messages only."""
+    """The client's file name, reduced to a safe basename: for error messages, and GSM8K ids
+    are named after it (as `data import` names them after its path; each run of other
+    characters becomes one "_", which the ids' naming folds like any separator)."""
     base = re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename((filename or "upload.jsonl").replace("\\", "/")))
-    return base or "upload.jsonl"
+    return base[-255:] or "upload.jsonl"

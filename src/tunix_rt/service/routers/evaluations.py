@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
+from tunix_rt.eval.compare import mcnemar_exact
 from tunix_rt.registry import queries
 from tunix_rt.service.deps import SettingsDep
-from tunix_rt.service.schemas import Comparison, EvalDetail, EvalPublic, FlippedItem, PredictionPage, PredictionPublic
+from tunix_rt.service.schemas import Board, Comparison, EvalDetail, EvalPublic, FlippedItem, PredictionPage, PredictionPublic
 
 router = APIRouter(prefix="/api/evaluations", tags=["evaluations"])
 
@@ -23,13 +24,26 @@ def leaderboard(settings: SettingsDep, metric: str = "accuracy", dataset: str | 
     return queries.leaderboard(metric, dataset=dataset, split=split, limit=min(limit, 1000), url=settings.database_url)
 
 
+@router.get("/boards", response_model=list[Board])
+def boards(settings: SettingsDep):
+    """One leaderboard per dataset and split (evaluations of different data never rank
+    together), the most recently evaluated first."""
+    seen: dict[tuple, Board] = {}
+    for e in queries.list_evals(limit=100_000, url=settings.database_url):  # newest first
+        key = (e.dataset or "", e.split or "")
+        if key not in seen:
+            seen[key] = Board(dataset=key[0], split=key[1], evaluations=0, latest=e.created_at)
+        seen[key].evaluations += 1
+    return list(seen.values())
+
+
 @router.get("/compare", response_model=Comparison)
 def compare(settings: SettingsDep, a: str = Query(...), b: str = Query(...)):
     c = queries.compare(a, b, url=settings.database_url)
     ma, mb = c["a"].metrics or {}, c["b"].metrics or {}
     delta = {k: mb[k] - ma[k] for k in ma if isinstance(ma.get(k), (int, float)) and isinstance(mb.get(k), (int, float))}
     return Comparison(a=EvalPublic.model_validate(c["a"]), b=EvalPublic.model_validate(c["b"]), common=c["common"],
-                      delta=delta, fixed=[_flip(x, y) for x, y in c["fixed"]], broken=[_flip(x, y) for x, y in c["broken"]])
+                      delta=delta, mcnemar_p=mcnemar_exact(len(c["broken"]), len(c["fixed"])), fixed=[_flip(x, y) for x, y in c["fixed"]], broken=[_flip(x, y) for x, y in c["broken"]])
 
 
 def _flip(x, y) -> FlippedItem:

@@ -111,15 +111,32 @@ function lineChart(title, series, testid) {
 }
 
 function curves(metrics) {
+  // train rows only (eval rows carry no "loss"): an RL run's eval rows hold eval_reward etc.
   const pts = (key) => metrics.filter((m) => typeof m.values[key] === "number" && m.step !== null).map((m) => ({ x: m.step, y: m.values[key] }));
-  return h("div", { class: "grid" },
+  const charts = [
     lineChart("loss (train solid, eval dashed)", [{ points: pts("loss") }, { points: pts("eval_loss"), cls: "eval" }], "loss-chart"),
-    lineChart("learning rate", [{ points: pts("lr") }], "lr-chart"));
+    lineChart("learning rate", [{ points: pts("lr") }], "lr-chart")];
+  const rewardKeys = [...new Set(metrics.flatMap((m) => Object.keys(m.values)))].filter((k) => k.startsWith("reward_")).sort();
+  if (pts("reward").length) {  // an RL run: the rewards and what explains them
+    charts.push(
+      lineChart("reward: total (solid), " + rewardKeys.map((k) => k.slice(7)).join(", ") + " (dashed, in that order)",
+        [{ points: pts("reward") }, ...rewardKeys.map((k) => ({ points: pts(k), cls: "eval" }))], "reward-chart"),
+      lineChart("rollout accuracy (solid), format rate (dashed)",
+        [{ points: pts("rollout_accuracy") }, { points: pts("rollout_format_rate"), cls: "eval" }], "rollout-chart"),
+      lineChart("zero-variance group share", [{ points: pts("zero_variance_share") }], "zero-var-chart"),
+      lineChart("KL to the reference (solid), clip fraction (dashed)",
+        [{ points: pts("kl") }, { points: pts("clip_fraction"), cls: "eval" }], "kl-chart"),
+      lineChart("completion length, tokens", [{ points: pts("completion_tokens") }], "length-chart"),
+      lineChart("seconds: rollout (solid), update (dashed)",
+        [{ points: pts("rollout_s") }, { points: pts("update_s"), cls: "eval" }], "time-chart"));
+  }
+  return h("div", { class: "grid" }, charts);
 }
 
 // ---- pages -----------------------------------------------------------------------------
 const app = () => document.getElementById("app");
-function show(...nodes) { app().replaceChildren(...nodes); }
+// replaceChildren would print null as "null" and an array as its text: drop and flatten first.
+function show(...nodes) { app().replaceChildren(...nodes.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false)); }
 function showError(e) { app().append(h("p", { class: "error", "data-testid": "error" }, String(e.message || e))); }
 
 function loginPage() {
@@ -138,26 +155,36 @@ function loginPage() {
   input.focus();
 }
 
+const METRICS = ["accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens", "truncated_rate", "judge_score"];
+
 async function leaderboardPage(params) {
   const metric = params.get("metric") || "accuracy";
-  const rows = await api("/api/evaluations/leaderboard?metric=" + encodeURIComponent(metric));
+  const boards = await api("/api/evaluations/boards");
+  if (!boards.length) return show(h("h1", {}, "Leaderboard"), h("p", { class: "muted", "data-testid": "empty" }, "No evaluations yet. Run `tunix-rt eval`, or submit a train run."));
+  const key = (b) => b.dataset + "\u0000" + b.split;
+  const board = boards.find((b) => b.dataset === params.get("dataset") && b.split === params.get("split")) || boards[0];
+  const go = (b, m) => (location.hash = `#/leaderboard?dataset=${encodeURIComponent(b.dataset)}&split=${encodeURIComponent(b.split)}&metric=${m}`);
+  const rows = await api(`/api/evaluations/leaderboard?metric=${encodeURIComponent(metric)}&dataset=${encodeURIComponent(board.dataset)}&split=${encodeURIComponent(board.split)}`);
   const picked = new Set();
-  const select = h("select", { id: "metric", onchange: (e) => (location.hash = "#/leaderboard?metric=" + e.target.value) },
-    ["accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens", "truncated_rate"].map((m) => h("option", { value: m, selected: m === metric }, m)));
+  const boardSelect = h("select", { id: "board", onchange: (e) => go(boards.find((b) => key(b) === e.target.value), metric) },
+    boards.map((b) => h("option", { value: key(b), selected: key(b) === key(board) }, `${b.dataset || "?"} / ${b.split || "?"} (${b.evaluations})`)));
+  const select = h("select", { id: "metric", onchange: (e) => go(board, e.target.value) },
+    METRICS.map((m) => h("option", { value: m, selected: m === metric }, m)));
   const compareBtn = h("button", { id: "compare-picked", disabled: true, onclick: () => { const [a, b] = [...picked]; location.hash = `#/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`; } }, "Compare the two picked");
+  const extra = ["accuracy", "format_rate"].includes(metric) ? null : metric;  // shown already otherwise
   const body = rows.map((e, i) => h("tr", { "data-testid": "leaderboard-row" },
     h("td", {}, h("input", { type: "checkbox", "aria-label": "pick " + e.id, onchange: (ev) => { ev.target.checked ? picked.add(e.id) : picked.delete(e.id); compareBtn.disabled = picked.size !== 2; } })),
     h("td", {}, String(i + 1)),
-    h("td", {}, h("a", { href: "#/eval/" + encodeURIComponent(e.id) }, e.id)),
-    h("td", {}, e.run_id ? h("a", { href: "#/run/" + encodeURIComponent(e.run_id) }, e.run_id) : e.model || ""),
-    h("td", {}, (e.dataset || "") + (e.split ? " / " + e.split : "")),
+    h("td", { class: "wrap" }, h("a", { href: "#/eval/" + encodeURIComponent(e.id) }, e.id)),
+    h("td", { class: "wrap" }, e.run_id ? h("a", { href: "#/run/" + encodeURIComponent(e.run_id) }, e.run_id) : e.model || ""),
     h("td", {}, fmt(e.n)), h("td", {}, pct(e.accuracy)), h("td", {}, pct(e.format_rate)),
-    h("td", {}, fmt(e.metrics[metric]))));
+    extra ? h("td", {}, fmt(e.metrics[extra])) : null));
   show(h("h1", {}, "Leaderboard"),
-    h("div", { class: "row" }, "sorted by ", select, compareBtn),
-    rows.length ? h("table", { "data-testid": "leaderboard" },
-      h("thead", {}, h("tr", {}, ["", "#", "evaluation", "run / model", "dataset", "n", "accuracy", "format", metric].map((c) => h("th", {}, c)))),
-      h("tbody", {}, body)) : h("p", { class: "muted", "data-testid": "empty" }, "No evaluations yet. Run `tunix-rt eval`, or submit a train run."));
+    h("div", { class: "row" }, "dataset / split ", boardSelect, " sorted by ", select, compareBtn),
+    h("p", { class: "muted" }, `Only evaluations of ${board.dataset} / ${board.split} rank together here.`),
+    h("table", { "data-testid": "leaderboard" },
+      h("thead", {}, h("tr", {}, ["pick", "#", "evaluation", "run / model", "n", "accuracy", "format", extra].filter(Boolean).map((c) => h("th", {}, c)))),
+      h("tbody", {}, body)));
 }
 
 async function runsPage() {
@@ -179,15 +206,25 @@ async function runsPage() {
     try { const job = await api("/api/runs", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ preset: preset.value, overrides: ov, evaluate: evaluate.checked }) }); location.hash = "#/job/" + job.id; }
     catch (e) { msg.textContent = e.message; }
   };
+  const table = h("div", {}, runsTable(runs));
+  const refresh = async () => {
+    if (location.hash !== "#/runs") return;
+    try { table.replaceChildren(runsTable(await api("/api/runs"))); } catch (e) { /* next time */ }
+    refreshTimer = setTimeout(refresh, 3000);
+  };
+  refreshTimer = setTimeout(refresh, 3000);
   show(h("h1", {}, "Runs"),
     h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Start a training run"),
       h("div", { class: "row" }, "preset ", preset, h("label", {}, evaluate, " evaluate on the dev split afterwards")), overrides, h("div", { class: "row" }, h("button", { type: "submit", id: "submit-run" }, "Queue run")), msg),
-    h("h2", {}, "All runs"),
-    runs.length ? h("table", { "data-testid": "runs" },
-      h("thead", {}, h("tr", {}, ["run", "status", "engine", "model", "dataset", "started", "finished"].map((c) => h("th", {}, c)))),
-      h("tbody", {}, runs.map((r) => h("tr", {}, h("td", {}, h("a", { href: "#/run/" + encodeURIComponent(r.id) }, r.id)), h("td", {}, badge(r.status)),
-        h("td", {}, r.engine || ""), h("td", {}, r.model || ""), h("td", {}, r.dataset || ""), h("td", {}, when(r.started_at)), h("td", {}, when(r.finished_at))))))
-      : h("p", { class: "muted" }, "No runs yet."));
+    h("h2", {}, "All runs"), table);
+}
+
+function runsTable(runs) {
+  return runs.length ? h("table", { "data-testid": "runs" },
+    h("thead", {}, h("tr", {}, ["run", "status", "engine", "model", "dataset", "started", "finished"].map((c) => h("th", {}, c)))),
+    h("tbody", {}, runs.map((r) => h("tr", {}, h("td", {}, h("a", { href: "#/run/" + encodeURIComponent(r.id) }, r.id)), h("td", {}, badge(r.status)),
+      h("td", {}, r.engine || ""), h("td", {}, r.model || ""), h("td", {}, r.dataset || ""), h("td", {}, when(r.started_at)), h("td", {}, when(r.finished_at))))))
+    : h("p", { class: "muted" }, "No runs yet.");
 }
 
 async function jobsPage() {
@@ -348,8 +385,83 @@ async function comparePage(params) {
       h("p", { class: "muted" }, "gold " + (f.gold ?? "")))))];
   out.replaceChildren(
     h("table", { "data-testid": "compare-metrics" }, h("thead", {}, h("tr", {}, ["metric", "A", "B", "B − A"].map((x) => h("th", {}, x)))), h("tbody", {}, metricRows)),
-    h("p", { class: "muted" }, `${c.common} items in common`),
+    h("p", { "data-testid": "mcnemar" }, `${c.common} items in common · ${c.fixed.length} fixed, ${c.broken.length} broken · exact McNemar p = ${c.mcnemar_p.toPrecision(3)}`,
+      h("span", { class: "muted" }, c.mcnemar_p < 0.05 ? " (unlikely to be chance at 5%)" : " (could be chance at 5%)")),
     ...flips("Fixed: wrong in A, right in B", c.fixed, "fixed"), ...flips("Broken: right in A, wrong in B", c.broken, "broken"));
+}
+
+// ---- playground: one or two models answer the same question, streamed side by side ------
+let playAborts = [];
+
+function splitAnswer(text) {
+  // The model turn is <reasoning>…</reasoning><answer>…</answer>; show each part as it grows.
+  const part = (open, close) => { const i = text.indexOf(open); if (i < 0) return null; const rest = text.slice(i + open.length); const j = rest.indexOf(close); return j < 0 ? rest : rest.slice(0, j); };
+  const reasoning = part("<reasoning>", "</reasoning>"), answer = part("<answer>", "</answer>");
+  return { reasoning: reasoning ?? (answer === null ? text : ""), answer: answer ?? "" };
+}
+
+async function streamChat(body, signal, onText) {
+  const res = await fetch("/v1/chat/completions", { method: "POST", signal, body: JSON.stringify(Object.assign({}, body, { stream: true, stream_options: { include_usage: true } })),
+    headers: { Authorization: "Bearer " + token(), "Content-Type": "application/json" } });
+  if (!res.ok) { const b = await res.json().catch(() => ({})); throw new Error((b.error && b.error.message) || (b.detail ? JSON.stringify(b.detail) : res.statusText)); }
+  const reader = res.body.getReader(), dec = new TextDecoder();
+  let buf = "", text = "", finish = null, usage = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const line = buf.slice(0, i).replace(/^data: /, ""); buf = buf.slice(i + 2);
+      if (line === "[DONE]") return { text, finish, usage };
+      const chunk = JSON.parse(line);
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices || []) { if (c.delta && c.delta.content) text += c.delta.content; if (c.finish_reason) finish = c.finish_reason; }
+      onText(text);
+    }
+  }
+  return { text, finish, usage };
+}
+
+async function playgroundPage(params) {
+  const models = (await api("/v1/models")).data;
+  const pick = (id, val, optional) => h("select", { id }, optional ? h("option", { value: "" }, "— none —") : null,
+    models.map((m) => h("option", { value: m.id, selected: m.id === val }, m.id + (m.kind === "run" ? " (run)" : ""))));
+  const a = pick("play-a", params.get("a") || (models[0] && models[0].id)), b = pick("play-b", params.get("b") || "", true);
+  const question = h("textarea", { id: "question", rows: 3, placeholder: "Ask a question, e.g. What is 12 * 7?" });
+  const system = h("input", { id: "system", size: 60, placeholder: "system prompt (default: the run's, or the training default)" });
+  const maxTokens = h("input", { id: "max-tokens", type: "number", min: 1, placeholder: "max tokens" });
+  const panes = h("div", { class: "cols", "data-testid": "panes" });
+  const stop = h("button", { id: "stop", disabled: true, onclick: () => playAborts.forEach((c) => c.abort()) }, "Stop");
+  const ask = async (ev) => {
+    ev.preventDefault();
+    playAborts.forEach((c) => c.abort());
+    const chosen = [a.value, b.value].filter(Boolean);
+    const messages = (system.value.trim() ? [{ role: "system", content: system.value.trim() }] : []).concat([{ role: "user", content: question.value }]);
+    panes.replaceChildren(); playAborts = []; stop.disabled = false;
+    await Promise.all(chosen.map(async (model, k) => {
+      const reasoning = h("pre", { "data-testid": "reasoning" }), answer = h("pre", { class: "answer", "data-testid": "answer" });
+      const status = h("p", { class: "muted", "data-testid": "pane-status" }, "waiting…");
+      panes.append(h("div", { class: "pane", "data-testid": "pane-" + k }, h("h2", {}, model), h("b", {}, "Reasoning"), reasoning, h("b", {}, "Answer"), answer, status));
+      const ctl = new AbortController(); playAborts.push(ctl);
+      const body = { model, messages };
+      if (maxTokens.value) body.max_tokens = Number(maxTokens.value);
+      try {
+        const out = await streamChat(body, ctl.signal, (text) => { const p = splitAnswer(text); reasoning.textContent = p.reasoning; answer.textContent = p.answer; status.textContent = "streaming…"; });
+        const p = splitAnswer(out.text); reasoning.textContent = p.reasoning; answer.textContent = p.answer;
+        reasoning.dataset.raw = out.text;
+        status.textContent = `finished: ${out.finish}` + (out.usage ? ` · ${out.usage.completion_tokens} tokens` : "");
+      } catch (e) { status.textContent = e.name === "AbortError" ? "stopped" : "error: " + e.message; status.className = e.name === "AbortError" ? "muted" : "error"; }
+    }));
+    stop.disabled = true;
+  };
+  show(h("h1", {}, "Playground"),
+    h("form", { class: "card", onsubmit: ask },
+      h("div", { class: "row" }, "model A ", a, " model B ", b, maxTokens),
+      h("div", { class: "row" }, system), question,
+      h("div", { class: "row" }, h("button", { type: "submit", id: "ask" }, "Ask"), stop)),
+    panes);
 }
 
 async function datasetsPage() {
@@ -383,6 +495,7 @@ function debounce(fn, ms) { let t; return (...a) => { clearTimeout(t); t = setTi
 async function route() {
   if (refreshTimer) { typeof refreshTimer === "number" ? clearTimeout(refreshTimer) : refreshTimer.clear(); refreshTimer = null; }
   if (streamAbort) { streamAbort.abort(); streamAbort = null; }
+  playAborts.forEach((c) => c.abort()); playAborts = [];
   const hash = location.hash || "#/leaderboard";
   const m = hash.match(/^#token=(.+)$/);
   if (m) { sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1])); history.replaceState(null, "", location.pathname + "#/leaderboard"); return route(); }
@@ -401,6 +514,9 @@ async function route() {
       case "eval": return await evalPage(parts.slice(1).join("/"), params);
       case "compare": return await comparePage(params);
       case "datasets": return await datasetsPage();
+      case "playground": return await playgroundPage(params);
+      case "sweeps": return await sweepsPage();  // sweeps.js
+      case "sweep": return await sweepPage(parts.slice(1).join("/"));
       default: return await leaderboardPage(params);
     }
   } catch (e) { if (e.message !== "unauthorized") showError(e); }

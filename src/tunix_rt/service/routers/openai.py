@@ -1,0 +1,271 @@
+"""/v1/models and /v1/chat/completions, following the OpenAI schema, so the tools a user
+already has (the openai client, chat UIs, eval harnesses) talk to a trained model.
+
+Behind the same bearer token as the rest of the API (the middleware denies by default).
+A model is a catalog name or a run id (tunix_rt.serving.models); messages render with our
+chat template (tunix_rt.serving.template), the system prompt defaulting to the run's; the
+decoding defaults are DecodeConfig's (greedy unless a temperature is given), max_tokens is
+capped by Settings.serve_max_tokens. Errors use OpenAI's body: {"error": {"message",
+"type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.concurrency import run_in_threadpool
+
+from tunix_rt.errors import BadInput
+from tunix_rt.eval.generate import DecodeConfig
+from tunix_rt.serving.models import ModelCache, ModelNotFound, ServeConfig, ServedModel, available
+from tunix_rt.serving.scheduler import Event, QueueFull, Request as GenRequest
+from tunix_rt.serving.template import Message, chat_prompt_ids
+from tunix_rt.service.deps import SettingsDep
+from tunix_rt.service.settings import Settings
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+DEFAULTS = DecodeConfig()
+MAX_STOP = 4
+DISCONNECT_POLL_S = 0.1
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "top_logprobs")
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.code, self.param = status, kind, code, param
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"message": str(self), "type": self.kind, "param": self.param, "code": self.code}},
+                            status_code=self.status)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def message(self) -> Message:
+        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        return Message(self.role, text)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The OpenAI request body; fields we cannot honour are refused, never ignored."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    """The newer name of max_tokens; either is capped by the server's serve_max_tokens."""
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    """Not in OpenAI's schema; DecodeConfig's top-k."""
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    response_format: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> "ChatCompletionRequest":
+        extra = self.model_extra or {}
+        given = [k for k in UNSUPPORTED if extra.get(k) not in (None, [], {})]
+        if self.logprobs:
+            given.append("logprobs")
+        given += [k for k in ("presence_penalty", "frequency_penalty") if getattr(self, k) not in (None, 0)]
+        if self.response_format and self.response_format.get("type") != "text":
+            given.append("response_format")
+        if given:
+            raise ValueError(f"not supported by this server: {', '.join(given)}")
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
+            raise ValueError(f"stop holds at most {MAX_STOP} strings")
+        return self
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    def decode_config(self, cap: int) -> DecodeConfig:
+        """DecodeConfig's defaults for anything the request leaves out; max tokens capped."""
+        asked = self.max_completion_tokens or self.max_tokens or DEFAULTS.max_new_tokens
+        given = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+        return DecodeConfig(max_new_tokens=min(asked, cap), **{k: v for k, v in given.items() if v is not None})
+
+
+def model_cache(app: FastAPI) -> ModelCache:
+    """The app's loaded models, created on first use (no model loads at start-up)."""
+    cache = getattr(app.state, "models", None)
+    if cache is None:
+        s: Settings = app.state.settings
+        cache = app.state.models = ModelCache(s.home_obj, ServeConfig(
+            device=s.serve_device, max_models=s.serve_max_models, max_batch=s.serve_max_batch,
+            max_queue=s.serve_max_queue))
+    return cache
+
+
+def install(app: FastAPI) -> None:
+    """The router, plus OpenAI-shaped errors for /v1 (400 for a malformed body)."""
+    app.include_router(router)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_req: Request, e: OpenAIError) -> JSONResponse:
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(req: Request, e: RequestValidationError):
+        if not req.url.path.startswith("/v1/"):
+            return await request_validation_exception_handler(req, e)
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return OpenAIError(400, f"{where}: {first.get('msg', 'invalid request')}" if where else
+                           first.get("msg", "invalid request"), param=where or None).response()
+
+
+@router.get("/models")
+def list_models(settings: SettingsDep) -> dict:
+    return {"object": "list", "data": [_model_obj(m) for m in available(settings.home_obj)]}
+
+
+@router.get("/models/{model_id}")
+def show_model(model_id: str, settings: SettingsDep) -> dict:
+    for m in available(settings.home_obj):
+        if m["id"] == model_id:
+            return _model_obj(m)
+    raise OpenAIError(404, f"model {model_id!r} does not exist", code="model_not_found", param="model")
+
+
+def _model_obj(m: dict) -> dict:
+    return {"id": m["id"], "object": "model", "created": m["created"], "owned_by": "tunix-rt", "kind": m["kind"]}
+
+
+@router.post("/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request, settings: SettingsDep):
+    served = await _served(request.app, body.model)
+    try:
+        prompt = chat_prompt_ids([m.message() for m in body.messages], served.tok, served.system_prompt)
+        cfg = body.decode_config(settings.serve_max_tokens)
+    except BadInput as e:
+        raise OpenAIError(400, str(e), param="messages") from None
+    if served.max_context and len(prompt) + cfg.max_new_tokens > served.max_context:
+        raise OpenAIError(400, f"{len(prompt)} prompt tokens + max_tokens {cfg.max_new_tokens} exceed the model's "
+                               f"context of {served.max_context}", param="messages", code="context_length_exceeded")
+    events: asyncio.Queue[Event] = asyncio.Queue()
+    gen = GenRequest(prompt, cfg, _sink(events, asyncio.get_running_loop()), n=body.n, stop=body.stops())
+    try:
+        served.scheduler.submit(gen)
+    except QueueFull as e:
+        raise OpenAIError(429, str(e), kind="rate_limit_error", code="queue_full") from None
+    except BadInput as e:
+        raise OpenAIError(400, str(e), param="n") from None
+    meta = {"id": "chatcmpl-" + secrets.token_hex(12), "created": int(time.time()), "model": body.model}
+    if body.stream:
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_stream(gen, events, meta, len(prompt), usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return await _complete(gen, events, meta, len(prompt), request)
+
+
+async def _served(app: FastAPI, model_id: str) -> ServedModel:
+    try:
+        return await run_in_threadpool(model_cache(app).get, model_id)
+    except ModelNotFound as e:
+        raise OpenAIError(404, str(e), code="model_not_found", param="model") from None
+
+
+def _sink(events: asyncio.Queue, loop: asyncio.AbstractEventLoop):
+    def put(ev: Event) -> None:
+        try:
+            loop.call_soon_threadsafe(events.put_nowait, ev)
+        except RuntimeError:  # the loop is gone (server shutting down): nobody listens any more
+            pass
+    return put
+
+
+async def _complete(gen: GenRequest, events: asyncio.Queue, meta: dict, n_prompt: int, request: Request):
+    """Collect every choice; a client that disconnects meanwhile cancels the request."""
+    texts, reasons, tokens = [""] * gen.n, [None] * gen.n, [0] * gen.n
+    watcher = asyncio.create_task(_watch_disconnect(request, gen, events))
+    try:
+        while sum(r is not None for r in reasons) < gen.n:
+            ev = await events.get()
+            if ev.kind == "gone":
+                return JSONResponse({"error": {"message": "client disconnected"}}, status_code=499)
+            if ev.kind == "error":
+                raise OpenAIError(500, f"generation failed: {ev.error}", kind="server_error")
+            if ev.kind == "delta":
+                texts[ev.index] += ev.text
+            else:
+                reasons[ev.index], tokens[ev.index] = ev.finish_reason, ev.n_tokens
+    finally:
+        watcher.cancel()
+        if any(r is None for r in reasons):
+            gen.cancel()
+    choices = [{"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": r, "logprobs": None}
+               for i, (t, r) in enumerate(zip(texts, reasons))]
+    return {**meta, "object": "chat.completion", "choices": choices, "usage": _usage(n_prompt, sum(tokens))}
+
+
+async def _watch_disconnect(request: Request, gen: GenRequest, events: asyncio.Queue) -> None:
+    """Cancel the request (its rows leave the batch at the next step) once the client is gone."""
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+    gen.cancel()
+    events.put_nowait(Event("gone"))
+
+
+async def _stream(gen: GenRequest, events: asyncio.Queue, meta: dict, n_prompt: int, usage: bool) -> AsyncIterator[str]:
+    """Server-sent chunks as OpenAI sends them; ends with `data: [DONE]`. When the client
+    goes away Starlette cancels this generator, and `finally` frees the rows."""
+
+    def chunk(choices: list, **extra) -> str:
+        return "data: " + json.dumps({**meta, "object": "chat.completion.chunk", "choices": choices, **extra}) + "\n\n"
+
+    left, total = gen.n, 0
+    try:
+        for i in range(gen.n):
+            yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
+        while left:
+            ev = await events.get()
+            if ev.kind == "error":
+                yield "data: " + json.dumps({"error": {"message": f"generation failed: {ev.error}", "type": "server_error"}}) + "\n\n"
+                return
+            if ev.kind == "delta":
+                yield chunk([{"index": ev.index, "delta": {"content": ev.text}, "finish_reason": None}])
+            else:
+                left, total = left - 1, total + ev.n_tokens
+                yield chunk([{"index": ev.index, "delta": {}, "finish_reason": ev.finish_reason}])
+        if usage:
+            yield chunk([], usage=_usage(n_prompt, total))
+        yield "data: [DONE]\n\n"
+    finally:
+        if left:
+            gen.cancel()
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}

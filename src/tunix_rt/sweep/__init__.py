@@ -1,0 +1,1 @@
+"""Hyperparameter sweeps: Optuna studies in the registry database, trials as queue jobs."""

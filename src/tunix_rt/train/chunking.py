@@ -1,0 +1,38 @@
+"""How many tokens one chunk of the chunked loss holds: one rule for both engines and the plan.
+
+The fused losses (`loss.chunked_linear_ce`, `jax_loss.make_loss_fn`) never build the
+[tokens, vocab] logits of a whole batch; they build them one chunk of tokens at a time. What
+a chunk costs in memory is its logits, [chunk, vocab] in fp32 (both losses compute logits in
+fp32 whatever the weights' dtype), so the budget is given in bytes (`loss_chunk_bytes`) and
+turned into tokens here, from the vocabulary of the head at hand. A token count would mean
+1 MiB a token at Gemma's 262K vocabulary and 4 KiB on the tiny test models.
+
+The default, 256 MiB, is 256 tokens of Gemma 3's 262,144-entry vocabulary: a quarter of the
+[1024, V] block of a 4 x 256 batch (1 GiB), 262 tokens of Gemma 1/2's 256,000. Why not
+smaller: every chunk multiplies its rows by the whole [V, D] head twice, and on a CPU each
+pass is memory traffic (671 MB for Gemma 3 270M). Measured on this 2-core CPU
+(`benchmarks/bench_loss_chunk.py`, the torch fused loss alone, 512 supervised rows, CPU
+seconds against one chunk of all rows, medians of 5): 256 MiB +8% (about +0.45 CPU-s, an
+extra read of the head), 128 MiB +29%, 64 MiB +61%: 256 MiB is the cheapest budget that
+keeps to a quarter block. On an accelerator, and for the JAX loss, which skips chunks
+without supervised tokens, smaller chunks cost less.
+
+No torch or JAX import: the memory plan reads this without loading a framework.
+"""
+
+from __future__ import annotations
+
+MiB = 1024**2
+#: bytes of one logit: both fused losses compute the logits in fp32
+LOGITS_BYTES = 4
+#: the default budget for one chunk's logits (TrainConfig.loss_chunk_bytes, the plan's input)
+DEFAULT_CHUNK_BYTES = 256 * MiB
+
+
+def chunk_tokens(chunk_bytes: int, vocab_size: int, logits_bytes: int = LOGITS_BYTES) -> int:
+    """Tokens per loss chunk: the most whose [tokens, vocab_size] logits of `logits_bytes`
+    each fit in `chunk_bytes`, and at least one (a budget below one row still makes progress).
+    The losses clamp it to the tokens they have."""
+    if chunk_bytes < 1 or vocab_size < 1 or logits_bytes < 1:
+        raise ValueError(f"chunk_tokens: positive sizes needed, got {chunk_bytes}, {vocab_size}, {logits_bytes}")
+    return max(1, chunk_bytes // (vocab_size * logits_bytes))

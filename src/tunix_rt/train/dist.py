@@ -1,0 +1,239 @@
+"""The processes of one run: one (the default), or several started by a launcher.
+
+    torch   `torchrun --nproc-per-node N` (and --nnodes/--node-rank/--rdzv-endpoint across
+            machines) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
+            torch.distributed runs gloo for CPU tensors and NCCL for CUDA ones
+    jax     JAX_NUM_PROCESSES / JAX_PROCESS_ID (with JAX_COORDINATOR_ADDRESS) name a
+            multi-process JAX run; refused for now (one JAX process drives all its local
+            devices through the mesh)
+
+The rules of a multi-process run, once:
+- every process reads the same config and data and builds the same global batches; the
+  engine trains on its process's rows of each (so the data order, and the loss normaliser,
+  do not depend on the number of processes);
+- process 0 alone writes the run directory, metrics, exports and the registry
+  (`main_only`); a checkpoint is committed by it once every process has written its part
+  and reached a barrier (train.checkpoint);
+- one-time writes into the home (a model import, the vendored GSM8K) run on process 0
+  first, the others wait (`main_first`);
+- a process that dies takes the run down: the launcher stops the others with SIGTERM, which
+  raises RankFailed here, so process 0 leaves the run "failed" (never "running");
+  `--resume` continues from the last committed checkpoint.
+
+Nothing here imports torch or JAX at module load.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+from typing import Any, Callable, TypeVar
+
+from tunix_rt.errors import BadInput, TunixRtError
+
+T = TypeVar("T")
+
+
+class RankFailed(TunixRtError):
+    """Another process of this run stopped, or the process group broke."""
+
+
+class _Single:
+    """One process: every collective is the identity."""
+
+    rank, world = 0, 1
+
+    def barrier(self) -> None:
+        pass
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def broadcast(self, text: str, src: int = 0) -> str:
+        return text
+
+    def gather_texts(self, text: str) -> list[str]:
+        return [text]
+
+
+class _Torch:
+    """torch.distributed from torchrun's environment (gloo on CPU, NCCL for CUDA tensors).
+    The collectives here carry CPU tensors, so they run on gloo either way."""
+
+    def __init__(self, rank: int, world: int):
+        import torch
+        import torch.distributed as td
+
+        self.rank, self.world = rank, world
+        if not td.is_initialized():
+            cuda = torch.cuda.is_available() and td.is_nccl_available()
+            if cuda:
+                torch.cuda.set_device(local_rank())
+            td.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+
+    def barrier(self) -> None:
+        self.all_sum([0.0])  # gloo's barrier is an all-reduce too; this one fails loudly
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        import torch
+        import torch.distributed as td
+
+        t = torch.tensor(values, dtype=torch.float64)
+        td.all_reduce(t)
+        return t.tolist()
+
+    def broadcast(self, text: str, src: int = 0) -> str:
+        import torch
+        import torch.distributed as td
+
+        data = torch.tensor(list(text.encode()), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        td.broadcast(size, src)
+        buf = data if self.rank == src else torch.empty(int(size), dtype=torch.uint8)
+        td.broadcast(buf, src)
+        return bytes(buf.tolist()).decode()
+
+    def gather_texts(self, text: str) -> list[str]:
+        return [self.broadcast(text, src) for src in range(self.world)]
+
+
+_group: Any = _Single()
+
+
+def init(engine: str) -> None:
+    """Join the process group the environment describes for `engine` (nothing to do in one
+    process; idempotent). Call before the framework touches a device."""
+    global _group
+    if _group.world > 1:
+        return
+    rank, world = launcher(engine)
+    if world == 1:
+        return
+    if engine == "torch":
+        _group = _Torch(rank, world)
+    else:
+        raise BadInput(f"the {engine} engine runs in one process here; multi-process training needs --engine torch")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def launcher(engine: str) -> tuple[int, int]:
+    """(rank, world size) as the launcher's environment gives them; (0, 1) without one."""
+    names = ("RANK", "WORLD_SIZE") if engine == "torch" else ("JAX_PROCESS_ID", "JAX_NUM_PROCESSES")
+    raw = [os.environ.get(n) for n in names]
+    if raw[1] is None:
+        return 0, 1
+    try:
+        rank, world = int(raw[0] or 0), int(raw[1])
+    except ValueError:
+        raise BadInput(f"{names[0]}={raw[0]!r} {names[1]}={raw[1]!r}: expected integers") from None
+    if not 0 <= rank < world:
+        raise BadInput(f"{names[0]}={rank} is outside 0..{names[1]}-1 ({world - 1})")
+    return rank, world
+
+
+def local_rank() -> int:
+    """The process's index on its machine (its GPU under torchrun)."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _on_sigterm(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: let the failure be recorded
+    raise RankFailed("stopped by SIGTERM: the launcher stops every process when one of them fails "
+                     "(its log names the process and why)")
+
+
+def rank() -> int:
+    return _group.rank
+
+
+def world() -> int:
+    return _group.world
+
+
+def is_main() -> bool:
+    return _group.rank == 0
+
+
+def barrier(what: str) -> None:
+    """Wait until every process gets here; RankFailed when one never will."""
+    _collective(what, _group.barrier)
+
+
+def all_sum(values: list[float], what: str = "sum") -> list[float]:
+    """Element-wise sums over the processes (float64)."""
+    return _collective(what, lambda: _group.all_sum(values))
+
+
+def broadcast(text: str, what: str = "broadcast") -> str:
+    """Process 0's `text` on every process (process 0 decides, every process gets it)."""
+    return _collective(what, lambda: _group.broadcast(text))
+
+
+def gather_texts(text: str, what: str = "gather") -> list[str]:
+    """Every process's `text`, in rank order, on every process."""
+    return _collective(what, lambda: _group.gather_texts(text))
+
+
+def _collective(what: str, fn: Callable[[], T]) -> T:
+    if _group.world == 1:
+        return fn()
+    try:
+        return fn()
+    except RankFailed:
+        raise
+    except RuntimeError as e:  # gloo/NCCL: a peer's connection closed or timed out
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM would only interrupt the record
+        raise RankFailed(f"{what}: the process group broke ({e}); a process of this run stopped "
+                         "(the launcher's log names it)") from e
+
+
+def main_only(fn: Callable[..., T]) -> Callable[..., T | None]:
+    """`fn` runs on process 0; elsewhere the call does nothing and returns None."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs) if is_main() else None
+
+    return wrapper
+
+
+def main_first(what: str, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on process 0, then on the others (for writes into the home that must
+    happen once, like a model import: the others find it done)."""
+    if is_main():
+        out = fn(*args)
+        barrier(what)
+        return out
+    barrier(what)
+    return fn(*args)
+
+
+def on_main(cls: Callable[..., T], *args: Any) -> T:
+    """`cls(*args)` on process 0; elsewhere a do-nothing stand-in (for writers of run files
+    and terminal output: metrics log, progress bar)."""
+    return cls(*args) if is_main() else _Nothing()  # type: ignore[return-value]
+
+
+class _Nothing:
+    """Accepts every call and does nothing; a context manager too."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+    def __enter__(self) -> "_Nothing":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def check_same(value: Callable[[], str], what: str) -> None:
+    """Fail every process when they disagree on `value()` (a digest of what they must share);
+    computed only when there are several processes."""
+    if _group.world == 1:
+        return
+    seen = gather_texts(value(), what)
+    if len(set(seen)) > 1:
+        raise TunixRtError(f"the processes of this run disagree on {what} (digests by rank: "
+                           f"{[s[:12] for s in seen]}); every process must build the same global batches")

@@ -1,0 +1,227 @@
+"""GRPO family: reinforcement learning with verifiable rewards (grpo, dr_grpo, dapo).
+
+One step:
+  1. rollouts: P prompts from the seeded prompt order, G completions each from the engine's
+     own generator (sampling; seeded by (seed, step, draw) and the row, so a resumed run
+     draws the same rollouts), prompts rendered exactly as SFT and eval render them;
+  2. rewards (train.rewards: weighted, named, a failing reward fails the run) and group
+     advantages (train.advantages); dapo drops zero-variance groups and draws more prompts;
+  3. the update: prompt + completion sequences, the loss on completion tokens only, per-token
+     coefficients for the whole window (train.advantages.token_coefficients), advantages as
+     aux, the reference log-probs from the adapter-off model (beta > 0) and, for mu > 1, the
+     rollout policy's log-probs; then mu optimizer steps of the engine's fused policy
+     objective (train.engine: no [B, L, V] logits anywhere).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tunix_rt.errors import BadInput
+from tunix_rt.home import Home
+from tunix_rt.render import Rendered, prompt_ids
+from tunix_rt.train.config import TrainConfig
+from tunix_rt.train.data import DataPosition, SeededOrder, collate
+from tunix_rt.train.engine import Engine, Objective
+from tunix_rt.train.run import fault_point
+
+
+@dataclass
+class Group:
+    """One prompt's G rollouts and their scores."""
+
+    record: Any
+    prompt: list[int]
+    completions: list  # eval.generate.Generation
+    rewards: np.ndarray  # [G] weighted totals
+    parts: dict[str, np.ndarray]  # reward name -> [G] unweighted
+    correct: np.ndarray  # [G] bool, as eval scores it
+    format_ok: np.ndarray  # [G] bool
+
+
+def rollout_seed(seed: int, step: int, draw: int) -> int:
+    """The sampling seed of one generate call: a function of (seed, step, draw) only; each
+    row then seeds its own generator from (this, row index)."""
+    digest = hashlib.sha256(f"grpo:{seed}:{step}:{draw}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
+
+
+class GRPO:
+    def __init__(self, cfg: TrainConfig, home: Home, tok):
+        from tunix_rt.traces.dataset import load_dataset
+        from tunix_rt.train.rewards import RewardSet
+
+        self.cfg, self.tok = cfg, tok
+        ds = load_dataset(cfg.dataset, home)
+        self.items, dropped = self._prompts(list(ds.split(cfg.split))[: cfg.limit])
+        if not self.items:
+            raise BadInput(f"no prompts left: every prompt of {ds.ref} ({cfg.split}) is longer than max_seq_len - "
+                           f"rollout_max_new_tokens = {cfg.max_seq_len - cfg.rollout_max_new_tokens}")
+        self.eval_items, _ = self._prompts(list(ds.split(cfg.eval_split))[: cfg.eval_limit])
+        self.order = SeededOrder(len(self.items), cfg.seed)
+        self.rewards = RewardSet.from_config(cfg.rewards)
+        self.objective = Objective("policy", eps_low=cfg.epsilon, eps_high=cfg.clip_high, beta=cfg.beta,
+                                   on_policy=cfg.mu == 1)
+        per_epoch = math.ceil(len(self.items) / cfg.rl_prompts)
+        self.total_steps = cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * per_epoch))
+        self.dataset = {"name": ds.name, "version": ds.version, "path": str(ds.path), "sha256": ds.sha256,
+                        "split": cfg.split, "n_records": len(self.items) + dropped, "n_examples": len(self.items),
+                        "dropped_overlong": dropped, "eval_split": cfg.eval_split,
+                        "n_eval_examples": len(self.eval_items)}
+
+    def _prompts(self, records: list) -> tuple[list[tuple[Any, list[int]]], int]:
+        """(record, prompt ids) of the records whose prompt leaves room for a completion."""
+        room = self.cfg.max_seq_len - self.cfg.rollout_max_new_tokens
+        pairs = [(r, prompt_ids(r.question, self.tok, self.cfg.system_prompt)) for r in records]
+        kept = [(r, p) for r, p in pairs if len(p) <= room]
+        return kept, len(pairs) - len(kept)
+
+    # ------------------------------------------------------------------ the step
+    def step(self, engine: Engine, step: int, lr: float) -> tuple[dict[str, Any], list[str]]:
+        t0 = time.perf_counter()
+        groups, drawn = self.rollouts(engine, step)
+        fault_point("rollout")
+        t1 = time.perf_counter()
+        batches = self.update_batches(groups)
+        for b in batches:
+            b.aux["ref_logp"] = (engine.token_logprobs(b, adapter=False) if self.cfg.beta > 0
+                                 else np.zeros(b.labels.shape, np.float32))
+            b.aux["old_logp"] = (engine.token_logprobs(b) if not self.objective.on_policy
+                                 else np.zeros(b.labels.shape, np.float32))
+        results = [engine.train_step(batches, self.objective, lr) for _ in range(self.cfg.mu)]
+        t2 = time.perf_counter()
+        row = self.metrics(groups, drawn, results, batches)
+        row.update({"rollout_s": t1 - t0, "update_s": t2 - t1,
+                    "completions_per_s": sum(len(g.completions) for g in groups) / (t2 - t0)})
+        return row, [g.record.id for g in groups]
+
+    def rollouts(self, engine: Engine, step: int) -> tuple[list[Group], int]:
+        """P groups (dapo: P informative ones, drawing up to dapo_max_draws x P); returns the
+        groups kept and how many were drawn."""
+        cfg = self.cfg
+        gen = engine.generator()
+        if cfg.rl_loss != "dapo":
+            groups = self._draw(gen, step, 0, cfg.rl_prompts)
+            return groups, len(groups)
+        from tunix_rt.train.advantages import select_informative
+
+        def stream():
+            for draw in range(cfg.dapo_max_draws):
+                for g in self._draw(gen, step, draw, cfg.rl_prompts):
+                    yield g, g.rewards
+
+        kept = select_informative(stream(), cfg.rl_prompts, cfg.dapo_max_draws * cfg.rl_prompts)
+        return kept.groups, kept.drawn
+
+    def _draw(self, gen, step: int, draw: int, n: int) -> list[Group]:
+        from tunix_rt.eval.generate import DecodeConfig
+
+        cfg, size = self.cfg, self.cfg.group_size
+        picked = [self.items[self.order.take()] for _ in range(n)]
+        decode = DecodeConfig(max_new_tokens=cfg.rollout_max_new_tokens, temperature=cfg.rollout_temperature,
+                              top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
+                              seed=rollout_seed(cfg.seed, step, draw), batch_size=n * size)
+        outs = gen.generate([p for _, p in picked for _ in range(size)], decode)
+        return [self._score(rec, prompt, outs[i * size:(i + 1) * size]) for i, (rec, prompt) in enumerate(picked)]
+
+    def _score(self, record, prompt: list[int], outs: list) -> Group:
+        from tunix_rt.eval.scoring import score_completion
+
+        texts = [o.text for o in outs]
+        total, parts = self.rewards.score([record] * len(outs), texts)
+        scores = [score_completion(t, record.answer) for t in texts]
+        return Group(record, prompt, outs, total, parts, np.array([s.correct for s in scores]),
+                     np.array([s.format_ok for s in scores]))
+
+    def update_batches(self, groups: list[Group]) -> list:
+        """Micro-batches of batch_size prompt+completion sequences: labels on completion
+        tokens, coef for the whole window, the completion's advantage on its tokens."""
+        from tunix_rt.train.advantages import group_advantages, token_coefficients
+
+        cfg = self.cfg
+        if not groups:
+            return []
+        adv = group_advantages(np.stack([g.rewards for g in groups]), cfg.rl_loss)
+        seqs = [(g.prompt, o.ids, adv[i, j], o.finish_reason == "length")
+                for i, g in enumerate(groups) for j, o in enumerate(g.completions)]
+        width = cfg.rollout_max_new_tokens
+        mask = np.zeros((len(seqs), width), np.int64)
+        for i, (_p, ids, _a, _t) in enumerate(seqs):
+            mask[i, :len(ids)] = 1
+        coef = token_coefficients(mask, cfg.rl_loss, width, truncated=[t for *_, t in seqs],
+                                  drop_truncated=cfg.mask_truncated)
+        batches = []
+        for s in range(0, len(seqs), cfg.batch_size):
+            part = seqs[s:s + cfg.batch_size]
+            rows = [[Rendered(f"r{s + k}", list(p) + list(ids), [0] * len(p) + [1] * len(ids), len(p), "", "")]
+                    for k, (p, ids, _a, _t) in enumerate(part)]
+            b = collate(rows, self.tok.pad_id)
+            b.coef = np.zeros(b.labels.shape, np.float32)
+            b.aux = {"adv": np.zeros(b.labels.shape, np.float32)}
+            for k, (p, ids, a, _t) in enumerate(part):
+                at = slice(len(p) - 1, len(p) - 1 + len(ids))  # position t predicts token t + 1
+                b.coef[k, at] = coef[s + k, :len(ids)]
+                b.aux["adv"][k, at] = a
+            batches.append(b)
+        return batches
+
+    def metrics(self, groups: list[Group], drawn: int, results: list, batches: list) -> dict[str, Any]:
+        """The step's row: loss and gradient norm of the last update, rewards (total and each),
+        rollout accuracy and format rate, zero-variance share, KL, clip fraction, lengths."""
+        from tunix_rt.train.advantages import zero_variance_groups
+
+        last = results[-1] if results else None
+        rewards = np.concatenate([g.rewards for g in groups]) if groups else np.zeros(0)
+        lengths = [o.n_tokens for g in groups for o in g.completions]
+        stats = last.stats if last else {}
+        tokens = max(stats.get("tokens", 0.0), 1.0)
+        row = {"loss": last.loss if last else 0.0, "grad_norm": last.grad_norm if last else 0.0,
+               "tokens": int(sum(b.n_tokens for b in batches)),
+               "reward": float(rewards.mean()) if rewards.size else 0.0,
+               **{f"reward_{k}": float(np.concatenate([g.parts[k] for g in groups]).mean()) if groups else 0.0
+                  for k in self.rewards.names},
+               "rollout_accuracy": float(np.mean([c for g in groups for c in g.correct])) if groups else 0.0,
+               "rollout_format_rate": float(np.mean([f for g in groups for f in g.format_ok])) if groups else 0.0,
+               "zero_variance_share": (drawn - len(groups)) / drawn if self.cfg.rl_loss == "dapo" and drawn else
+               float(zero_variance_groups(np.stack([g.rewards for g in groups])).mean()) if groups else 0.0,
+               "groups_drawn": drawn,
+               "kl": stats.get("kl", 0.0) / tokens, "clip_fraction": stats.get("clipped", 0.0) / tokens,
+               "completion_tokens": float(np.mean(lengths)) if lengths else 0.0,
+               "truncated_rate": float(np.mean([o.finish_reason == "length" for g in groups
+                                                for o in g.completions])) if groups else 0.0}
+        return row
+
+    # ------------------------------------------------------------------ eval, state
+    def evaluate(self, engine: Engine) -> dict[str, float]:
+        """Greedy completions of the held-out prompts: mean reward, accuracy, format rate."""
+        from tunix_rt.eval.generate import DecodeConfig
+
+        if not self.eval_items:
+            return {}
+        outs = engine.generator().generate([p for _, p in self.eval_items],
+                                           DecodeConfig(max_new_tokens=self.cfg.rollout_max_new_tokens))
+        groups = [self._score(rec, p, [o]) for (rec, p), o in zip(self.eval_items, outs)]
+        return {"eval_reward": float(np.mean([g.rewards[0] for g in groups])),
+                "eval_accuracy": float(np.mean([g.correct[0] for g in groups])),
+                "eval_format_rate": float(np.mean([g.format_ok[0] for g in groups]))}
+
+    def state(self) -> dict[str, Any]:
+        pos = self.order.position
+        return {"data_position": {"epoch": pos.epoch, "cursor": pos.cursor}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        pos = state["data_position"]
+        self.order.position = DataPosition(pos["epoch"], pos["cursor"])
+
+    def summary(self) -> dict[str, Any]:
+        cfg = self.cfg
+        return {"train_examples": len(self.items), "dropped_overlong": self.dataset["dropped_overlong"],
+                "completions_per_step": cfg.rl_prompts * cfg.group_size,
+                "max_tokens_per_step": cfg.rl_prompts * cfg.group_size * cfg.max_seq_len,
+                "rl_loss": cfg.rl_loss, "rewards": self.rewards.names}

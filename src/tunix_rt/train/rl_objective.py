@@ -1,0 +1,110 @@
+"""The per-token objective of SFT and of the GRPO family, in reference form (numpy, float64).
+
+The contract both engines implement in their fused chunked loss (no [B, L, V] logits):
+every method's loss is an elementwise function of the log-probability of the target token,
+
+    loss = sum_t c_t * phi(l_t; aux_t),        l_t = log softmax(z_t)[y_t]
+
+where z_t are the logits at position t, y_t the target (sampled) token, c_t the token's
+coefficient (`advantages.token_coefficients` for RL, the per-token normalisation for SFT;
+0 off the completion) and aux_t the per-token inputs below. With
+
+    g_t := d loss / d l_t = c_t * phi'(l_t; aux_t)      (`Objective.dloss_dlogp`)
+
+and d l_t / d z_t = onehot(y_t) - softmax(z_t), the gradient of the logits is
+
+    d loss / d z_t = -g_t * (softmax(z_t) - onehot(y_t)).
+
+For SFT phi(l) = -l, so g_t = -c_t and d loss / d z_t = c_t * (softmax(z_t) - onehot(y_t)):
+the familiar cross-entropy gradient. A chunk of the fused loss therefore computes l_t,
+then phi and g_t elementwise, then scales the rows of (softmax - onehot) by -g_t (and, for
+a soft-capped head, by the cap's derivative as before).
+
+The GRPO-family phi (per token; logp_old from rollout time, logp_ref under the reference
+policy, i.e. the LoRA adapter disabled; A_t the completion's advantage):
+
+    r_t   = exp(l_t - logp_old_t)
+    k3_t  = exp(logp_ref_t - l_t) - (logp_ref_t - l_t) - 1
+    phi_t = -min(r_t * A_t, clip(r_t, 1 - eps_low, 1 + eps_high) * A_t) + beta * k3_t
+    phi'_t = -r_t * A_t * [clip branch inactive] + beta * (1 - exp(logp_ref_t - l_t))
+
+The clipped branch is active where it is strictly the smaller one: A_t > 0 and
+r_t > 1 + eps_high, or A_t < 0 and r_t < 1 - eps_low; there the policy term's derivative is
+0. On a tie both branches have the derivative -r_t * A_t (as torch and JAX give it).
+
+Stats are taken over the completion tokens, the positions with c_t != 0, as plain token
+means, with the token count so micro-batches can be combined: clip_fraction (clipped branch
+active), clip_low_fraction, clip_high_fraction, kl_mean (k3), ratio_mean, n_tokens.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Objective(NamedTuple):
+    loss: float
+    """sum_t c_t * phi_t."""
+    dloss_dlogp: np.ndarray
+    """g_t = c_t * phi'(l_t), same shape as logp."""
+    stats: dict[str, float]
+
+
+def policy_loss(logp, old_logp, ref_logp, adv, coef, *, eps_low: float, eps_high: float,
+                beta: float) -> Objective:
+    """The clipped-ratio policy loss with the k3 KL penalty (see the module docstring).
+    Arrays of one shape (any), float64 inside."""
+    lp, old, ref, a, c = _same_shape(logp, old_logp, ref_logp, adv, coef)
+    with np.errstate(over="ignore", invalid="ignore"):  # padding may hold anything; masked below
+        return _policy_loss(lp, old, ref, a, c, eps_low, eps_high, beta)
+
+
+def _policy_loss(lp, old, ref, a, c, eps_low, eps_high, beta) -> Objective:
+    ratio = np.exp(lp - old)
+    clip_high = (a > 0) & (ratio > 1.0 + eps_high)
+    clip_low = (a < 0) & (ratio < 1.0 - eps_low)
+    clipped = clip_high | clip_low
+    pg = -np.minimum(ratio * a, np.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * a)
+    d_pg = np.where(clipped, 0.0, -ratio * a)
+    ref_ratio = np.exp(ref - lp)
+    k3 = ref_ratio - (ref - lp) - 1.0
+    phi = pg + beta * k3
+    dphi = d_pg + beta * (1.0 - ref_ratio)
+    on = c != 0
+    stats = {
+        "clip_fraction": _mean(clipped, on),
+        "clip_low_fraction": _mean(clip_low, on),
+        "clip_high_fraction": _mean(clip_high, on),
+        "kl_mean": _mean(k3, on),
+        "ratio_mean": _mean(ratio, on),
+        "n_tokens": float(on.sum()),
+    }
+    return Objective(_weighted_sum(c, phi, on), np.where(on, c * dphi, 0.0), stats)
+
+
+def nll(logp, coef) -> Objective:
+    """SFT in the same form: phi(l) = -l, so g_t = -c_t."""
+    lp, c = _same_shape(logp, coef)
+    on = c != 0
+    return Objective(_weighted_sum(c, -lp, on), np.where(on, -c, 0.0),
+                     {"nll_mean": _mean(-lp, on), "n_tokens": float(on.sum())})
+
+
+def _same_shape(*arrays) -> list[np.ndarray]:
+    out = [np.asarray(x, dtype=np.float64) for x in arrays]
+    if len({x.shape for x in out}) != 1:
+        raise ValueError(f"per-token arrays differ in shape: {[x.shape for x in out]}")
+    return out
+
+
+def _weighted_sum(c: np.ndarray, phi: np.ndarray, on: np.ndarray) -> float:
+    """sum c * phi over the completion tokens only: a padding position's phi may be
+    anything (inf from exp of garbage) and must not turn 0 * inf into nan."""
+    return float((c[on] * phi[on]).sum())
+
+
+def _mean(values: np.ndarray, on: np.ndarray) -> float:
+    n = on.sum()
+    return float(values[on].sum() / n) if n else 0.0

@@ -1,0 +1,218 @@
+"""Sampling as Gumbel-max (tunix_rt.eval.sampling) and through the int8-screened head: the
+noise depends only on (seed, key, step); the draws follow softmax(z / T) after top-k and
+top-p; the screened draw has the same bits as the full-logit draw for the same noise
+(random and adversarial logits and noise, T in {0.3, 0.7, 1, 1.5}, top-k, top-p in both of
+its branches, Gemma 2's softcap); and generation gives the same ids screened, on full logits
+and through transformers, whatever the batch a prompt is decoded in."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eval_testlib import QUESTIONS, aimed_inputs, assert_screened, near_tie_head, stop_early
+from tunix_rt.errors import BadInput
+from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
+from tunix_rt.eval.runner import load_model
+from tunix_rt.eval.sampling import allowed_ids, gumbel, row_seed, sample_full
+from tunix_rt.eval.screened_head import ScreenedArgmax
+from tunix_rt.render import prompt_ids
+
+TEMPERATURES = [0.3, 0.7, 1.0, 1.5]
+FILTERS = [dict(), dict(top_k=20), dict(top_k=20, top_p=0.9), dict(top_p=0.95), dict(top_p=0.5)]
+
+
+def _noise(n: int, vocab: int, seed: int = 0, step: int = 0) -> torch.Tensor:
+    return gumbel([row_seed(seed, r, step) for r in range(n)], vocab)
+
+
+def test_noise_depends_only_on_seed_key_and_step():
+    """A row's noise is a function of (seed, key, step) alone: the same in any batch, at any
+    position; any change gives other noise; it is Gumbel(0, 1) (mean 0.5772, var pi^2/6)."""
+    a = gumbel([row_seed(7, 3, 5), row_seed(7, (1, 2, 3), 5)], 50_000)
+    b = gumbel([row_seed(0, 0, 0), row_seed(7, (1, 2, 3), 5), row_seed(7, 3, 5)], 50_000)
+    assert torch.equal(a[0], b[2]) and torch.equal(a[1], b[1])
+    others = [row_seed(8, 3, 5), row_seed(7, 4, 5), row_seed(7, 3, 6), row_seed(7, (3, 0), 5), row_seed(7, (1, 2), 5)]
+    assert len({row_seed(7, 3, 5), row_seed(7, (1, 2, 3), 5), *others}) == 7
+    assert row_seed(7, 3, 5) == row_seed(7, (3,), 5)  # an int key k is the key (k,)
+    assert abs(float(a.mean()) - 0.5772) < 0.01 and abs(float(a.var()) - 1.6449) < 0.03
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    z = torch.tensor([[0.0, 4.0, 1.0, 3.0, 2.0]])  # probabilities .012 .636 .032 .234 .086
+    assert allowed_ids(z, DecodeConfig(temperature=1.0, top_k=2))[0].tolist() == [1, 3]
+    assert allowed_ids(z, DecodeConfig(temperature=1.0, top_p=0.5))[0].tolist() == [1]  # alone > 0.5
+    assert allowed_ids(z, DecodeConfig(temperature=1.0, top_p=0.8))[0].tolist() == [1, 3]
+    assert allowed_ids(z, DecodeConfig(temperature=1.0, top_k=3, top_p=0.9))[0].tolist() == [1, 3]
+    tied = torch.tensor([[1.0, 2.0, 2.0, 0.0]])  # ties: the lower id comes first in the order
+    assert allowed_ids(tied, DecodeConfig(temperature=1.0, top_p=0.3))[0].tolist() == [1]
+    assert allowed_ids(tied, DecodeConfig(temperature=1.0, top_k=1))[0].tolist() == [1, 2]  # ties stay
+
+
+def test_gumbel_max_draws_follow_the_filtered_softmax():
+    """4000 draws per setting: the frequencies match softmax(z / T) over the allowed tokens
+    within 0.03 (about 4 standard errors; seeds fixed, so the test is deterministic)."""
+    z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    n = 4000
+    for cfg, allowed in [(DecodeConfig(temperature=0.7), [0, 1, 2, 3, 4]),
+                         (DecodeConfig(temperature=1.5, top_k=3), [0, 1, 2]),
+                         (DecodeConfig(temperature=1.0, top_p=0.8), [0, 1, 2])]:
+        ids = sample_full(z.expand(n, -1), _noise(n, 5, seed=11), cfg)
+        freq = torch.bincount(ids, minlength=5).double() / n
+        p = torch.zeros(5, dtype=torch.float64)
+        p[allowed] = torch.softmax(z[allowed].double() / cfg.temperature, 0)
+        assert (freq - p).abs().max() < 0.03, (cfg, freq, p)
+
+
+def _full(head, x, softcap):
+    z = x @ head.t()
+    return z if softcap is None else torch.tanh(z / softcap) * softcap
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+@pytest.mark.parametrize("temperature", TEMPERATURES)
+def test_screened_sampling_equals_full_logits(softcap, temperature):
+    """Fuzz: heads with near-copied rows, hidden states aimed at them (near-ties) and random
+    ones with an outlier dimension, at three scales (peaked to flat distributions), five
+    filter settings, three noise seeds: the screened draw equals the full-logit draw."""
+    head = near_tie_head(5003, 64, seed=21)
+    screen = ScreenedArgmax(head, softcap=softcap, groups=8, pad_cols=1, certify_top_p=True)
+    for scale in (1.0, 0.2, 0.05):
+        x = aimed_inputs(head, 8, seed=int(scale * 100)) * scale
+        z = _full(head, x, softcap)
+        for seed in range(3):
+            g = _noise(8, 5003, seed=seed)
+            for f in FILTERS:
+                cfg = DecodeConfig(temperature=temperature, **f)
+                assert torch.equal(screen.sample(x, g, cfg), sample_full(z, g, cfg)), (scale, seed, f)
+    assert_screened(screen, 8)
+    assert screen.candidates / max(1, screen.steps) < 0.5 * head.shape[0]  # it screens
+
+
+def _noise_giving(score: torch.Tensor, z: torch.Tensor, t: float) -> torch.Tensor:
+    """A noise value g (fp64) with z / t + g == score exactly, as the sampler computes it."""
+    g = score - z.double() / t
+    for cand in (g, torch.nextafter(g, g + 1), torch.nextafter(g, g - 1)):
+        if z.double() / t + cand == score:
+            return cand
+    raise AssertionError("no exact tie found")
+
+
+def test_adversarial_noise_ties_the_top_scores():
+    """Noise chosen so the two best scores tie exactly (the lower id wins) or differ by one
+    ulp either way: the screen keeps both and decides as full logits do."""
+    head = near_tie_head(4096, 64, seed=22)
+    screen = ScreenedArgmax(head, groups=8, certify_top_p=True)  # 256-column rescoring: bit-exact
+    x = aimed_inputs(head, 4, seed=23)
+    z = x @ head.t()
+    t = 0.7
+    for nudge in (-1, 0, 1):
+        g = _noise(4, 4096, seed=nudge + 5)
+        s = z.double() / t + g
+        for r in range(4):
+            a, b = s[r].topk(2).indices.tolist()
+            tie = _noise_giving(s[r, a], z[r, b], t)
+            g[r, b] = tie if nudge == 0 else torch.nextafter(tie, tie + nudge)
+        for cfg in (DecodeConfig(temperature=t), DecodeConfig(temperature=t, top_k=5),
+                    DecodeConfig(temperature=t, top_p=0.99)):
+            assert torch.equal(screen.sample(x, g, cfg), sample_full(z, g, cfg)), (nudge, cfg)
+
+
+def test_top_p_decided_on_the_bound_or_on_full_logits():
+    """Both branches of top-p without top-k: with p between two tokens' cumulative masses the
+    decision holds at both ends of the normaliser's bound (no full logits); with p equal to a
+    token's cumulative mass it cannot be decided there, and that row takes full logits. The
+    draw equals full logits either way."""
+    head = near_tie_head(4096, 64, seed=24)
+    x = aimed_inputs(head, 2, seed=25)[1:] * 0.1  # a random row: a spread-out distribution
+    z = x @ head.t()
+    e = torch.softmax(z[0].double(), 0).sort(descending=True).values
+    cum = torch.cumsum(e, 0)  # mass up to and including each token, most likely first
+    i = int((cum < 0.8).sum())  # the token that crosses 0.8
+    g = _noise(1, 4096, seed=26)
+    for p, undecidable in [(float(cum[i - 1] + cum[i]) / 2, False), (float(cum[i]), True)]:
+        screen = ScreenedArgmax(head, groups=8, pad_cols=1, certify_top_p=True)
+        cfg = DecodeConfig(temperature=1.0, top_p=p)
+        assert torch.equal(screen.sample(x, g, cfg), sample_full(z, g, cfg))
+        if screen.kernel_exact(1):
+            assert (screen.full_rows, screen.steps) == ((1, 0) if undecidable else (0, 1)), p
+
+
+def test_top_p_alone_takes_full_logits_by_default():
+    """Without certify_top_p (the default: slower than the fp32 head on this CPU), top-p
+    alone takes full logits; top-k with top-p still screens."""
+    head = near_tie_head(4096, 64, seed=27)
+    screen = ScreenedArgmax(head, groups=8)
+    x = aimed_inputs(head, 4, seed=28)
+    g = _noise(4, 4096, seed=29)
+    for cfg, screened in [(DecodeConfig(temperature=1.0, top_p=0.9), False),
+                          (DecodeConfig(temperature=1.0, top_p=0.9, top_k=40), True)]:
+        screen.steps = screen.full_rows = 0
+        assert torch.equal(screen.sample(x, g, cfg), sample_full(x @ head.t(), g, cfg))
+        assert (screen.steps, screen.full_rows) == ((4, 0) if screened and screen.kernel_exact(4) else (0, 4))
+
+
+@pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma2"])
+def model_and_tok(request, tiny_dirs):
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs[request.param]
+    return load_model(d, None, "cpu"), ChatTokenizer.from_file(d)
+
+
+SETTINGS = [dict(temperature=0.3), dict(temperature=0.7, top_k=20, top_p=0.9),
+            dict(temperature=1.0, top_p=0.95), dict(temperature=1.5)]
+
+
+def test_sampling_through_the_screen_equals_full_logits(model_and_tok):
+    """Screened (forced on the tiny vocabulary: 4 groups, no column padding), full logits
+    through the lean step, and the plain transformers path: the same ids for the same seed
+    (Gemma 2 with its final softcap included)."""
+    model, tok = model_and_tok
+    prompts = [prompt_ids(q, tok) for q in QUESTIONS]
+    screened, full = TorchGenerator(model, tok), TorchGenerator(model, tok)
+    plain = TorchGenerator(model, tok, lean=False)
+    screened.lean._screen = ScreenedArgmax(screened.lean.head.detach(), screened.lean.final_softcap,
+                                           groups=4, pad_cols=1, certify_top_p=True)
+    full.lean._screen = None
+    for s in SETTINGS:
+        cfg = DecodeConfig(max_new_tokens=16, batch_size=len(prompts), seed=5, **s)
+        ids = [[g.ids for g in gen.generate(prompts, cfg)] for gen in (screened, full, plain)]
+        assert ids[0] == ids[1] == ids[2], s
+    assert_screened(screened.lean._screen, len(prompts))
+
+
+def test_a_prompt_draws_the_same_completion_in_any_batch(tiny_dirs):
+    """The noise follows the prompt's key, not its batch: each prompt sampled alone (with its
+    key) equals the same prompt in a batch of six whose rows stop at different steps; default
+    keys are the prompt indices; other keys give other draws."""
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs["tiny-gemma3"]
+    model, tok = load_model(d, None, "cpu"), ChatTokenizer.from_file(d)
+    prompts = [prompt_ids(q, tok) for q in QUESTIONS]
+    with torch.no_grad():
+        model.model.norm.weight.add_(10.0)  # logits x11: peaked enough that the stop gets drawn
+    stop_early(model, tok, prompts)
+    gen = TorchGenerator(model, tok)
+    cfg = DecodeConfig(max_new_tokens=12, batch_size=len(prompts), temperature=0.7, top_p=0.95, seed=11)
+    keys = [(4, i, 1) for i in range(len(prompts))]  # e.g. RL: (train step, prompt, sample)
+    together = [g.ids for g in gen.generate(prompts, cfg, keys=keys)]
+    assert len({len(ids) for ids in together}) > 1, "rows should stop at different steps"
+    alone = [gen.generate([p], cfg, keys=[k])[0].ids for p, k in zip(prompts, keys)]
+    assert together == alone
+    default = [g.ids for g in gen.generate(prompts, cfg)]
+    assert default == [g.ids for g in gen.generate(prompts, cfg, keys=list(range(len(prompts))))]
+    assert default != together
+
+
+@pytest.mark.parametrize("keys", [[1, 2], [1, 2, "3"], [1, (), 3], [1, 2.0, 3], [True, 2, 3]])
+def test_keys_must_be_one_int_or_tuple_of_ints_per_prompt(keys, tiny_dirs):
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs["tiny-gemma3"]
+    tok = ChatTokenizer.from_file(d)
+    gen = TorchGenerator(load_model(d, None, "cpu"), tok)
+    prompts = [prompt_ids(q, tok) for q in QUESTIONS[:3]]
+    with pytest.raises(BadInput, match="keys"):
+        gen.generate(prompts, DecodeConfig(max_new_tokens=2, temperature=1.0), keys=keys)
