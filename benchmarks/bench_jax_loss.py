@@ -1,4 +1,4 @@
-"""Our chunked loss against Tunix's default loss, both inside Tunix's PeftTrainer.
+"""The JAX engine's own step (our chunked loss) against Tunix's PeftTrainer with its default loss.
 
     .venv/bin/python benchmarks/bench_jax_loss.py --home /work/main/.cache/test-home \
         [--steps 3] [--warmup 1] [--rounds 1] [--chunk-bytes N] [--remat] [--sides ours,tunix,torch]
@@ -14,8 +14,10 @@ same batches in the same order on both sides. Only the loss differs:
   logits fit in --chunk-bytes, the config's default unless given;
   a custom VJP computes each chunk's gradient in the forward pass, targets by index).
 
-Both JAX sides use the engine's trainer class (`jax_engine.make_trainer_class`: the model is
-donated to the jitted step) and its CPU allocator setting. A third side, `torch`, is the
+The `ours` side is the JAX engine itself (`JaxEngine.train_step`: its jitted gradient
+and update functions, the update donating parameters and optimizer state); the `tunix` side
+is Tunix's `PeftTrainer` as shipped, with its default loss. Both use the engine's CPU
+allocator setting. A third side, `torch`, is the
 PyTorch engine's own step on the same batches (same LoRA, optimizer and lr; its chunked
 loss with the config's default chunk), from bench_torch_vs_trl's worker: the
 JAX engine against the PyTorch engine on one config.
@@ -34,13 +36,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from tunix_rt.files import peak_rss_bytes
-from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tunix_rt.files import peak_rss_bytes
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
 
 TAG = "BENCH_JSON "
 
@@ -77,7 +80,9 @@ def run_side(side: str, data: Path, args) -> dict:
 
 # --------------------------------------------------------------------------- worker
 
-def batch_arrays(step, seq: int, pad_id: int, side: str):
+def batch_arrays(step, seq: int, pad_id: int):
+    """One bench step for Tunix's PeftTrainer: its default loss uses input_mask as the
+    target mask (our loss mask: the model turn)."""
     import numpy as np
 
     b = len(step)
@@ -86,66 +91,112 @@ def batch_arrays(step, seq: int, pad_id: int, side: str):
     for r, e in enumerate(step):
         ids[r, : len(e["ids"])] = e["ids"]
         mask[r, : len(e["loss_mask"])] = e["loss_mask"]
-    if side == "tunix":  # its default loss uses input_mask as the target mask
-        return {"input_tokens": ids, "input_mask": mask.astype(bool), "real": ids != pad_id}
-    from tunix_rt.train.jax_loss import weights
+    return {"input_tokens": ids, "input_mask": mask.astype(bool), "real": ids != pad_id}
 
-    return {"input_tokens": ids, "input_mask": ids != pad_id,
-            "loss_weights": weights(mask, mask[:, 1:].sum())}
+
+def engine_batch(step, seq: int, pad_id: int):
+    """One bench step as the engine's data.Batch (labels from the loss mask, padded to seq)."""
+    import numpy as np
+
+    from tunix_rt.train.data import IGNORE, Batch, weighted
+
+    b = len(step)
+    ids = np.full((b, seq), pad_id, np.int64)
+    labels = np.full((b, seq), IGNORE, np.int64)
+    for r, e in enumerate(step):
+        x, m = np.asarray(e["ids"]), np.asarray(e["loss_mask"], bool)
+        ids[r, :len(x)] = x
+        labels[r, :len(x) - 1] = np.where(m[1:], x[1:], IGNORE)
+    pos = np.broadcast_to(np.arange(seq), (b, seq)).copy()
+    batch = Batch(ids, labels, pos, [], int((ids != pad_id).sum()), int((labels != IGNORE).sum()))
+    return weighted([batch])[0]
 
 
 def worker(args) -> None:
     import jax
-    import numpy as np
-    import optax
-    from tunix.sft import peft_trainer, utils
 
-    from tunix_rt.models.jax_loader import load_model, make_mesh
     from tunix_rt.train.common import tune_cpu_allocator
-    from tunix_rt.train.config import TrainConfig
-    from tunix_rt.train.jax_engine import apply_lora, make_trainer_class
-    from tunix_rt.train.jax_loss import make_loss_fn, model_inputs
 
     tune_cpu_allocator()  # as the JAX engine does on a CPU
     data = json.loads(Path(args.data).read_text())
-    mesh = make_mesh()
-    cfg = TrainConfig(dataset="bench", lora_rank=16, lora_alpha=32.0)
-    with jax.set_mesh(mesh):
-        model, tcfg = load_model(data["model_dir"], mesh, "fp32", remat=args.remat)
-        model = apply_lora(model, cfg, tcfg)
-        rss_loaded = peak_rss_bytes()
-        trainer = make_trainer_class()(  # the engine's PeftTrainer (donates the model too)
-            model, optax.adamw(2e-4), peft_trainer.TrainingConfig(eval_every_n_steps=10**9, max_steps=None,
-                                                                  max_inflight_computations=1))
-        if args.worker == "tunix":
-            def gen(b):
-                real = b["real"]
-                return {"input_tokens": b["input_tokens"], "input_mask": b["input_mask"],
-                        "positions": utils.build_positions_from_mask(real),
-                        "attention_mask": utils.make_causal_attn_mask(real)}
-            trainer.with_gen_model_input_fn(gen)
-        else:
-            trainer.with_gen_model_input_fn(lambda b: model_inputs(**b))
-            trainer.with_loss_fn(make_loss_fn(args.chunk_bytes))
-        step_fn, _ = trainer.jit_train_and_eval_step()
-        times, cpu, losses, tokens = [], [], [], []
-        for i, step in enumerate(data["steps"]):
-            batch = {k: jax.numpy.asarray(v) for k, v in batch_arrays(step, args.seq, data["pad_id"], args.worker).items()}
-            t0, c0 = time.perf_counter(), time.process_time()
-            loss, _, _ = step_fn(batch)
-            loss = float(loss)
-            dt, dc = time.perf_counter() - t0, time.process_time() - c0
-            losses.append(loss)
-            if i >= args.warmup:
-                times.append(dt)
-                cpu.append(dc)
-                tokens.append(sum(len(e["ids"]) for e in step))
+    measure = engine_worker if args.worker == "ours" else tunix_worker
+    times, cpu, losses, tokens, rss_loaded = measure(args, data, jax)
     peak = peak_rss_bytes()
     step_s = statistics.median(times)
     print(TAG + json.dumps({"side": args.worker, "step_s": step_s, "tokens_per_s": statistics.median(tokens) / step_s,
                             "cpu_s_per_step": statistics.median(cpu),
                             "peak_rss": peak, "rss_after_load": rss_loaded, "losses": losses,
                             "cpu_s": time.process_time()}))
+
+
+def _timed(steps, warmup, run_one):
+    times, cpu, losses, tokens = [], [], [], []
+    for i, step in enumerate(steps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = float(run_one(step))
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        losses.append(loss)
+        if i >= warmup:
+            times.append(dt)
+            cpu.append(dc)
+            tokens.append(sum(len(e["ids"]) for e in step))
+    return times, cpu, losses, tokens
+
+
+def engine_worker(args, data, jax):
+    """The JAX engine's own step: LoRA r16, AdamW at a constant 2e-4, our loss."""
+    from types import SimpleNamespace
+
+    from tunix_rt.train.config import TrainConfig
+    from tunix_rt.train.engine import NLL
+    from tunix_rt.train.jax_engine import JaxEngine
+
+    cfg = TrainConfig(dataset="bench", lora_rank=16, lora_alpha=32.0, lr=2e-4, optimizer="adamw",
+                      weight_decay=1e-4, grad_clip=0.0, gradient_checkpointing=args.remat,
+                      loss_chunk_bytes=args.chunk_bytes, engine="jax", device="cpu")
+    engine = JaxEngine(cfg)
+    engine.devices()
+    engine.setup(Path(data["model_dir"]), SimpleNamespace(pad_id=data["pad_id"]))
+    rss_loaded = peak_rss_bytes()
+    out = _timed(data["steps"], args.warmup,
+                 lambda step: engine.train_step([engine_batch(step, args.seq, data["pad_id"])], NLL, 2e-4).loss)
+    return (*out, rss_loaded)
+
+
+def tunix_worker(args, data, jax):
+    """Tunix's PeftTrainer as shipped (its jitted step, its default loss) on the same LoRA."""
+    import optax
+    from tunix.sft import peft_trainer, utils
+
+    from tunix_rt.models.jax_loader import load_model, make_mesh
+    from tunix_rt.train.config import TrainConfig
+    from tunix_rt.train.jax_engine import apply_lora
+
+    mesh = make_mesh()
+    cfg = TrainConfig(dataset="bench", lora_rank=16, lora_alpha=32.0)
+    with jax.set_mesh(mesh):
+        model, tcfg = load_model(data["model_dir"], mesh, "fp32", remat=args.remat)
+        model = apply_lora(model, cfg, tcfg)
+        rss_loaded = peak_rss_bytes()
+        trainer = peft_trainer.PeftTrainer(
+            model, optax.adamw(2e-4), peft_trainer.TrainingConfig(eval_every_n_steps=10**9, max_steps=None,
+                                                                  max_inflight_computations=1))
+
+        def gen(b):
+            real = b["real"]
+            return {"input_tokens": b["input_tokens"], "input_mask": b["input_mask"],
+                    "positions": utils.build_positions_from_mask(real),
+                    "attention_mask": utils.make_causal_attn_mask(real)}
+
+        trainer.with_gen_model_input_fn(gen)
+        step_fn, _ = trainer.jit_train_and_eval_step()
+
+        def run_one(step):
+            batch = {k: jax.numpy.asarray(v) for k, v in batch_arrays(step, args.seq, data["pad_id"]).items()}
+            return step_fn(batch)[0]
+
+        out = _timed(data["steps"], args.warmup, run_one)
+    return (*out, rss_loaded)
 
 
 # --------------------------------------------------------------------------- parent
