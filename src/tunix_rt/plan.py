@@ -665,10 +665,10 @@ def _decode_bytes(inp: PlanInputs, f: _Facts, device: DeviceSpec, rows: int, gre
     - workspace: the larger of the prefill (one layer's inference intermediates on every
       prompt token: residual and normed input, q/k/v, the attention scores and
       probabilities, the MLP's gate/up/product; and the last position's logits) and a
-      decode step (the logits and the sampler's buffers); a greedy decode of the torch engine
-      on a CPU in fp32 also holds the int8 copy of the head (eval.screened_head) and its
-      permutation, and builds it from |head| in fp32, a whole [V, D] temporary (measured on
-      Gemma 3 270M: the held-out decode then peaks 0.64 GB above the rollouts)."""
+      decode step (the logits and the sampler's buffers); a decode of the torch engine on a
+      CPU in fp32, greedy or sampled (Gumbel-max through the screen), also holds the int8
+      copy of the head (eval.screened_head) and its permutation, and builds it from |head|
+      in fp32, a whole [V, D] temporary (once per head version: decoders share it)."""
     from tunix_rt.eval.jax_generate import BUCKET
     from tunix_rt.eval.screened_head import PAD_COLS
 
@@ -689,7 +689,7 @@ def _decode_bytes(inp: PlanInputs, f: _Facts, device: DeviceSpec, rows: int, gre
     prefill = rows * prompt * layer * f.wb + logits
     step = (GREEDY_BUFFERS if greedy else SAMPLER_BUFFERS) * logits
     screen = build = 0
-    if greedy and not f.jax and device.kind == "cpu" and f.wb == 4 and p.vocab_size >= 4 * PAD_COLS:
+    if not f.jax and device.kind == "cpu" and f.wb == 4 and p.vocab_size >= 4 * PAD_COLS:
         screen = p.vocab_size * (p.hidden_size + 8)  # int8 rows, int64 permutation
         build = p.vocab_size * p.hidden_size * 4  # head.abs() while it is built
     return {"rows": rows, "slots": slots, "kv_bytes_per_token": per_token, "cache": cache,

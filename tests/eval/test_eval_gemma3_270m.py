@@ -65,5 +65,8 @@ def test_int8_screened_head_decodes_the_real_model_like_full_logits(gemma3_270m)
         if screen is None:  # on a CPU fp32 head, only an int8 kernel that saturates turns it off
             assert not int8_matmul_is_exact(2, model.config.hidden_size, model.config.vocab_size)
             continue
-        assert screen.steps > 0 and screen.candidates / screen.steps < 0.05 * screen.vocab, kw
+        # greedy and plain sampling rescore few tokens; the certified top-p path (off by
+        # default) must bound the nucleus too: measured 53k of 262k per step (20%) on an AVX2 EPYC
+        share = 0.25 if kw.get("top_p") else 0.05
+        assert screen.steps > 0 and screen.candidates / screen.steps < share * screen.vocab, kw
         screen.steps = screen.candidates = screen.full_rows = 0

@@ -186,9 +186,9 @@ def test_engine_defaults_to_auto_resolved_as_train_resolves_it(device, engine):
 
 
 def test_eval_without_engine_on_tpu_goes_to_jax(cli, home, traces):
-    """No --engine: auto, so --device tpu means JAX, which says what it found (torch, the
-    old default, would refuse the device as bad input)."""
+    """No --engine: auto, so --device tpu means JAX, which says what it found and how to get
+    one (torch, the old default, would refuse the device name itself)."""
     require_module("jax")
     r = cli("eval", "--model", "tiny-gemma3", "--dataset", traces, "--device", "tpu")
-    assert r.code == 1 and "JAX found no TPU device" in r.err, r.err
+    assert r.code == 2 and "JAX found no TPU device" in r.err and "Kaggle" in r.err, r.err
     assert not (home.root / "evals").exists() or not any((home.root / "evals").iterdir())

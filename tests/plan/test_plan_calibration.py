@@ -124,7 +124,7 @@ def test_gemma3_270m_grpo_step_rss_matches_the_plan_in_each_phase(gemma3_270m, t
     fields = grpo_fields(str(gemma3_270m), write_questions(tmp_path / "q.jsonl", filler=28), 128,
                          batch_size=1, gradient_checkpointing=True, _threads=2)
     out = run_child(fields, tmp_path / "home", timeout=5400)
-    assert out["details"]["peak_phase"] == "rollout" and out["details"]["rollout_decode"] == "held-out eval"
+    assert out["details"]["peak_phase"] == "rollout" and out["details"]["rollout_decode"] == "rollouts"
     assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < 0.15
     for part, (predicted, measured) in out["compare"].items():
         assert abs(measured / predicted - 1) < 0.15, part

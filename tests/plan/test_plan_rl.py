@@ -32,15 +32,16 @@ def test_torch_lora_rollout_items_by_hand():
     # prefill's own 72-slot cache while it is copied in (over half a cache as a row leaves)
     assert i["rollout_cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN == 1_441_792
     # prefill workspace: per prompt token 2h + q + 2kv + 3i + 2 heads x 72 keys = 1792
-    # elements of 4 B, for 16 x 72 tokens, and the last position's logits 16 x 1024 fp32
-    assert i["rollout_workspace"] == 16 * 72 * 1792 * 4 + 16 * 1024 * 4 == 8_323_072
+    # elements of 4 B, for 16 x 72 tokens, and the last position's logits 16 x 1024 fp32;
+    # sampling goes through the int8 screen of the head too: 1024 x (128 + 8)
+    assert i["rollout_workspace"] == 16 * 72 * 1792 * 4 + 16 * 1024 * 4 + 1024 * 136 == 8_462_336
     assert d["decodes"]["rollouts"]["step"] == 8 * 16 * 1024 * 4  # logits + sampler buffers: smaller
-    # the held-out greedy decode (8 rows) holds the int8 screen of the head: 1024 x (128 + 8)
+    # the held-out greedy decode (8 rows) holds the same screen
     held = d["decodes"]["held-out eval"]
     assert held["screen"] == 1024 * 136 and held["cache"] == 8 * 104 * KV_TOKEN + 8 * 72 * KV_TOKEN
     assert d["rollout_decode"] == "rollouts"
     # the phase: resident weights + optimizer + the three rollout items, 5% slack, process
-    core = i["weights"] + i["optimizer"] + 1_114_112 + 1_441_792 + 8_323_072
+    core = i["weights"] + i["optimizer"] + 1_114_112 + 1_441_792 + 8_462_336
     assert d["phases"]["rollout"] == int(core * (1 + SLACK["cpu"]) + d["rollout_workspace_parts"]["process_or_context"])
     # host aux arrays of all 16 x 104 tokens (coef, adv, old/ref logp) + one micro-batch's 7 copies
     assert i["rl_aux"] == 4 * 16 * 104 * 4 + 7 * 4 * 104 * 4 == 38_272
@@ -56,17 +57,20 @@ def test_jax_rollout_has_no_merged_view_and_both_caches_of_the_undonated_step():
     assert i["rollout_workspace"] == 16 * 72 * 2496 * 4 + 16 * 1024 * 4
 
 
-def test_the_held_out_greedy_decode_counts_the_screen_build_on_a_cpu():
-    """Gemma 3 270M, 16 rollouts: the held-out decode (8 rows, greedy, torch on a CPU in
-    fp32) builds the int8 screen of the head from |head| in fp32, a 262,144 x 640 x 4 B
-    temporary, and is then the larger decode (as measured: tests/plan/test_plan_calibration)."""
+def test_the_decodes_count_the_screen_build_on_a_cpu():
+    """Gemma 3 270M, 16 rollouts: the first decode of a step (the rollouts, sampled through
+    the screen: Gumbel-max) builds the int8 screen of the head from |head| in fp32, a
+    262,144 x 640 x 4 B temporary; both decodes count it, and the rollouts' 16 rows make
+    them the larger decode."""
     inp = PlanInputs(model="gemma3-270m", seq=256, batch=1, remat=True, device="cpu", engine="torch",
                      rl_prompts=4, group_size=4, rollout_tokens=128)
     plan = make_plan(inp)
     held = plan.details["decodes"]["held-out eval"]
     assert held["screen_build"] == 262_144 * 640 * 4 and held["screen"] == 262_144 * 648
-    assert held["workspace"] == held["screen_build"] and plan.details["rollout_decode"] == "held-out eval"
-    assert plan.items["rollout_workspace"] == 262_144 * 640 * 4
+    assert held["workspace"] == held["screen_build"] and plan.details["rollout_decode"] == "rollouts"
+    roll = plan.details["decodes"]["rollouts"]
+    assert roll["screen_build"] == held["screen_build"] and roll["screen"] == held["screen"]
+    assert plan.items["rollout_workspace"] == max(roll["screen_build"], max(roll["prefill"], roll["step"]) + roll["screen"])
     # no screen where it does not apply: the JAX engine, or a GPU
     for other in ({"engine": "jax", "strategy": "fsdp"}, {"device": "a100-40gb"}):
         held = make_plan(PlanInputs(**{**inp.__dict__, **other})).details["decodes"]["held-out eval"]

@@ -214,14 +214,15 @@ class LeanGemma:
     def screen(self):
         """The int8 screen of the head, or None where it does not apply (not CPU fp32, small
         vocabulary, non-finite weights, an int8 kernel that saturates). Built on first use
-        (~1 s and an int8 copy of the head) and again whenever the head was changed in place
-        since (an optimizer step, load_state_dict: its version counter moved), so a screen
-        never bounds weights that are gone."""
+        (~1 s, an fp32 |head| temporary and an int8 copy of the head) and again whenever the
+        head was changed in place since (an optimizer step, load_state_dict: its version
+        counter moved), so a screen never bounds weights that are gone. Shared by every
+        decoder of the same head tensor at the same version (`_SCREENS`): an RL run's
+        rollouts and held-out decodes, a new generator each step, build it once while the
+        head is frozen (LoRA)."""
         version = self._head_version()
         if self._screen is False or version != self._screen_version:
-            from tunix_rt.eval.screened_head import ScreenedArgmax
-
-            self._screen = ScreenedArgmax.build(self.head.detach(), self.final_softcap)
+            self._screen = _shared_screen(self.head, version, self.final_softcap)
             self._screen_version = version
         return self._screen
 
@@ -302,3 +303,23 @@ def _rotate_half(x: "torch.Tensor") -> "torch.Tensor":
 
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+#: id(head tensor) -> (weakref to it, its version, its screen): one screen per head version
+_SCREENS: dict[int, tuple] = {}
+
+
+def _shared_screen(head, version: int | None, softcap):
+    import weakref
+
+    from tunix_rt.eval.screened_head import ScreenedArgmax
+
+    key = id(head)
+    hit = _SCREENS.get(key)
+    if hit is not None and hit[0]() is head and version is not None and hit[1] == version:
+        return hit[2]
+    screen = ScreenedArgmax.build(head.detach(), softcap)
+    if version is not None:  # an inference tensor keeps no version: nothing proves it unchanged
+        _SCREENS[key] = (weakref.ref(head, lambda _r, k=key: _SCREENS.pop(k, None)), version, screen)
+    return screen
+

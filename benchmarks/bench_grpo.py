@@ -1,0 +1,229 @@
+"""Our GRPO step against TRL's GRPOTrainer: same model, prompts, LoRA, G, lengths, beta; fp32 CPU.
+
+    .venv/bin/python benchmarks/bench_grpo.py [--prompts 2] [--steps 2] [--warmup 1] [--rounds 1]
+        [--sides ours,trl,jax]
+
+Gemma 3 270M (real weights, `ensure_model("gemma3-270m")`), GSM8K train prompts rendered as
+SFT and eval render them, LoRA r=16 alpha=32 on all seven projections, G = 4 completions per
+prompt of at most 128 new tokens (temperature 1), beta 0.04, one update per rollout batch,
+lr 1e-6, fp32, CPU. Every side trains on the very same prompts in the same order: the prompt
+order of our GRPO method (seeded), written once by the parent.
+
+- ours: the PyTorch engine through our GRPO method (`GRPO.step`: rollouts on the engine's
+  own generator with the int8-screened head and Gumbel-max sampling, rewards, advantages,
+  reference log-probs with the adapter disabled, the fused chunked policy objective);
+- trl: `trl.GRPOTrainer` with its defaults apart from fp32/CPU and the shared settings above
+  (its reward: the same format + answer scoring as ours, `tunix_rt.eval.scoring`);
+- jax: our JAX engine through the same method (optional side).
+
+Each side runs in its own subprocess (its peak RSS is its own, model loading included); the
+sides alternate over rounds. A step's time covers everything: generation, rewards, reference
+pass and update. completions/s = completions of the measured steps / their wall time. The
+last line: `RESULT speed_ratio=<ours/TRL completions/s> mem_ratio=<ours/TRL peak RSS> ...`
+(medians over rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tunix_rt.files import peak_rss_bytes
+
+TAG = "BENCH_JSON "
+G, NEW_TOKENS, BETA, LR = 4, 128, 0.04, 1e-6
+
+
+def base_cfg(args, model_dir: str, engine: str):
+    from tunix_rt.train.config import TrainConfig
+
+    return TrainConfig(model=model_dir, dataset="gsm8k", split="train", method="grpo", finetune="lora",
+                       lora_rank=16, lora_alpha=32.0, group_size=G, rl_prompts=args.prompts,
+                       rollout_max_new_tokens=NEW_TOKENS, rollout_temperature=1.0, beta=BETA, rl_loss="grpo",
+                       lr=LR, max_seq_len=512, batch_size=args.prompts * G, max_steps=args.warmup + args.steps,
+                       rewards={"format": 0.5, "answer": 1.0}, engine=engine, device="cpu", seed=0)
+
+
+# --------------------------------------------------------------------------- parent
+
+def prepare(args) -> Path:
+    """The prompts of every step, in our method's seeded order, as ids and text."""
+    from tunix_rt.home import Home
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.grpo import GRPO
+
+    home = Home.resolve()
+    model_dir = str(ensure_model(args.model, home))
+    tok = load_tokenizer(model_dir, home)
+    method = GRPO(base_cfg(args, model_dir, "torch"), home, tok)
+    steps = []
+    for _ in range(args.warmup + args.steps):
+        picked = [method.items[method.order.take()] for _ in range(args.prompts)]
+        steps.append([{"id": r.id, "answer": r.answer, "ids": p, "text": tok.decode(p, skip_special_tokens=False).removeprefix("<bos>")}
+                      for r, p in picked])
+    out = Path(tempfile.mkdtemp(prefix="bench-grpo-")) / "prompts.json"
+    out.write_text(json.dumps({"model_dir": model_dir, "home": str(home.root), "steps": steps}))
+    return out
+
+
+def run_side(side: str, data: Path, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--warmup", str(args.warmup),
+           "--steps", str(args.steps), "--prompts", str(args.prompts)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
+    line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
+    if r.returncode != 0 or line is None:
+        raise SystemExit(f"{side} failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
+    return json.loads(line[len(TAG):])
+
+
+# --------------------------------------------------------------------------- workers
+
+def ours_worker(args, data: dict, engine_name: str) -> dict:
+    """Our GRPO method on one of our engines, fed the parent's prompts in order."""
+    from tunix_rt.home import Home
+    from tunix_rt.models.store import load_tokenizer
+    from tunix_rt.train import engines
+    from tunix_rt.train.grpo import GRPO
+
+    home = Home(Path(data["home"]))
+    cfg = base_cfg(args, data["model_dir"], engine_name)
+    tok = load_tokenizer(data["model_dir"], home)
+    engine = engines.engine_class(engine_name)(cfg)
+    engine.devices()
+    engine.setup(Path(data["model_dir"]), tok)
+    method = GRPO(cfg, home, tok)
+    by_id = {r.id: (r, p) for r, p in method.items}
+    queue = [by_id[e["id"]] for step in data["steps"] for e in step]
+
+    class Fed:  # the parent's prompt order (our own order, written once)
+        def take(self):
+            return method.items.index(queue.pop(0))
+
+    method.order = Fed()
+    times, rows = [], []
+    for step in range(len(data["steps"])):
+        t0 = time.perf_counter()
+        row, _ = method.step(engine, step, LR)
+        dt = time.perf_counter() - t0
+        rows.append({k: row[k] for k in ("reward", "completion_tokens", "rollout_s", "update_s") if k in row})
+        if step >= args.warmup:
+            times.append(dt)
+    return {"step_s": times, "rows": rows}
+
+
+def trl_worker(args, data: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tunix_rt.eval.scoring import score_completion
+    from tunix_rt.models.hf import load_causal_lm
+
+    torch.manual_seed(0)
+    model = load_causal_lm(data["model_dir"], dtype="fp32", device="cpu", attn="sdpa")
+    model.train()
+    tok = AutoTokenizer.from_pretrained(data["model_dir"])
+    tok.padding_side = "left"
+    # the prompt text as our template renders it (TRL's tokenizer adds the BOS back)
+    rows = [{"prompt": e["text"], "answer": e["answer"]} for step in data["steps"] for e in step]
+
+    def reward(prompts, completions, answer, **_):  # the same format + answer scoring as ours
+        out = []
+        for text, ans in zip(completions, answer):
+            s = score_completion(text, ans)
+            out.append(0.5 * float(s.format_ok) + 1.0 * float(s.correct))
+        return out
+
+    per_step = args.prompts * G
+    conf = GRPOConfig(output_dir=tempfile.mkdtemp(prefix="bench-grpo-trl-"), per_device_train_batch_size=per_step,
+                      num_generations=G, max_completion_length=NEW_TOKENS, beta=BETA, learning_rate=LR,
+                      max_steps=len(data["steps"]), logging_steps=1, report_to=[], bf16=False, use_cpu=True,
+                      temperature=1.0, save_strategy="no", seed=0, shuffle_dataset=False,
+                      gradient_accumulation_steps=1, dataloader_num_workers=0)
+    lora = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj"], task_type="CAUSAL_LM")
+    times: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a, **k):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **k):
+            times.append(time.perf_counter() - self.t0)
+
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=conf, train_dataset=Dataset.from_list(rows),
+                          processing_class=tok, peft_config=lora, callbacks=[Clock()])
+    trainer.train()
+    return {"step_s": times[args.warmup:], "rows": []}
+
+
+def worker(args) -> None:
+    data = json.loads(Path(args.data).read_text())
+    if args.worker == "trl":
+        res = trl_worker(args, data)
+    else:
+        res = ours_worker(args, data, "torch" if args.worker == "ours" else "jax")
+    per_step = args.prompts * G
+    res.update({"side": args.worker, "completions_per_s": per_step / statistics.median(res["step_s"]),
+                "peak_rss": peak_rss_bytes(), "cpu_s": time.process_time()})
+    print(TAG + json.dumps(res))
+
+
+# --------------------------------------------------------------------------- main
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--home", help="TUNIX_RT_HOME holding (or to receive) gemma3-270m")
+    ap.add_argument("--model", default="gemma3-270m")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts per step (each gets G = 4 completions)")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--sides", default="ours,trl", help="ours (torch engine), trl (GRPOTrainer), jax (JAX engine)")
+    ap.add_argument("--worker", choices=("ours", "trl", "jax"), help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    if args.home:
+        os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
+    data = prepare(args)
+    sides = [x for x in args.sides.split(",") if x]
+    results: dict[str, list[dict]] = {s: [] for s in sides}
+    for r in range(args.rounds):
+        for side in (sides if r % 2 == 0 else sides[::-1]):
+            res = run_side(side, data, args)
+            results[side].append(res)
+            print(f"round {r + 1} {side:5s}: {statistics.median(res['step_s']):.1f} s/step, "
+                  f"{res['completions_per_s']:.3f} completions/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", flush=True)
+    med = {s: {"completions_per_s": statistics.median(x["completions_per_s"] for x in v),
+               "step_s": statistics.median(statistics.median(x["step_s"]) for x in v),
+               "peak_rss": statistics.median(x["peak_rss"] for x in v)} for s, v in results.items()}
+    print(f"\nGemma 3 270M LoRA r16, fp32 CPU, {args.prompts} prompts x G={G} per step, <= {NEW_TOKENS} new tokens, "
+          f"beta {BETA}, {args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s)")
+    names = {"ours": "torch eng.", "trl": "TRL GRPO", "jax": "JAX eng."}
+    print(f"{'side':11s} {'s/step':>8s} {'completions/s':>14s} {'peak RSS GiB':>13s}")
+    for s in sides:
+        m = med[s]
+        print(f"{names[s]:11s} {m['step_s']:8.1f} {m['completions_per_s']:14.3f} {m['peak_rss'] / 2**30:13.2f}")
+    out = []
+    if "ours" in med and "trl" in med:
+        out += [f"speed_ratio={med['ours']['completions_per_s'] / med['trl']['completions_per_s']:.3f}",
+                f"mem_ratio={med['ours']['peak_rss'] / med['trl']['peak_rss']:.3f}"]
+    if "jax" in med and "trl" in med:
+        out += [f"jax_vs_trl_speed={med['jax']['completions_per_s'] / med['trl']['completions_per_s']:.3f}",
+                f"jax_vs_trl_mem={med['jax']['peak_rss'] / med['trl']['peak_rss']:.3f}"]
+    print("RESULT " + " ".join(out))
+
+
+if __name__ == "__main__":
+    main()
