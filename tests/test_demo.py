@@ -72,7 +72,7 @@ def test_second_demo_reuses_everything(demo):
 @pytest.mark.parametrize("args, message", [
     (["--steps", "0"], "--steps must be >= 1"),
     (["--eval-n", "-1"], "--eval-n must be >= 1"),
-    (["--engine", "tensorflow"], "--engine must be torch or jax"),
+    (["--engine", "tensorflow"], "engine must be one of auto|torch|jax"),
     (["--config", "no-such-preset"], "no such file and no shipped preset"),
 ])
 def test_bad_flags_exit_2(tmp_path, args, message):

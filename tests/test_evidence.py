@@ -108,14 +108,10 @@ def test_demo_evidence_has_no_null_or_placeholder(demo):
     run = demo.run_dir
     state = json.loads((run / "demo.json").read_text())
     tuned = evidence.Path(state["tuned_eval"])
-    for name in ("run_manifest.json", "environment.json"):
-        assert evidence.check_file(run / name) == [], name
-    assert evidence.check_file(run / "config.yaml", allow=evidence.config_nullable_paths()) == []
+    assert evidence.check_file(run / "run_manifest.json", evidence.RUN_FACTS, evidence.SUCCEEDED_RUN_KEYS) == []
+    assert evidence.check_file(run / "environment.json", evidence.ENVIRONMENT_FACTS, ("python", "packages")) == []
     assert evidence.check_eval_evidence(tuned) == []
-    # only TrainConfig's Optional fields may be null in config.yaml, and only those
-    nullable = set(evidence.config_nullable_paths())
-    assert {"$.limit", "$.max_steps", "$.epochs", "$.run_name"} <= nullable
-    assert not {"$.seed", "$.model", "$.dataset", "$.lr"} & nullable
+    assert evidence.check_run_evidence(run, tuned) == []
 
 
 def test_check_catches_a_hole_in_each_file(demo, tmp_path):
@@ -129,14 +125,18 @@ def test_check_catches_a_hole_in_each_file(demo, tmp_path):
     (run / "environment.json").write_text(json.dumps(env))
     lines = (tuned / "predictions.jsonl").read_text().splitlines()
     rec = json.loads(lines[2])
-    rec["gold"] = None
+    rec["n_tokens"] = None  # recorded by the program: a hole
+    rec["gold"] = None  # the dataset's value, not the program's: not judged here
     del rec["finish_reason"]
     lines[2] = json.dumps(rec)
     (tuned / "predictions.jsonl").write_text("\n".join(lines) + "\n")
     (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("seed: 0", "seed: null"))
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    manifest["model"]["sha256"] = ""
+    (run / "run_manifest.json").write_text(json.dumps(manifest))
     problems = evidence.check_run_evidence(run, tuned)
     assert "environment.json: $.cpu.model" in problems
-    assert "predictions.jsonl:3: $.gold" in problems
+    assert "predictions.jsonl:3: $.n_tokens" in problems
     assert "predictions.jsonl:3: $.finish_reason missing" in problems
-    assert "config.yaml: $.seed" in problems
-    assert len(problems) == 4, problems
+    assert "run_manifest.json: $.model.sha256" in problems
+    assert len(problems) == 4, problems  # a user's value (config.yaml's seed) is never judged

@@ -53,11 +53,10 @@ def test_package_evidence_is_real(package, tmp_path):
     """Every evidence file inside the package: no null, no placeholder (DESIGN.md)."""
     with zipfile.ZipFile(package) as zf:
         zf.extractall(tmp_path)
-    problems = evidence.check_file(tmp_path / "run_manifest.json")
-    problems += evidence.check_file(tmp_path / "environment.json")
-    problems += evidence.check_file(tmp_path / "config.yaml", allow=evidence.config_nullable_paths())
+    problems = evidence.check_file(tmp_path / "run_manifest.json", evidence.RUN_FACTS, evidence.SUCCEEDED_RUN_KEYS)
+    problems += evidence.check_file(tmp_path / "environment.json", evidence.ENVIRONMENT_FACTS, ("python", "packages"))
     problems += evidence.check_eval_evidence(tmp_path / "eval")
-    problems += evidence.check_file(tmp_path / submit.SUBMISSION_JSON)
+    problems += evidence.find_placeholders(json.loads((tmp_path / submit.SUBMISSION_JSON).read_text()))
     assert problems == []
 
 

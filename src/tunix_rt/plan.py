@@ -667,9 +667,10 @@ def _decode_bytes(inp: PlanInputs, f: _Facts, device: DeviceSpec, rows: int, gre
       probabilities, the MLP's gate/up/product; and the last position's logits) and a
       decode step (the logits and the sampler's buffers); a decode of the torch engine on a
       CPU in fp32, greedy or sampled (Gumbel-max through the screen), also holds the int8
-      copy of the head (eval.screened_head) and its permutation, and builds it from |head|
-      in fp32, a whole [V, D] temporary (once per head version: decoders share it)."""
+      copy of the head (eval.screened_head) and its permutation, built one group of rows
+      at a time (once per head version: decoders share it)."""
     from tunix_rt.eval.jax_generate import BUCKET
+    from tunix_rt.eval.screened_head import GROUPS as SCREEN_GROUPS
     from tunix_rt.eval.screened_head import PAD_COLS
 
     p, new = f.p, inp.rollout_tokens
@@ -691,7 +692,8 @@ def _decode_bytes(inp: PlanInputs, f: _Facts, device: DeviceSpec, rows: int, gre
     screen = build = 0
     if not f.jax and device.kind == "cpu" and f.wb == 4 and p.vocab_size >= 4 * PAD_COLS:
         screen = p.vocab_size * (p.hidden_size + 8)  # int8 rows, int64 permutation
-        build = p.vocab_size * p.hidden_size * 4  # head.abs() while it is built
+        per = -(-p.vocab_size // SCREEN_GROUPS)  # built one group of rows at a time:
+        build = screen + per * p.hidden_size * 32  # fp32 rows and codes, fp64 rows, codes, error
     return {"rows": rows, "slots": slots, "kv_bytes_per_token": per_token, "cache": cache,
             "workspace": max(max(prefill, step) + screen, build), "prefill": prefill, "step": step,
             "screen": screen, "screen_build": build}

@@ -59,15 +59,16 @@ def test_jax_rollout_has_no_merged_view_and_both_caches_of_the_undonated_step():
 
 def test_the_decodes_count_the_screen_build_on_a_cpu():
     """Gemma 3 270M, 16 rollouts: the first decode of a step (the rollouts, sampled through
-    the screen: Gumbel-max) builds the int8 screen of the head from |head| in fp32, a
-    262,144 x 640 x 4 B temporary; both decodes count it, and the rollouts' 16 rows make
-    them the larger decode."""
+    the screen: Gumbel-max) builds the int8 screen of the head, one group of 4,096 rows at a
+    time (fp32 and fp64 temporaries, 32 B an element); both decodes count it, and the
+    rollouts' 16 rows make them the larger decode."""
     inp = PlanInputs(model="gemma3-270m", seq=256, batch=1, remat=True, device="cpu", engine="torch",
                      rl_prompts=4, group_size=4, rollout_tokens=128)
     plan = make_plan(inp)
     held = plan.details["decodes"]["held-out eval"]
-    assert held["screen_build"] == 262_144 * 640 * 4 and held["screen"] == 262_144 * 648
-    assert held["workspace"] == held["screen_build"] and plan.details["rollout_decode"] == "rollouts"
+    assert held["screen"] == 262_144 * 648 and held["screen_build"] == held["screen"] + 4096 * 640 * 32
+    assert held["workspace"] == max(max(held["prefill"], held["step"]) + held["screen"], held["screen_build"])
+    assert plan.details["rollout_decode"] == "rollouts"
     roll = plan.details["decodes"]["rollouts"]
     assert roll["screen_build"] == held["screen_build"] and roll["screen"] == held["screen"]
     assert plan.items["rollout_workspace"] == max(roll["screen_build"], max(roll["prefill"], roll["step"]) + roll["screen"])

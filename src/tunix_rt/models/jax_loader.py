@@ -415,7 +415,11 @@ def stream_load(model_dir: str, model_class, cfg, table: WeightTable, mesh, dtyp
         sharding = by_key.get(key, by_key.get(key.removesuffix(".value")))
         if sharding is None:
             return  # a tensor the model has no parameter for (Tunix skips those too)
-        loaded[key.removesuffix(".value")] = jax.device_put(np.asarray(value).astype(np_dtype, copy=False), sharding)
+        host = np.asarray(value).astype(np_dtype, copy=False)
+        if sharding.is_fully_addressable:
+            loaded[key.removesuffix(".value")] = jax.device_put(host, sharding)
+        else:  # a mesh over several processes: each places its own shards (every process read the file)
+            loaded[key.removesuffix(".value")] = jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     for f in files:

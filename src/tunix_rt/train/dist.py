@@ -3,21 +3,25 @@
     torch   `torchrun --nproc-per-node N` (and --nnodes/--node-rank/--rdzv-endpoint across
             machines) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT;
             torch.distributed runs gloo for CPU tensors and NCCL for CUDA ones
-    jax     JAX_NUM_PROCESSES / JAX_PROCESS_ID (with JAX_COORDINATOR_ADDRESS) name a
-            multi-process JAX run; refused for now (one JAX process drives all its local
-            devices through the mesh)
+    jax     JAX_COORDINATOR_ADDRESS (process 0's host:port), JAX_NUM_PROCESSES and
+            JAX_PROCESS_ID, set on each process by hand or by a scheduler:
+            jax.distributed.initialize joins them (gloo between CPU processes); the mesh
+            spans every process's devices and each process drives its own
 
 The rules of a multi-process run, once:
 - every process reads the same config and data and builds the same global batches; the
-  engine trains on its process's rows of each (so the data order, and the loss normaliser,
-  do not depend on the number of processes);
+  engine trains on its process's rows of each (torch: data.process_rows; JAX: the global
+  arrays' shards on its devices), so the data order, and the loss normaliser, do not
+  depend on the number of processes;
 - process 0 alone writes the run directory, metrics, exports and the registry
   (`main_only`); a checkpoint is committed by it once every process has written its part
   and reached a barrier (train.checkpoint);
 - one-time writes into the home (a model import, the vendored GSM8K) run on process 0
   first, the others wait (`main_first`);
 - a process that dies takes the run down: the launcher stops the others with SIGTERM, which
-  raises RankFailed here, so process 0 leaves the run "failed" (never "running");
+  raises RankFailed here, or their next collective fails (JAX: a gloo connection closed), so
+  process 0 leaves the run "failed" (never "running"; when process 0 itself died, JAX's
+  distributed client may abort the others before they can say so);
   `--resume` continues from the last committed checkpoint.
 
 Nothing here imports torch or JAX at module load.
@@ -25,9 +29,12 @@ Nothing here imports torch or JAX at module load.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
 import signal
+import sys
 from typing import Any, Callable, TypeVar
 
 from tunix_rt.errors import BadInput, TunixRtError
@@ -98,6 +105,59 @@ class _Torch:
         return [self.broadcast(text, src) for src in range(self.world)]
 
 
+class _Jax:
+    """jax.distributed from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. The
+    collectives gather host bytes with multihost_utils.process_allgather (over every process's
+    devices: gloo between CPU processes), so float64 sums and texts pass exactly."""
+
+    def __init__(self, rank: int, world: int):
+        import jax
+
+        self.rank, self.world = rank, world
+        if not jax.distributed.is_initialized():
+            address = os.environ.get("JAX_COORDINATOR_ADDRESS")
+            if not address:
+                raise BadInput(f"JAX_NUM_PROCESSES={world} needs JAX_COORDINATOR_ADDRESS=host:port "
+                               "(where process 0 listens; the same on every process)")
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")  # cross-process CPU collectives
+            try:
+                jax.distributed.initialize(address, world, rank)
+            except RuntimeError as e:
+                raise BadInput(f"jax.distributed.initialize({address!r}, {world}, {rank}) failed: {e} (it must run "
+                               "before JAX touches a device, and every process must reach the coordinator)") from e
+        if (jax.process_index(), jax.process_count()) != (rank, world):
+            raise BadInput(f"JAX runs as process {jax.process_index()} of {jax.process_count()}, the environment "
+                           f"says {rank} of {world}")
+        atexit.register(_leave_broken)
+
+    def _gather(self, payload: bytes) -> list[bytes]:
+        """Every process's bytes, in rank order (two all-gathers: the sizes, the padded bytes)."""
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        data = np.frombuffer(payload, np.uint8)
+        sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32))).reshape(-1)
+        buf = np.zeros(max(int(sizes.max()), 1), np.uint8)
+        buf[:data.size] = data
+        rows = np.asarray(multihost_utils.process_allgather(buf)).reshape(self.world, -1)
+        return [rows[r, :int(sizes[r])].tobytes() for r in range(self.world)]
+
+    def barrier(self) -> None:
+        self._gather(b"")  # an all-gather every process must join; fails loudly when one cannot
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        import numpy as np
+
+        parts = [np.frombuffer(b, np.float64) for b in self._gather(np.asarray(values, np.float64).tobytes())]
+        return np.sum(parts, axis=0).tolist()
+
+    def broadcast(self, text: str, src: int = 0) -> str:
+        return self.gather_texts(text)[src]
+
+    def gather_texts(self, text: str) -> list[str]:
+        return [b.decode() for b in self._gather(text.encode())]
+
+
 _group: Any = _Single()
 
 
@@ -112,8 +172,11 @@ def init(engine: str) -> None:
         return
     if engine == "torch":
         _group = _Torch(rank, world)
+    elif engine == "jax":
+        _group = _Jax(rank, world)
     else:
-        raise BadInput(f"the {engine} engine runs in one process here; multi-process training needs --engine torch")
+        raise BadInput(f"the {engine} engine runs in one process here; multi-process training needs "
+                       "--engine torch or jax")
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
@@ -182,10 +245,56 @@ def _collective(what: str, fn: Callable[[], T]) -> T:
         return fn()
     except RankFailed:
         raise
-    except RuntimeError as e:  # gloo/NCCL: a peer's connection closed or timed out
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM would only interrupt the record
-        raise RankFailed(f"{what}: the process group broke ({e}); a process of this run stopped "
-                         "(the launcher's log names it)") from e
+    except (RuntimeError, ValueError) as e:  # gloo/NCCL: a peer's connection closed or timed out
+        if isinstance(e, ValueError) and not _peer_gone(e):  # JAX raises gloo's failures as ValueError
+            raise
+        raise _rank_failed(what, e) from e
+
+
+#: what the errors of a collective whose peer died say (gloo, JAX's coordination service)
+_PEER_GONE = ("gloo", "connection closed", "connection reset", "socket closed", "heartbeat", "unavailable")
+
+
+def _peer_gone(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(s in text for s in _PEER_GONE)
+
+
+_broken = False
+
+
+def _leave_broken() -> None:
+    """At exit of a JAX process whose group broke: leave at once. (JAX's own exit waits at
+    a shutdown barrier for every process, which a dead one never reaches: the survivor would
+    hang until the heartbeat timeout, then abort.) Registered after JAX's, so it runs first."""
+    if _broken:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(1)
+
+
+def _rank_failed(what: str, e: BaseException) -> RankFailed:
+    global _broken
+    _broken = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM would only interrupt the record
+    return RankFailed(f"{what}: the process group broke ({str(e)[:500]}); a process of this run stopped "
+                      "(the launcher's log, or that process's own, names it)")
+
+
+@contextlib.contextmanager
+def peer_failures(what: str):
+    """Around a computation whose collectives span processes (a JAX step on a mesh over
+    several processes): an error that says a peer is gone becomes RankFailed; any other
+    error passes as it is."""
+    try:
+        yield
+    except RankFailed:
+        raise
+    except Exception as e:
+        if _group.world > 1 and _peer_gone(e):
+            raise _rank_failed(what, e) from e
+        raise
 
 
 def main_only(fn: Callable[..., T]) -> Callable[..., T | None]:

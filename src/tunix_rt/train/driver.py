@@ -189,7 +189,8 @@ def check_plan(cfg: TrainConfig, engine: str, facts: dict[str, Any]) -> dict[str
     from tunix_rt.errors import BadInput
     from tunix_rt.plan import plan_train
 
-    ranks = facts.get("processes", facts["count"])  # torch: one device per torchrun process
+    # torch: one device per torchrun process; JAX: the mesh's devices, over every process
+    ranks = facts.get("processes", facts["count"]) if engine == "torch" else facts["count"]
     plan = plan_train(cfg, facts["platform"], ranks, engine=engine)
     if not plan.fits and not cfg.force:
         raise BadInput(f"the memory plan predicts this run does not fit:\n{plan.render()}\n"

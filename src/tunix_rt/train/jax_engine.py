@@ -19,6 +19,13 @@ split/merge. The step is ours:
   over the mesh's fsdp axis by rows when they divide;
 - checkpoints (train.checkpoint's contract) hold the trainable weights, the optimizer state
   and the RNG state as safetensors, by tree path: a killed run resumes bit-exactly.
+
+Several processes (train.dist: JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID):
+the mesh spans every process's devices and the arrays are global. Every process builds the
+same global micro-batches and puts its devices' shards of them on the mesh
+(make_array_from_callback), so the step, its normaliser and the data order are the one-process
+run's. Checkpoints and exports gather the state (every process joins) and process 0 writes
+the same files as one process. GRPO (rollouts) runs in one process only.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
 
@@ -83,21 +91,41 @@ def select_devices(device: str) -> list:
     return found
 
 
-def device_facts(devices) -> dict[str, Any]:
+def check_mesh_spans_processes(shape, devices) -> None:
+    """Several processes: the mesh must hold devices of every one of them (a process without
+    a device in it would have nothing to run)."""
     import jax
 
-    return {
+    from tunix_rt.models.jax_loader import make_mesh
+
+    mesh = make_mesh(shape, devices)
+    held = {d.process_index for d in mesh.devices.flat}
+    if len(held) < jax.process_count():
+        raise BadInput(f"mesh {dict(mesh.shape)} holds devices of {len(held)} of the {jax.process_count()} processes; "
+                       f"with several processes the mesh must span them all (fsdp x tp = {len(devices)}, "
+                       "or mesh=auto)")
+
+
+def device_facts(devices) -> dict[str, Any]:
+    """The devices of the run (every process's: `count` is global); several processes add
+    `processes`."""
+    import jax
+
+    facts = {
         "platform": devices[0].platform,
         "count": len(devices),
         "process_count": jax.process_count(),
         "names": [f"{d.platform}:{d.id} {d.device_kind}" for d in devices],
         "memory_bytes": [_device_limit(d) for d in devices],
     }
+    if jax.process_count() > 1:
+        facts["processes"] = jax.process_count()
+    return facts
 
 
 def _device_limit(d) -> int:
     try:
-        stats = d.memory_stats() or {}
+        stats = (d.memory_stats() if d.process_index == _process_index() else None) or {}
     except Exception:  # the CPU backend has no memory stats
         stats = {}
     if stats.get("bytes_limit"):
@@ -107,12 +135,21 @@ def _device_limit(d) -> int:
     return int(psutil.virtual_memory().total)
 
 
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
 def peak_memory_bytes(devices) -> int:
-    """Accelerators: the largest peak bytes in use of any device; CPU: peak RSS."""
+    """Accelerators: the largest peak bytes in use of any device; CPU: peak RSS. (Several
+    processes: of this process's devices, and its RSS.)"""
     from tunix_rt.files import peak_rss_bytes
 
     peaks = []
     for d in devices:
+        if d.process_index != _process_index():
+            continue
         try:
             peaks.append(int((d.memory_stats() or {}).get("peak_bytes_in_use", 0)))
         except Exception:
@@ -221,7 +258,12 @@ class JaxEngine:
         from tunix_rt.train.common import check_dtype, tune_cpu_allocator
 
         maybe_init_distributed()
+        if dist.world() > 1 and self.cfg.method != "sft":
+            raise BadInput(f"method={self.cfg.method} on the JAX engine runs in one process; multi-process JAX "
+                           "training supports method=sft (or use --engine torch under torchrun)")
         self.devs = select_devices(self.cfg.device)
+        if dist.world() > 1:
+            check_mesh_spans_processes(self.cfg.mesh, self.devs)
         facts = device_facts(self.devs)
         check_dtype(self.cfg, facts["platform"])
         if facts["platform"] == "cpu":
@@ -333,12 +375,16 @@ class JaxEngine:
         grad_fn = self._fn(("grad", objective), lambda: self._grad_fn(objective))
         add = self._fn("add", lambda: jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,)))
         total, stats, acc = 0.0, np.zeros(4), None
-        with jax.set_mesh(self.mesh):
+        if dist.world() > 1:
+            from tunix_rt.train.data import window_digest
+
+            dist.check_same(lambda: window_digest(batches), "the step's global batches")
+        with jax.set_mesh(self.mesh), dist.peer_failures("train step"):
             for i, b in enumerate(batches):
                 loss, st, self.rngs, g = grad_fn(self.params, self.rngs, self.rest, self._device_batch(b))
                 acc = g if acc is None else add(acc, g)
-                total += float(loss)
-                stats += np.asarray(st, np.float64)
+                total += float(host(loss))
+                stats += np.asarray(host(st), np.float64)
                 if i + 1 < len(batches):
                     fault_point("accum")
         return total, stats, acc
@@ -350,11 +396,12 @@ class JaxEngine:
         from tunix_rt.train.jax_loss import STAT_NAMES
 
         total, stats, grads = self.gradients(batches, objective)
-        with jax.set_mesh(self.mesh):
+        with jax.set_mesh(self.mesh), dist.peer_failures("optimizer update"):
             update = self._fn("update", self._update_fn)
             self.params, self.opt_state, norm = update(self.params, self.opt_state, grads, jnp.float32(lr))
+            norm = float(host(norm))
         named = dict(zip(STAT_NAMES, stats.tolist())) if objective.kind == "policy" else {}
-        return StepResult(total, float(norm), named)
+        return StepResult(total, norm, named)
 
     def _device_batch(self, batch) -> dict[str, Any]:
         """A data.Batch as device arrays, right-padded to a width bucket, rows over fsdp."""
@@ -380,11 +427,12 @@ class JaxEngine:
             coef = np.pad(coef, ((0, 0), (0, pad)))
             aux = np.pad(aux, ((0, 0), (0, pad), (0, 0)))
         mask, real = labels != IGNORE, ids != self.tok.pad_id
-        host = {"ids": ids.astype(np.int32), "pos": pos.astype(np.int32), "targets": np.where(mask, labels, 0).astype(np.int32),
-                "coef": np.where(mask, coef, 0.0).astype(np.float32), "mask": mask, "aux": aux, "real": real}
+        arrays = {"ids": ids.astype(np.int32), "pos": pos.astype(np.int32),
+                  "targets": np.where(mask, labels, 0).astype(np.int32),
+                  "coef": np.where(mask, coef, 0.0).astype(np.float32), "mask": mask, "aux": aux, "real": real}
         fsdp = int(self.mesh.shape.get("fsdp", 1))
         spec = PartitionSpec("fsdp") if fsdp > 1 and b % fsdp == 0 else PartitionSpec()
-        out = {k: jax.device_put(v, NamedSharding(self.mesh, spec)) for k, v in host.items()}
+        out = {k: place(v, NamedSharding(self.mesh, spec)) for k, v in arrays.items()}
         out["attn"] = attention_mask(out.pop("real"), out["pos"])
         return out
 
@@ -392,8 +440,8 @@ class JaxEngine:
         import jax
 
         fn = self._fn("loss", lambda: self._forward_fn(logprobs=False))
-        with jax.set_mesh(self.mesh):
-            return float(fn(self.params, self.rngs, self.rest, self._device_batch(batch)))
+        with jax.set_mesh(self.mesh), dist.peer_failures("held-out loss"):
+            return float(host(fn(self.params, self.rngs, self.rest, self._device_batch(batch))))
 
     def token_logprobs(self, batch, adapter: bool = True) -> np.ndarray:
         """log p(target) [B, L] (0 where labels are IGNORE), no gradient. adapter=False: the
@@ -404,8 +452,8 @@ class JaxEngine:
         params = self.params
         if not adapter and self.cfg.finetune == "lora":
             params = jax.tree.map(jax.numpy.zeros_like, params)
-        with jax.set_mesh(self.mesh):
-            out = np.asarray(fn(params, self.rngs, self.rest, self._device_batch(batch)), np.float32)
+        with jax.set_mesh(self.mesh), dist.peer_failures("token log-probabilities"):
+            out = np.asarray(host(fn(params, self.rngs, self.rest, self._device_batch(batch))), np.float32)
         labels = np.asarray(batch.labels)
         from tunix_rt.train.data import IGNORE
 
@@ -436,15 +484,22 @@ class JaxEngine:
         """The eval generator (eval.jax_generate) on the current weights, dropout off."""
         from tunix_rt.eval.jax_generate import JaxGenerator
 
+        if dist.world() > 1:
+            raise BadInput("generation (GRPO rollouts, generative eval) on the JAX engine runs in one process; "
+                           "multi-process JAX training supports method=sft")
         return JaxGenerator(self.model(), self.tok, self.mesh)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: Path) -> dict[str, Any]:
+        """Every process calls it (the state is gathered from all of them); process 0 writes
+        the files, the same as one process's."""
         from safetensors.numpy import save_file
 
-        save_file(flat(self.params), str(directory / WEIGHTS))
-        save_file(flat(self.opt_state), str(directory / OPTIMIZER))
-        save_file(flat(self.rngs, keys=True), str(directory / RNG))
+        with dist.peer_failures("checkpoint gather"):
+            parts = [(WEIGHTS, flat(self.params)), (OPTIMIZER, flat(self.opt_state)), (RNG, flat(self.rngs, keys=True))]
+        if dist.is_main():
+            for name, arrays in parts:
+                save_file(arrays, str(directory / name))
         return {"rng": {"jax": RNG}, "files": [WEIGHTS, OPTIMIZER, RNG]}
 
     def restore(self, directory: Path, state: dict[str, Any]) -> None:
@@ -456,9 +511,21 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ outputs
     def export(self, final_dir: Path) -> dict[str, str]:
+        from flax import nnx
+
         from tunix_rt.train import export
 
-        cfg, model, out = self.cfg, self.model(), {}
+        cfg, out = self.cfg, {}
+        if dist.world() == 1:
+            model = self.model()
+        else:  # the trained weights gathered (every process joins), process 0 writes from host copies
+            import jax
+
+            with dist.peer_failures("export gather"):
+                params = jax.tree.map(lambda x: host(x) if isinstance(x, jax.Array) else x, self.params)
+            if not dist.is_main():
+                return out
+            model = nnx.merge(self.eval_graph, params, self.rngs, self.rest)  # export reads only the params
         if cfg.finetune == "lora":
             out["adapter"] = str(export.publish(final_dir / "adapter", lambda d: export.export_adapter(
                 model, self.model_dir, d, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets,
@@ -498,8 +565,33 @@ def flat(tree, keys: bool = False) -> dict[str, np.ndarray]:
     for name, leaf in _leaves(tree):
         if _is_key(leaf):
             leaf = jax.random.key_data(leaf)
-        out[name] = np.ascontiguousarray(np.asarray(jax.device_get(leaf)))
+        out[name] = np.ascontiguousarray(host(leaf))
     return out
+
+
+def host(x) -> np.ndarray:
+    """A (global) array as one numpy array on every process: its own copy when every process
+    holds all of it (one process; replicated), else gathered (a collective: every process
+    must call it, in the same order)."""
+    import jax
+
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    if x.is_fully_replicated:
+        return np.asarray(x.addressable_data(0))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def place(value: np.ndarray, sharding):
+    """A host array every process holds, on `sharding` (each process puts its devices' shards;
+    the same as device_put within one process)."""
+    import jax
+
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
 
 def unflat(like, arrays: dict[str, np.ndarray], source: Path, keys: bool = False):
@@ -519,11 +611,11 @@ def unflat(like, arrays: dict[str, np.ndarray], source: Path, keys: bool = False
             value = value.reshape(())  # safetensors keeps a scalar as [1]
         if _is_key(leaf):
             impl = jax.random.key_impl(leaf)
-            placed = jax.random.wrap_key_data(jax.device_put(value, leaf.sharding), impl=impl)
+            placed = jax.random.wrap_key_data(place(value, leaf.sharding), impl=impl)
         else:
             if tuple(value.shape) != tuple(leaf.shape) or value.dtype != np.dtype(leaf.dtype):
                 raise TunixRtError(f"{source}: {name} is {value.dtype}{list(value.shape)}, the model's "
                                    f"{np.dtype(leaf.dtype)}{list(leaf.shape)}")
-            placed = jax.device_put(value, leaf.sharding) if hasattr(leaf, "sharding") else value
+            placed = place(value, leaf.sharding) if hasattr(leaf, "sharding") else value
         new.append(placed)
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), new)
