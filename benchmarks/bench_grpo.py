@@ -47,7 +47,8 @@ def base_cfg(args, model_dir: str, engine: str):
     return TrainConfig(model=model_dir, dataset="gsm8k", split="train", method="grpo", finetune="lora",
                        lora_rank=16, lora_alpha=32.0, group_size=G, rl_prompts=args.prompts,
                        rollout_max_new_tokens=NEW_TOKENS, rollout_temperature=1.0, beta=BETA, rl_loss="grpo",
-                       lr=LR, max_seq_len=512, batch_size=args.prompts * G, max_steps=args.warmup + args.steps,
+                       lr=LR, max_seq_len=512, batch_size=args.micro_batch or args.prompts * G,
+                       gradient_checkpointing=args.remat, max_steps=args.warmup + args.steps,
                        rewards={"format": 0.5, "answer": 1.0}, engine=engine, device="cpu", seed=0)
 
 
@@ -75,7 +76,8 @@ def prepare(args) -> Path:
 
 def run_side(side: str, data: Path, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--warmup", str(args.warmup),
-           "--steps", str(args.steps), "--prompts", str(args.prompts)]
+           "--steps", str(args.steps), "--prompts", str(args.prompts), "--micro-batch", str(args.micro_batch)]
+    cmd += ["--remat"] if args.remat else []
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
     line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
     if r.returncode != 0 or line is None:
@@ -188,6 +190,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--remat", action="store_true", help="our engines: gradient checkpointing in the update "
+                    "(TRL's GRPOConfig has it on by default)")
+    ap.add_argument("--micro-batch", type=int, default=0, help="our engines: update micro-batch rows "
+                    "(default: all P x G rollouts in one)")
     ap.add_argument("--sides", default="ours,trl", help="ours (torch engine), trl (GRPOTrainer), jax (JAX engine)")
     ap.add_argument("--worker", choices=("ours", "trl", "jax"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -209,7 +215,8 @@ def main() -> None:
                "step_s": statistics.median(statistics.median(x["step_s"]) for x in v),
                "peak_rss": statistics.median(x["peak_rss"] for x in v)} for s, v in results.items()}
     print(f"\nGemma 3 270M LoRA r16, fp32 CPU, {args.prompts} prompts x G={G} per step, <= {NEW_TOKENS} new tokens, "
-          f"beta {BETA}, {args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s)")
+          f"beta {BETA}, {args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); ours: "
+          f"update micro-batch {args.micro_batch or args.prompts * G}, gradient checkpointing {'on' if args.remat else 'off'}")
     names = {"ours": "torch eng.", "trl": "TRL GRPO", "jax": "JAX eng."}
     print(f"{'side':11s} {'s/step':>8s} {'completions/s':>14s} {'peak RSS GiB':>13s}")
     for s in sides:

@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from tunix_rt.files import peak_rss_bytes
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tunix_rt.files import peak_rss_bytes
 
 TAG = "BENCH_JSON "
 
@@ -114,40 +115,29 @@ def _report(step_times: list[float], tokens: list[int], losses: list[float], war
     }), flush=True)
 
 
-class _FixedStream:
-    """The prepared batches, in order, in place of the engine's shuffled stream."""
-
-    def __init__(self, batches):
-        self._it = iter(batches)
-
-    def next_batch(self):
-        return next(self._it)
-
-
 def worker_ours(data: dict, args) -> None:
-    import torch
+    """The PyTorch engine's own step (TorchEngine.train_step: its fused chunked loss, AdamW)."""
+    from types import SimpleNamespace
 
     from tunix_rt.render import Rendered
-    from tunix_rt.train import torch_engine as te
     from tunix_rt.train.config import TrainConfig
-    from tunix_rt.train.data import collate
+    from tunix_rt.train.data import collate, weighted
+    from tunix_rt.train.engine import NLL
+    from tunix_rt.train.torch_engine import TorchEngine
 
-    cfg = TrainConfig(model=data["model_dir"], dataset="prepared-batches", method="lora", lora_rank=16,
+    cfg = TrainConfig(model=data["model_dir"], dataset="prepared-batches", finetune="lora", lora_rank=16,
                       lora_alpha=32, batch_size=len(data["steps"][0]), max_seq_len=256, lr=2e-4,
-                      schedule="constant", dtype="fp32", max_steps=len(data["steps"]),
-                      gradient_checkpointing=bool(getattr(args, "ours_gc", False)))
-    device = torch.device("cpu")
-    te.tune_cpu_allocator(device)  # what te.train() does on a CPU
-    model, head = te.load_model(cfg, Path(data["model_dir"]), device)
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+                      schedule="constant", dtype="fp32", max_steps=len(data["steps"]), device="cpu",
+                      engine="torch", gradient_checkpointing=bool(getattr(args, "ours_gc", False)))
+    engine = TorchEngine(cfg)
+    engine.devices()  # on a CPU: the allocator setting, as in a run
+    engine.setup(Path(data["model_dir"]), SimpleNamespace(pad_id=data["pad_id"]))
     batches = [collate([[Rendered(e["id"], e["ids"], e["loss_mask"], 0, "", "")] for e in s], data["pad_id"])
                for s in data["steps"]]
-    s = te.Setup(cfg, device, model, head, trainable, te.make_optimizer(cfg, list(trainable.values())),
-                 _FixedStream(batches), [], len(batches), Path(data["model_dir"]))
     times, cpu, losses = [], [], []
-    for step in range(len(batches)):
+    for b in batches:
         t0, c0 = time.perf_counter(), time.process_time()
-        loss, _, _ = te.optimizer_step(s, step)
+        loss = engine.train_step(weighted([b]), NLL, 2e-4).loss
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         losses.append(loss)
