@@ -222,6 +222,12 @@ def main() -> None:
     for s in sides:
         m = med[s]
         print(f"{names[s]:11s} {m['step_s']:8.1f} {m['completions_per_s']:14.3f} {m['peak_rss'] / 2**30:13.2f}")
+    for s in sides:  # our method's own phase timings of the measured steps
+        rows = [r for x in results[s] for r in x["rows"][args.warmup:]]
+        if rows:
+            print(f"{names[s]}: rollout {statistics.median(r['rollout_s'] for r in rows):.1f} s, update "
+                  f"{statistics.median(r['update_s'] for r in rows):.1f} s, mean reward "
+                  f"{statistics.mean(r['reward'] for r in rows):.3f} (median over measured steps)")
     out = []
     if "ours" in med and "trl" in med:
         out += [f"speed_ratio={med['ours']['completions_per_s'] / med['trl']['completions_per_s']:.3f}",
