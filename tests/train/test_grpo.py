@@ -21,6 +21,7 @@ from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.driver import train
 from tunix_rt.train.run import read_jsonl
+import train_testlib  # noqa: E402
 from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
 
 HERE = Path(__file__).resolve().parent
@@ -32,13 +33,7 @@ def user_rewards_importable(monkeypatch):
 
 
 def rl_cfg(tmp_path, **over) -> TrainConfig:
-    base = dict(model="tiny-gemma3", dataset=write_traces(tmp_path / "traces.jsonl", 12), split="all",
-                eval_split="all", eval_limit=2, system_prompt="Be brief.", method="grpo", batch_size=4,
-                max_seq_len=96, max_steps=4, lr=1e-2, warmup_steps=0, log_interval=1, save_interval=2,
-                group_size=4, rl_prompts=2, rollout_max_new_tokens=12, beta=0.04, lora_dropout=0.1,
-                rewards={"rl_rewards:length_share": 1.0, "format": 0.5}, device="cpu", engine="torch")
-    base.update(over)
-    return TrainConfig(**base)
+    return train_testlib.rl_cfg(tmp_path, **{"lora_dropout": 0.1, "engine": "torch", **over})
 
 
 def test_grpo_run_is_complete_with_reward_rows_and_checkpoints(home, tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from requires import require_module
+import train_testlib  # noqa: E402
 from train_testlib import write_traces  # noqa: E402
 
 pytestmark = pytest.mark.jax
@@ -108,15 +109,7 @@ def test_sft_accumulation_8x1_equals_1x8(home, tmp_path):
 
 
 def rl_cfg(tmp_path, **over):
-    from tunix_rt.train.config import TrainConfig
-
-    base = dict(model="tiny-gemma3", dataset=write_traces(tmp_path / "traces.jsonl", 12), split="all",
-                eval_split="all", eval_limit=2, system_prompt="Be brief.", method="grpo", batch_size=4,
-                max_seq_len=96, max_steps=4, lr=1e-2, warmup_steps=0, log_interval=1, save_interval=2,
-                group_size=4, rl_prompts=2, rollout_max_new_tokens=12, beta=0.04,
-                rewards={"rl_rewards:length_share": 1.0, "format": 0.5}, device="cpu", engine="jax")
-    base.update(over)
-    return TrainConfig(**base)
+    return train_testlib.rl_cfg(tmp_path, **{"engine": "jax", **over})
 
 
 def test_grpo_on_jax_is_complete_with_reward_rows_and_checkpoints(home, tmp_path):

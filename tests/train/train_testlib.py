@@ -26,3 +26,17 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def rl_cfg(tmp_path, **over):
+    """A tiny GRPO config (12 traces, 2 prompts x 4 samples of 12 tokens, 4 steps, a length
+    reward that varies so every step learns); fields in `over` replace the defaults."""
+    from tunix_rt.train.config import TrainConfig
+
+    base = dict(model="tiny-gemma3", dataset=write_traces(tmp_path / "traces.jsonl", 12), split="all",
+                eval_split="all", eval_limit=2, system_prompt="Be brief.", method="grpo", batch_size=4,
+                max_seq_len=96, max_steps=4, lr=1e-2, warmup_steps=0, log_interval=1, save_interval=2,
+                group_size=4, rl_prompts=2, rollout_max_new_tokens=12, beta=0.04,
+                rewards={"rl_rewards:length_share": 1.0, "format": 0.5}, device="cpu")
+    base.update(over)
+    return TrainConfig(**base)

@@ -392,6 +392,16 @@ def read_safetensors(path: str | Path):
             yield name, arr
 
 
+def place(value, sharding):
+    """A host array every process holds, on `sharding`: each process puts its own devices'
+    shards (a mesh over several processes), the same as device_put within one process."""
+    import jax
+
+    if sharding.is_fully_addressable:
+        return jax.device_put(value, sharding)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
 def stream_load(model_dir: str, model_class, cfg, table: WeightTable, mesh, dtype):
     """The model with the directory's weights, one tensor at a time: each is read, mapped
     (`WeightTable`), cast and put on its devices before the next is read. A loader that maps
@@ -411,21 +421,17 @@ def stream_load(model_dir: str, model_class, cfg, table: WeightTable, mesh, dtyp
     np_dtype = np.dtype(dtype)
     loaded: dict[str, Any] = {}
 
-    def place(key: str, value) -> None:
+    def put(key: str, value) -> None:
         sharding = by_key.get(key, by_key.get(key.removesuffix(".value")))
         if sharding is None:
             return  # a tensor the model has no parameter for (Tunix skips those too)
-        host = np.asarray(value).astype(np_dtype, copy=False)
-        if sharding.is_fully_addressable:
-            loaded[key.removesuffix(".value")] = jax.device_put(host, sharding)
-        else:  # a mesh over several processes: each places its own shards (every process read the file)
-            loaded[key.removesuffix(".value")] = jax.make_array_from_callback(host.shape, sharding, lambda i: host[i])
+        loaded[key.removesuffix(".value")] = place(np.asarray(value).astype(np_dtype, copy=False), sharding)
 
     files = sorted(Path(model_dir).glob("*.safetensors"))
     for f in files:
         for name, arr in read_safetensors(f):
             for k, v in table(name, arr):
-                place(k, v)
+                put(k, v)
             del arr
     if table.pending:
         raise BadInput(f"{model_dir}: incomplete q/k/v projections in layers {sorted(table.pending)}")

@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.models.jax_loader import place
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
@@ -311,11 +312,11 @@ class JaxEngine:
             raise TunixRtError("the dropout-free LoRA model has another state structure")
         return graph
 
-    def model(self, train: bool = False):
-        """The model (nnx) on the current weights: shares their buffers."""
+    def model(self):
+        """The model (nnx) on the current weights, LoRA dropout off: shares their buffers."""
         from flax import nnx
 
-        return nnx.merge(self.graph if train else self.eval_graph, self.params, self.rngs, self.rest)
+        return nnx.merge(self.eval_graph, self.params, self.rngs, self.rest)
 
     # ------------------------------------------------------------------ the step
     def _fn(self, key, build):
@@ -496,7 +497,7 @@ class JaxEngine:
         from safetensors.numpy import save_file
 
         with dist.peer_failures("checkpoint gather"):
-            parts = [(WEIGHTS, flat(self.params)), (OPTIMIZER, flat(self.opt_state)), (RNG, flat(self.rngs, keys=True))]
+            parts = [(WEIGHTS, flat(self.params)), (OPTIMIZER, flat(self.opt_state)), (RNG, flat(self.rngs))]
         if dist.is_main():
             for name, arrays in parts:
                 save_file(arrays, str(directory / name))
@@ -507,7 +508,7 @@ class JaxEngine:
 
         self.params = unflat(self.params, load_file(str(directory / WEIGHTS)), directory / WEIGHTS)
         self.opt_state = unflat(self.opt_state, load_file(str(directory / OPTIMIZER)), directory / OPTIMIZER)
-        self.rngs = unflat(self.rngs, load_file(str(directory / RNG)), directory / RNG, keys=True)
+        self.rngs = unflat(self.rngs, load_file(str(directory / RNG)), directory / RNG)
 
     # ------------------------------------------------------------------ outputs
     def export(self, final_dir: Path) -> dict[str, str]:
@@ -542,7 +543,7 @@ class JaxEngine:
 
 # --------------------------------------------------------------------------- state <-> files
 
-def _leaves(tree, keys: bool = False) -> list[tuple[str, Any]]:
+def _leaves(tree) -> list[tuple[str, Any]]:
     import jax
 
     out = []
@@ -557,7 +558,7 @@ def _is_key(x) -> bool:
     return hasattr(x, "dtype") and jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def flat(tree, keys: bool = False) -> dict[str, np.ndarray]:
+def flat(tree) -> dict[str, np.ndarray]:
     """A pytree of arrays as {tree path: numpy array} (typed PRNG keys as their key data)."""
     import jax
 
@@ -584,17 +585,7 @@ def host(x) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def place(value: np.ndarray, sharding):
-    """A host array every process holds, on `sharding` (each process puts its devices' shards;
-    the same as device_put within one process)."""
-    import jax
-
-    if sharding.is_fully_addressable:
-        return jax.device_put(value, sharding)
-    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
-
-
-def unflat(like, arrays: dict[str, np.ndarray], source: Path, keys: bool = False):
+def unflat(like, arrays: dict[str, np.ndarray], source: Path):
     """`like` with every leaf replaced by the saved array of the same path (same shape,
     dtype and sharding); a clear error when the files do not match the model."""
     import jax
