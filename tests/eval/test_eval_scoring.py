@@ -86,6 +86,25 @@ def test_metrics_by_hand():
     assert cats["a"]["accuracy"] == 0.5 and cats["b"]["accuracy"] == 0.0 and cats["b"]["n"] == 2
 
 
+def test_arith_metrics_pool_the_claims_and_average_the_reward():
+    """arith_accuracy: claims that hold over all claims; arith_reward: the RL reward's mean
+    (0 for an item without claims); the prediction line counts them from its reasoning."""
+    from tunix_rt.eval.runner import prediction
+    from tunix_rt.eval.generate import Generation
+    from tunix_rt.traces.schema import Trace
+
+    rec = Trace(id="q1", question="?", steps=["6*24 = 144"], answer="16")
+    text = "<reasoning>6*24 = 144 and 144-128 = 26, so 2+2 = 4</reasoning><answer>16</answer>"
+    line = prediction(rec, [1, 2], Generation(ids=[], text=text, n_tokens=9, finish_reason="stop"))
+    assert (line["arith_claims"], line["arith_true"]) == (3, 2)
+    preds = [_pred(True, True, "tag", 10, "stop") | {"arith_claims": 3, "arith_true": 2},
+             _pred(True, True, "tag", 10, "stop") | {"arith_claims": 1, "arith_true": 1},
+             _pred(True, True, "tag", 10, "stop") | {"arith_claims": 0, "arith_true": 0}]
+    m = metrics(preds)
+    assert m.arith_accuracy == 0.75
+    assert m.arith_reward == round((2 / 3 + 1) / 3, 6)
+
+
 def test_metrics_empty_is_zero_not_error():
     assert metrics([]).n == 0 and metrics([]).accuracy == 0.0
 

@@ -44,10 +44,11 @@ def test_grpo_run_is_complete_with_reward_rows_and_checkpoints(home, tmp_path):
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in ("reward", "reward_rl_rewards:length_share", "reward_format", "rollout_accuracy",
-                "rollout_format_rate", "zero_variance_share", "kl", "clip_fraction", "completion_tokens",
+                "rollout_format_rate", "rollout_pass_at_g", "zero_variance_share", "kl", "clip_fraction", "completion_tokens",
                 "rollout_s", "update_s", "grad_norm"):
         assert all(key in r for r in rows), key
     assert all(r["grad_norm"] > 0 for r in rows)  # length rewards vary: every step learns
+    assert all(r["rollout_pass_at_g"] >= r["rollout_accuracy"] for r in rows)  # any of G >= the mean
     assert any(r["kl"] > 0 for r in rows[1:])  # the policy moved away from the reference
     assert (run / "final/adapter/adapter_model.safetensors").is_file()
     assert any("eval_reward" in r for r in read_jsonl(run / "metrics.jsonl"))

@@ -94,8 +94,10 @@ def print_summary(s: dict, path: Path) -> None:
     t = Table(title=f"{s['model']} (adapter: {s['adapter']}) on {d['name']}@{d['version']} {d['split']} (n={d['n']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    for k in ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy", "truncated_rate"):
-        t.add_row(k, f"{m[k]:.3f}")
+    for k in ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy", "truncated_rate",
+              "arith_accuracy", "arith_reward"):
+        if k in m:  # arith_*: summaries written before they existed lack them
+            t.add_row(k, f"{m[k]:.3f}")
     t.add_row("mean_completion_tokens", f"{m['mean_completion_tokens']:.1f}")
     t.add_row("tokens/s", f"{s['tokens_per_s']:.1f}")
     out.print(t)

@@ -21,7 +21,7 @@ from tunix_rt.eval.runner import NO_RUN, PREDICTIONS, SUMMARY
 from tunix_rt.home import Home
 
 METRICS = ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy",
-           "mean_completion_tokens", "truncated_rate", "n")
+           "mean_completion_tokens", "truncated_rate", "arith_accuracy", "arith_reward", "n")
 
 
 @dataclass(frozen=True)

@@ -297,7 +297,10 @@ def eval_dest(req: EvalRequest, target: Target, home: Home, dataset: str, split:
 
 def prediction(record, prompt: list[int], out: Generation) -> dict:
     """One predictions.jsonl line (DESIGN §2 fields first, then ours)."""
+    from tunix_rt.train.arith import find_claims
+
     s = score_completion(out.text, record.answer)
+    claims = find_claims(s.reasoning)
     return {
         "id": record.id,
         "question": record.question,
@@ -313,6 +316,8 @@ def prediction(record, prompt: list[int], out: Generation) -> dict:
         "correct_lenient": s.correct_lenient,
         "category": category_of(record.meta),
         "prompt_tokens": len(prompt),
+        "arith_claims": len(claims),
+        "arith_true": sum(c.holds for c in claims),
     }
 
 

@@ -75,6 +75,10 @@ class Metrics:
     lenient_accuracy: float
     mean_completion_tokens: float
     truncated_rate: float
+    arith_accuracy: float
+    """The share of the arithmetic claims (`a op b = c`, train.arith) in all reasoning that hold."""
+    arith_reward: float
+    """The mean per item of the `arith` RL reward: its share of claims that hold, 0 without any."""
     n: int
 
     def to_dict(self) -> dict:
@@ -85,6 +89,8 @@ def metrics(preds: Iterable[dict]) -> Metrics:
     """Metrics over prediction records (the dicts written to predictions.jsonl)."""
     preds = list(preds)
     n = len(preds)
+
+    claims = sum(p.get("arith_claims", 0) for p in preds)  # predictions written before: none counted
 
     def rate(pred) -> float:
         return round(sum(1 for p in preds if pred(p)) / n, 6) if n else 0.0
@@ -98,6 +104,9 @@ def metrics(preds: Iterable[dict]) -> Metrics:
         lenient_accuracy=rate(lambda p: p["correct_lenient"]),
         mean_completion_tokens=round(sum(p["n_tokens"] for p in preds) / n, 3) if n else 0.0,
         truncated_rate=rate(lambda p: p["finish_reason"] == "length"),
+        arith_accuracy=round(sum(p.get("arith_true", 0) for p in preds) / claims, 6) if claims else 0.0,
+        arith_reward=round(sum(p["arith_true"] / p["arith_claims"] for p in preds if p.get("arith_claims")) / n, 6)
+        if n else 0.0,
         n=n,
     )
 

@@ -188,6 +188,7 @@ class GRPO:
                   for k in self.rewards.names},
                "rollout_accuracy": float(np.mean([c for g in groups for c in g.correct])) if groups else 0.0,
                "rollout_format_rate": float(np.mean([f for g in groups for f in g.format_ok])) if groups else 0.0,
+               "rollout_pass_at_g": float(np.mean([g.correct.any() for g in groups])) if groups else 0.0,
                "zero_variance_share": (drawn - len(groups)) / drawn if self.cfg.rl_loss == "dapo" and drawn else
                float(zero_variance_groups(np.stack([g.rewards for g in groups])).mean()) if groups else 0.0,
                "groups_drawn": drawn,
