@@ -206,6 +206,28 @@ def test_a_prompt_draws_the_same_completion_in_any_batch(tiny_dirs):
     assert default != together
 
 
+def test_repeated_prompts_are_prefilled_once_and_draw_as_alone(tiny_dirs):
+    """GRPO's batch: G rows per prompt. Each distinct prompt is prefilled once (the first
+    forward sees one row per prompt) and every row still draws what it draws alone."""
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    d = tiny_dirs["tiny-gemma3"]
+    model, tok = load_model(d, None, "cpu"), ChatTokenizer.from_file(d)
+    prompts = [prompt_ids(q, tok) for q in QUESTIONS[:3]]
+    rows = [p for p in prompts for _ in range(3)]
+    keys = [(2, i, j) for i in range(3) for j in range(3)]
+    seen = []
+    hook = model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
+    gen = TorchGenerator(model, tok)
+    cfg = DecodeConfig(max_new_tokens=10, batch_size=len(rows), temperature=1.0, seed=3)
+    together = [g.ids for g in gen.generate(rows, cfg, keys=keys)]
+    hook.remove()
+    assert seen[0][0] == len(prompts)
+    alone = [gen.generate([p], cfg, keys=[k])[0].ids for p, k in zip(rows, keys)]
+    assert together == alone
+    assert len({tuple(x) for x in together[:3]}) > 1  # the samples of one prompt differ
+
+
 @pytest.mark.parametrize("keys", [[1, 2], [1, 2, "3"], [1, (), 3], [1, 2.0, 3], [True, 2, 3]])
 def test_keys_must_be_one_int_or_tuple_of_ints_per_prompt(keys, tiny_dirs):
     from tunix_rt.models.tokenizer import ChatTokenizer

@@ -33,3 +33,26 @@ def test_greedy_matches_torch(name, tmp_path, tiny_tok):
     assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
     assert sum(counted) == sum(g.n_tokens for g in got)
     assert max(len(p) + 20 for p in prompts) > 16  # decoding crosses the sliding window
+
+
+def test_a_generator_on_new_weights_reuses_the_compiled_decode(tmp_path, tiny_tok):
+    """A GRPO step builds a generator on its current weights each step: the prefill and the
+    decode step compile once for the model, not once per generator."""
+    from tunix_rt.eval import jax_generate
+    from tunix_rt.eval.generate import DecodeConfig
+    from tunix_rt.home import Home
+    from tunix_rt.models.store import ensure_model
+    from tunix_rt.render import prompt_ids
+
+    model_dir = ensure_model("tiny-gemma3", Home.resolve(tmp_path / "home").ensure())
+    prompts = [prompt_ids("What is 2 plus 2?", tiny_tok, "")]
+    cfg = DecodeConfig(max_new_tokens=6)
+    gen = jax_generate.load_generator(model_dir, None, tiny_tok, "cpu")
+    a = gen.generate(prompts, cfg)
+    sizes = [f._cache_size() for f in (gen._prefill, gen._step)]
+    model = gen.model
+    emb = model.embedder.input_embedding
+    emb[...] = emb[...] * 3.0 + 1.0  # other weights, the same model
+    b = gen.load(model).generate(prompts, cfg)
+    assert [f._cache_size() for f in (gen._prefill, gen._step)] == sizes == [1, 1]
+    assert a[0].ids != b[0].ids  # it decodes the new weights

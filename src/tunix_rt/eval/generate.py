@@ -176,10 +176,18 @@ class TorchGenerator:
         from transformers import DynamicCache
 
         dev = self.device
-        ids, mask = left_pad(prompts, self.tok.pad_id, dev)
+        # Each distinct prompt is prefilled once (GRPO's G samples of a prompt share it), its
+        # cache rows, logits and mask then repeated for the rows that hold it.
+        first: dict[tuple[int, ...], int] = {}
+        src = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        ids, mask = left_pad([list(p) for p in first], self.tok.pad_id, dev)
         pos = position_ids(mask)
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(ids, mask, pos, cache)
+        if len(first) < len(prompts):
+            rows = torch.tensor(src, device=dev)
+            cache.batch_select_indices(rows)
+            logits, mask, pos = logits[rows], mask[rows], pos[rows]
         next_pos = pos[:, -1] + 1
         state = self.lean.start(cache, mask, next_pos, cfg.max_new_tokens) if self.lean else None
         if state is not None:

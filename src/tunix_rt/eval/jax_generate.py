@@ -74,12 +74,36 @@ class JaxGenerator:
     """Batched decode with a KV cache on a Tunix Gemma model (see the module docstring)."""
 
     def __init__(self, model, tok, mesh):
+        import jax
         from flax import nnx
 
-        self.model, self.tok, self.mesh = model, tok, mesh
+        self.tok, self.mesh = tok, mesh
         self.stop_ids = tuple(tok.stop_ids)
-        self._prefill = nnx.jit(_prefill)
-        self._step = nnx.jit(_decode_step)
+        self.graph, self.state = nnx.split(model)
+        graph = self.graph
+
+        def pure(fn):  # fn(model, ..., cache) as a function of the state; the cache donated
+            def run(state, *args):
+                return fn(nnx.merge(graph, state), *args)
+            return jax.jit(run, donate_argnums=fn.__code__.co_argcount - 1)
+
+        self._prefill, self._step = pure(_prefill), pure(_decode_step)
+
+    @property
+    def model(self):
+        from flax import nnx
+
+        return nnx.merge(self.graph, self.state)
+
+    def load(self, model) -> "JaxGenerator":
+        """Decode with `model`'s weights from now on (the same model, other weights: a GRPO
+        step's current policy): the compiled prefill and decode step are kept."""
+        from flax import nnx
+
+        graph, self.state = nnx.split(model)
+        if graph != self.graph:
+            raise ValueError("JaxGenerator.load: another model (its graph differs)")
+        return self
 
     def generate(self, prompts: Sequence[Sequence[int]], cfg: DecodeConfig,
                  on_tokens: Callable[[int], None] | None = None) -> list[Generation]:
@@ -108,7 +132,7 @@ class JaxGenerator:
             ids[r, width - len(p):] = p
             valid[r, width - len(p):width] = True
         cache = _init_cache(self.model, b, size)
-        logits, cache = self._prefill(self.model, jnp.asarray(ids), jnp.asarray(valid), cache)
+        logits, cache = self._prefill(self.state, jnp.asarray(ids), jnp.asarray(valid), cache)
         outs: list[list[int]] = [[] for _ in prompts]
         alive = np.ones(b, bool)
         for step in range(cfg.max_new_tokens):
@@ -123,7 +147,7 @@ class JaxGenerator:
             if not alive.any() or step == cfg.max_new_tokens - 1:
                 break
             valid[:, width + step] = True
-            logits, cache = self._step(self.model, jnp.asarray(nxt[:, None].astype(np.int32)),
+            logits, cache = self._step(self.state, jnp.asarray(nxt[:, None].astype(np.int32)),
                                        jnp.int32(width + step), jnp.asarray(valid), cache)
         return outs
 

@@ -71,7 +71,9 @@ def gumbel(seeds: Sequence[int], vocab: int) -> "torch.Tensor":
     e = np.empty((len(seeds), vocab))
     for r, s in enumerate(seeds):
         np.random.Generator(np.random.PCG64(s)).standard_exponential(vocab, out=e[r])
-    return torch.from_numpy(e).log_().neg_()
+    # numpy's log, in place: ~5x faster than torch's fp64 log on these CPUs (a sampled decode
+    # step of a 262K vocabulary paid ~20 ms of it per 8 rows)
+    return torch.from_numpy(np.negative(np.log(e, out=e), out=e))
 
 
 def scores(z: "torch.Tensor", g: "torch.Tensor", temperature: float) -> "torch.Tensor":

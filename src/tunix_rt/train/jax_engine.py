@@ -253,6 +253,7 @@ class JaxEngine:
         self.tx = None
         self.opt_state = None
         self._fns: dict[Any, Any] = {}
+        self._generator = None  # eval.jax_generate.JaxGenerator, made on first use
 
     # ------------------------------------------------------------------ devices
     def devices(self) -> dict[str, Any]:
@@ -488,7 +489,10 @@ class JaxEngine:
         if dist.world() > 1:
             raise BadInput("generation (GRPO rollouts, generative eval) on the JAX engine runs in one process; "
                            "multi-process JAX training supports method=sft")
-        return JaxGenerator(self.model(), self.tok, self.mesh)
+        if self._generator is None:  # one generator: its compiled decode outlives the step
+            self._generator = JaxGenerator(self.model(), self.tok, self.mesh)
+            return self._generator
+        return self._generator.load(self.model())
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: Path) -> dict[str, Any]:
