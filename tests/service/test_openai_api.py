@@ -122,15 +122,17 @@ def test_sixteen_concurrent_requests_share_decode_steps(served):
     _, srv, app, _ = served
     client = _client(srv)
     prompts = [f"{q} ({i})" for i in range(4) for q in QUESTIONS]
-    solo = [client.chat.completions.create(model="tiny-gemma3", messages=[{"role": "user", "content": p}],
-                                           max_tokens=48).choices[0].message.content for p in prompts]
-    sched = app.state.models.get("tiny-gemma3").scheduler
-    joined, peak = sched.joined_running, sched.peak_rows
+    # distinct budgets: rows of one batch end at different steps, so the waiting requests take the
+    # freed rows of a batch that is still decoding (equal budgets could end the batch all at once)
+    budget = {p: 20 + 2 * i for i, p in enumerate(prompts)}
 
     def ask(p):
         return client.chat.completions.create(model="tiny-gemma3", messages=[{"role": "user", "content": p}],
-                                              max_tokens=48).choices[0].message.content
+                                              max_tokens=budget[p]).choices[0].message.content
 
+    solo = [ask(p) for p in prompts]
+    sched = app.state.models.get("tiny-gemma3").scheduler
+    joined, peak = sched.joined_running, sched.peak_rows
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(ask, prompts))
     assert together == solo
