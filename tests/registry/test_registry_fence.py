@@ -176,8 +176,10 @@ def test_a_worker_frozen_past_its_lease_writes_nothing_once_it_wakes(home, db_ur
     a = start_worker(home, log_a, "--lease", "2", "--poll", "0.1", fault=f"step@{PAUSE_AT}:SIGSTOP")
     b = None
     try:
-        run_id = wait_for(lambda: queue.get_job(jid).run_id, 150, "the run to start", a, log_a)
-        run = home.runs / run_id
+        # the run directory, not the job row: the heartbeat links the row up to a beat later,
+        # and on an idle machine A reaches step PAUSE_AT and freezes before that beat
+        run = wait_for(JobContext(job_id=jid, attempt=1, home=home).find_run_dir, 150, "the run to start", a, log_a)
+        run_id = run.name
         _freeze_between_writes(a, db_url, jid, run_id)
         frozen_ckpts = {p.parent.name: _sha(p.parent / "weights.safetensors") for p in run.glob("checkpoints/*/COMMIT")}
         assert frozen_ckpts, "worker A froze before its first checkpoint"
