@@ -1,7 +1,8 @@
-"""Our GRPO step against TRL's GRPOTrainer: same model, prompts, LoRA, G, lengths, beta; fp32 CPU.
+"""Our GRPO step against TRL's GRPOTrainer (and Tunix's GRPOLearner): same model, prompts, LoRA,
+G, lengths, beta; fp32 CPU.
 
     .venv/bin/python benchmarks/bench_grpo.py [--prompts 2] [--steps 2] [--warmup 1] [--rounds 1]
-        [--sides ours,trl,jax]
+        [--sides ours,trl,jax,tunix]
 
 Gemma 3 270M (real weights, `ensure_model("gemma3-270m")`), GSM8K train prompts rendered as
 SFT and eval render them, LoRA r=16 alpha=32 on all seven projections, G = 4 completions per
@@ -14,13 +15,47 @@ order of our GRPO method (seeded), written once by the parent.
   reference log-probs with the adapter disabled, the fused chunked policy objective);
 - trl: `trl.GRPOTrainer` with its defaults apart from fp32/CPU and the shared settings above
   (its reward: the same format + answer scoring as ours, `tunix_rt.eval.scoring`);
-- jax: our JAX engine through the same method (optional side).
+- jax: our JAX engine through the same method (optional side);
+- tunix: Google Tunix's own GRPO (optional side): `tunix.rl.grpo.GRPOLearner.train` on an
+  `RLCluster` (actor, reference and rollout on one 1-device CPU mesh, the default "vanilla"
+  rollout engine, i.e. Tunix's `Sampler` with its KV cache). The model is Tunix's Gemma 3
+  class with our loader's weights (`tunix_rt.models.jax_loader.load_model`, as
+  bench_jax_loss builds its Tunix side), LoRA from qwix as the JAX engine applies it
+  (`apply_lora`); the reference is the base model without LoRA, Tunix's usual setup (its
+  CLI does the same): qwix's LoRA model is a clone that holds the very same base arrays, so
+  RLCluster shares the backbone between actor, reference and rollout and no second copy of
+  the weights exists (were there one, it would count in its peak RSS). Same prompts in the
+  same order (the sampler re-tokenises the prompt text with the model's HF tokenizer, which
+  gives back exactly the ids of the data file: checked in the worker), num_generations=G,
+  num_iterations=1, beta 0.04, epsilon 0.2, temperature 1 (top_p 1, no top_k), <= 128 new
+  tokens stopping at <end_of_turn> or <eos> (our stop ids), the same reward function,
+  clip-by-norm 1.0 + AdamW at a constant lr 1e-6 (our engines' optimizer). Tunix's defaults
+  otherwise, with what cannot match ours exactly:
+  * KL estimator: Tunix's GRPOConfig defaults to kl_loss_mode="kl" (logp - ref_logp); set to
+    "low_var_kl", the k3 estimator ours and TRL use (same cost either way);
+  * shapes: the sampler left-pads every prompt batch to a fixed max_prompt_length (set to the
+    longest prompt of the data file, so nothing recompiles; a shorter step pays the padding),
+    the KV cache holds that + 128, and the completions are right-padded to 128 for the
+    reference pass and the update; ours and TRL pad to the batch's own longest row;
+  * its policy loss takes full [B, L, V] logits (log-softmax over the 262k vocabulary, plus
+    an entropy of those logits for its metrics), its reference pass is a second full forward;
+  * the stop token is not part of a Tunix completion (its sampler cuts before it), so its loss
+    and KL skip that one token per completion, ours count it;
+  * sampling seed: RolloutConfig.seed left at Tunix's default, the same PRNG key at every
+    rollout call (ours seeds each step); this changes which completions, not the cost;
+  * no gradient checkpointing and one update micro-batch (--remat and --micro-batch are ours).
+  A step is timed from the moment Tunix's loop asks the data iterator for that step's batch to
+  the moment it asks for the next one (the last: asks past the end), so it covers the
+  rollout, rewards, advantages, reference pass, update and Tunix's bookkeeping. The worker
+  also reports what shows the steps trained: the reward of each step, Tunix's logged actor
+  loss, grad norm and KL per step, and the largest change of any LoRA parameter.
 
 Each side runs in its own subprocess (its peak RSS is its own, model loading included); the
 sides alternate over rounds. A step's time covers everything: generation, rewards, reference
 pass and update. completions/s = completions of the measured steps / their wall time. The
-last line: `RESULT speed_ratio=<ours/TRL completions/s> mem_ratio=<ours/TRL peak RSS> ...`
-(medians over rounds).
+last line: `RESULT speed_ratio=<ours/TRL completions/s> mem_ratio=<ours/TRL peak RSS> ...
+tunix_speed_ratio=<JAX engine/Tunix completions/s> tunix_mem_ratio=<JAX engine/Tunix peak RSS>`
+(medians over rounds; each pair only when both of its sides ran).
 """
 
 from __future__ import annotations
@@ -168,10 +203,105 @@ def trl_worker(args, data: dict) -> dict:
     return {"step_s": times[args.warmup:], "rows": []}
 
 
+def tunix_worker(args, data: dict) -> dict:
+    """Tunix's GRPOLearner as shipped (RLCluster, vanilla rollout, its GRPO loss), fed the
+    parent's prompts in order, one step per entry of data["steps"]."""
+    import jax
+    import numpy as np
+    import optax
+    from flax import nnx
+    from transformers import AutoTokenizer
+    from tunix.generate.tokenizer_adapter import TokenizerAdapter
+    from tunix.rl import rl_cluster as rl
+    from tunix.rl import utils as rl_utils
+    from tunix.rl.grpo.grpo_learner import GRPOConfig, GRPOLearner
+    from tunix.rl.rollout.base_rollout import RolloutConfig
+    from tunix.sft.metrics_logger import Mode
+
+    from tunix_rt.eval.scoring import score_completion
+    from tunix_rt.home import Home
+    from tunix_rt.models.jax_loader import load_model, make_mesh
+    from tunix_rt.models.store import load_tokenizer
+    from tunix_rt.train.common import tune_cpu_allocator
+    from tunix_rt.train.jax_engine import apply_lora
+
+    tune_cpu_allocator()  # as the JAX engine does on a CPU
+    steps = data["steps"]
+    cfg = base_cfg(args, data["model_dir"], "jax")  # the JAX side's LoRA, seed, clip, epsilon
+    tok = AutoTokenizer.from_pretrained(data["model_dir"])
+    stop = list(load_tokenizer(data["model_dir"], Home(Path(data["home"]))).stop_ids)
+    ta = TokenizerAdapter(tok)  # Tunix's sampler tokenises the prompt text itself, so:
+    for e in (e for step in steps for e in step):
+        if ta.dedup_bos_ids([ta.bos_id()] + ta.encode(e["text"])) != e["ids"]:  # = Sampler.tokenize
+            raise SystemExit(f"tunix: prompt {e['id']} re-tokenises to other ids than the data file's")
+    longest = max(len(e["ids"]) for step in steps for e in step)
+
+    rewards: list[float] = []
+
+    def reward(prompts, completions, answer, **_):  # the same format + answer scoring as ours
+        out = []
+        for text, ans in zip(completions, answer):
+            s = score_completion(text, str(ans))
+            out.append(0.5 * float(s.format_ok) + 1.0 * float(s.correct))
+        rewards.append(float(np.mean(out)))
+        return out
+
+    marks: list[float] = []  # when Tunix's loop asks for each step's batch, then past the end
+
+    def batches():
+        for step in steps:
+            marks.append(time.perf_counter())
+            yield {"prompts": np.array([e["text"] for e in step]), "answer": np.array([str(e["answer"]) for e in step])}
+        marks.append(time.perf_counter())
+
+    mesh = make_mesh({"fsdp": 1, "tp": 1})
+    with jax.set_mesh(mesh):
+        base, tcfg = load_model(data["model_dir"], mesh, "fp32")
+        actor = apply_lora(base, cfg, tcfg)
+        rollout = RolloutConfig(max_tokens_to_generate=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=None,
+                                max_prompt_length=longest, kv_cache_size=longest + NEW_TOKENS, eos_tokens=stop)
+        opt = optax.chain(optax.clip_by_global_norm(cfg.grad_clip),
+                          optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=cfg.weight_decay))
+        # max_steps one past the data: the loop then ends on the exhausted iterator, asking for
+        # a batch as it does at the end of every other step
+        training = rl.RLTrainingConfig(actor_optimizer=opt, eval_every_n_steps=10**9, max_steps=len(steps) + 1)
+        cluster = rl.RLCluster(
+            actor=actor, reference=base, tokenizer=tok,
+            cluster_config=rl.ClusterConfig(role_to_mesh={r: mesh for r in (rl.Role.ACTOR, rl.Role.REFERENCE,
+                                                                           rl.Role.ROLLOUT)},
+                                            rollout_engine="vanilla", offload_to_cpu=False,
+                                            training_config=training, rollout_config=rollout))
+        del base, actor
+        learner = GRPOLearner(cluster, GRPOConfig(num_generations=G, num_iterations=1, beta=BETA,
+                                                  epsilon=cfg.epsilon, kl_loss_mode="low_var_kl"), reward)
+        model = cluster.actor_trainer.model
+        shared = bool(rl_utils.is_sharing_backbone(model, cluster.inference_worker.get_model("reference")))
+        lora0 = [np.array(x) for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam))]
+        learner.train(batches())
+        lora1 = [np.array(x) for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam))]
+    if len(marks) != len(steps) + 1:
+        raise SystemExit(f"tunix: the loop asked for {len(marks) - 1} batches, {len(steps)} expected")
+    times = [b - a for a, b in zip(marks, marks[1:])]
+    logged = cluster.actor_trainer.metrics_logger
+
+    def history(name):
+        try:
+            return [float(x) for x in logged.get_metric_history("actor", name, Mode.TRAIN)]
+        except ValueError:
+            return []
+
+    check = {"reward": rewards, "loss": history("loss"), "grad_norm": history("grad_norm"), "kl": history("kl"),
+             "lora_max_abs_change": max(float(np.abs(b - a).max()) for a, b in zip(lora0, lora1)),
+             "shared_backbone": shared, "max_prompt_length": longest}
+    return {"step_s": times[args.warmup:], "rows": [], "tunix": check}
+
+
 def worker(args) -> None:
     data = json.loads(Path(args.data).read_text())
     if args.worker == "trl":
         res = trl_worker(args, data)
+    elif args.worker == "tunix":
+        res = tunix_worker(args, data)
     else:
         res = ours_worker(args, data, "torch" if args.worker == "ours" else "jax")
     per_step = args.prompts * G
@@ -194,8 +324,9 @@ def main() -> None:
                     "(TRL's GRPOConfig has it on by default)")
     ap.add_argument("--micro-batch", type=int, default=0, help="our engines: update micro-batch rows "
                     "(default: all P x G rollouts in one)")
-    ap.add_argument("--sides", default="ours,trl", help="ours (torch engine), trl (GRPOTrainer), jax (JAX engine)")
-    ap.add_argument("--worker", choices=("ours", "trl", "jax"), help=argparse.SUPPRESS)
+    ap.add_argument("--sides", default="ours,trl", help="ours (torch engine), trl (GRPOTrainer), jax (JAX engine), "
+                    "tunix (Tunix's GRPOLearner)")
+    ap.add_argument("--worker", choices=("ours", "trl", "jax", "tunix"), help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -214,10 +345,10 @@ def main() -> None:
     med = {s: {"completions_per_s": statistics.median(x["completions_per_s"] for x in v),
                "step_s": statistics.median(statistics.median(x["step_s"]) for x in v),
                "peak_rss": statistics.median(x["peak_rss"] for x in v)} for s, v in results.items()}
-    print(f"\nGemma 3 270M LoRA r16, fp32 CPU, {args.prompts} prompts x G={G} per step, <= {NEW_TOKENS} new tokens, "
+    print(f"\n{args.model} LoRA r16, fp32 CPU, {args.prompts} prompts x G={G} per step, <= {NEW_TOKENS} new tokens, "
           f"beta {BETA}, {args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); ours: "
           f"update micro-batch {args.micro_batch or args.prompts * G}, gradient checkpointing {'on' if args.remat else 'off'}")
-    names = {"ours": "torch eng.", "trl": "TRL GRPO", "jax": "JAX eng."}
+    names = {"ours": "torch eng.", "trl": "TRL GRPO", "jax": "JAX eng.", "tunix": "Tunix GRPO"}
     print(f"{'side':11s} {'s/step':>8s} {'completions/s':>14s} {'peak RSS GiB':>13s}")
     for s in sides:
         m = med[s]
@@ -228,6 +359,11 @@ def main() -> None:
             print(f"{names[s]}: rollout {statistics.median(r['rollout_s'] for r in rows):.1f} s, update "
                   f"{statistics.median(r['update_s'] for r in rows):.1f} s, mean reward "
                   f"{statistics.mean(r['reward'] for r in rows):.3f} (median over measured steps)")
+    for x in results.get("tunix", []):  # what shows Tunix's steps trained (every step, warm-up included)
+        c, fmt = x["tunix"], lambda v: "[" + ", ".join(f"{a:.4g}" for a in v) + "]"  # noqa: E731
+        print(f"{names['tunix']}: step rewards {fmt(c['reward'])}, actor loss {fmt(c['loss'])}, grad norm "
+              f"{fmt(c['grad_norm'])}, KL {fmt(c['kl'])}, LoRA max |change| {c['lora_max_abs_change']:.3g}, "
+              f"backbone shared with the reference: {c['shared_backbone']}, prompts padded to {c['max_prompt_length']}")
     out = []
     if "ours" in med and "trl" in med:
         out += [f"speed_ratio={med['ours']['completions_per_s'] / med['trl']['completions_per_s']:.3f}",
@@ -235,6 +371,9 @@ def main() -> None:
     if "jax" in med and "trl" in med:
         out += [f"jax_vs_trl_speed={med['jax']['completions_per_s'] / med['trl']['completions_per_s']:.3f}",
                 f"jax_vs_trl_mem={med['jax']['peak_rss'] / med['trl']['peak_rss']:.3f}"]
+    if "jax" in med and "tunix" in med:
+        out += [f"tunix_speed_ratio={med['jax']['completions_per_s'] / med['tunix']['completions_per_s']:.3f}",
+                f"tunix_mem_ratio={med['jax']['peak_rss'] / med['tunix']['peak_rss']:.3f}"]
     print("RESULT " + " ".join(out))
 
 
