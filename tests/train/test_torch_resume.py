@@ -110,6 +110,26 @@ def test_sigkill_anywhere_then_resume_is_bit_exact(home, tmp_path):
     assert [r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r] == ref_loss
 
 
+def test_sigterm_stops_after_the_step_with_a_checkpoint_and_resume_finishes(home, tmp_path):
+    """`tunix-rt train` sent SIGTERM (a preempted job) ends the step it is in, commits a
+    checkpoint and says `stopped` (exit 1, not success, not a run left `running`); --resume
+    then trains exactly the remaining steps."""
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(_config(tmp_path).to_yaml())
+    r = _run(home, ["--config", str(cfg_file)], fault="step@3:SIGTERM")
+    assert r.returncode == 1, r.stderr[-2000:]
+    run = next(p for p in home.runs.iterdir() if not p.name.startswith("."))
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    assert manifest["status"] == "stopped" and f"stopped at step 3 of {MAX_STEPS}" in manifest["error"]
+    assert f"--resume {run.name}" in r.stderr
+    assert checkpoint.latest(run).name == "step-000003" and not (run / "final").exists()
+    r = _run(home, ["--resume", run.name])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((run / "run_manifest.json").read_text())["status"] == "succeeded"
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    assert steps == list(range(1, MAX_STEPS + 1))
+
+
 def test_resume_ignores_uncommitted_and_refuses_what_cannot_continue(home, tmp_path):
     torch.set_num_threads(1)
     cfg = _config(tmp_path)

@@ -54,8 +54,10 @@ def train_cmd(
     cfg = TrainConfig.load(config, items)
     from tunix_rt.train import dist
     from tunix_rt.train.driver import train
+    from tunix_rt.train.run import StopOnSigterm
 
-    run_dir = train(cfg, home, resume)
+    with StopOnSigterm() as stop:
+        run_dir = train(cfg, home, resume, should_stop=stop)
     if not dist.is_main():  # under torchrun: process 0 records and reports the run
         return
     from tunix_rt.registry.record import record_run

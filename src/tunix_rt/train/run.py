@@ -186,6 +186,34 @@ def never() -> bool:
     return False
 
 
+class StopOnSigterm:
+    """A should_stop hook for `tunix-rt train` in one process. The first SIGTERM (a scheduler
+    preempting the job, `kill`, `timeout`) stops the run after the step in progress: a
+    committed checkpoint, the manifest `stopped`, exit code 1, `--resume` continues. A second
+    SIGTERM stops it at once, from the last committed checkpoint. Without it the process died
+    and left its run `running`. Under torchrun or jax.distributed, dist.join() replaces the
+    handler (there a SIGTERM means that another process failed)."""
+
+    def __init__(self) -> None:
+        self.asked = False
+
+    def __enter__(self) -> "StopOnSigterm":
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self.asked:
+            raise RunStopped("stopped by a second SIGTERM; its last committed checkpoint is kept")
+        self.asked = True
+        sys.stderr.write("SIGTERM: the run stops after this step with a checkpoint (a second SIGTERM: at once)\n")
+
+    def __call__(self) -> bool:
+        return self.asked
+
+
 class MetricsLog:
     """metrics.jsonl plus TensorBoard; on resume, lines past the checkpoint step are cut so
     every step appears exactly once."""
