@@ -44,6 +44,17 @@ class Chat:
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
 
+    def leave(self, after: int) -> None:
+        """The system prompt outlived what came before `after`; Ctrl-C at the prompt leaves."""
+        self.say("/system")
+        self.wait_for(r"system: Be brief\.", after)
+        self.proc.send_signal(signal.SIGINT)
+        assert self.proc.wait(timeout=30) == 0
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
 
 def test_chat_history_commands_and_ctrl_c(tmp_path):
     from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
@@ -75,13 +86,9 @@ def test_chat_history_commands_and_ctrl_c(tmp_path):
         assert again.group(1) == expected.text and again.group(2) == first.group(4)
         chat.say("/system Be brief.")
         chat.wait_for(r"system prompt set", again.end())
-        chat.say("/system")
-        chat.wait_for(r"system: Be brief\.", again.end())
-        chat.proc.send_signal(signal.SIGINT)  # Ctrl-C at the prompt leaves
-        assert chat.proc.wait(timeout=30) == 0
+        chat.leave(again.end())
     finally:
-        if chat.proc.poll() is None:
-            chat.proc.kill()
+        chat.close()
 
     # Ctrl-C in the middle of a reply, in a chat whose replies may run to 2,000 tokens: a
     # 300-token reply of the tiny model can end before the signal lands on a loaded machine
@@ -96,10 +103,6 @@ def test_chat_history_commands_and_ctrl_c(tmp_path):
         chat.proc.send_signal(signal.SIGINT)  # Ctrl-C stops the reply, not the chat
         stopped = chat.wait_for(r"\[stopped, (\d+) tokens, prompt \d+ tokens\]\nyou> ", mark)
         assert int(stopped.group(1)) < 2000
-        chat.say("/system")
-        chat.wait_for(r"system: Be brief", stopped.end())
-        chat.proc.send_signal(signal.SIGINT)  # Ctrl-C at the prompt leaves
-        assert chat.proc.wait(timeout=30) == 0
+        chat.leave(stopped.end())
     finally:
-        if chat.proc.poll() is None:
-            chat.proc.kill()
+        chat.close()
