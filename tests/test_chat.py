@@ -47,9 +47,9 @@ class Chat:
     def leave(self, after: int) -> None:
         """The system prompt outlived what came before `after`; Ctrl-C at the prompt leaves."""
         self.say("/system")
-        self.wait_for(r"system: Be brief\.", after)
+        self.wait_for(r"system: Be brief\.\nyou> ", after)
         self.proc.send_signal(signal.SIGINT)
-        assert self.proc.wait(timeout=30) == 0
+        assert self.proc.wait(timeout=60) == 0
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -99,6 +99,8 @@ def chat_cmd(
     print(f"chatting with {model}{' (run)' if served.run_id else ''}; {HELP}", flush=True)
     try:
         _loop(session)
+    except KeyboardInterrupt:  # Ctrl-C between the prompt and a reply (printing, a command) leaves too
+        print()
     finally:
         served.scheduler.close()
 
