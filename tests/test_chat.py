@@ -21,7 +21,10 @@ class Chat:
                "TUNIX_RT_HOME": str(home), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "tunix_rt.cli", "chat", "tiny-gemma3", *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, text=True, bufsize=1)
+                                     env=env, text=True, bufsize=1,
+                                     # as the full suite left it for its children once: SIGINT
+                                     # ignored; the chat must take Ctrl-C all the same
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         self.out = ""
         threading.Thread(target=self._read, daemon=True).start()
 

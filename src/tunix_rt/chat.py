@@ -10,6 +10,7 @@ Ctrl-D at the prompt leaves.
 from __future__ import annotations
 
 import queue
+import signal
 import sys
 from typing import Annotated, Optional
 
@@ -96,6 +97,9 @@ def chat_cmd(
     cfg = DecodeConfig(**{k: v for k, v in given.items() if v is not None})
     served = load(model, Home.resolve().ensure(), ServeConfig(device=device, max_models=1, max_batch=1, max_queue=1))
     session = ChatSession(served, cfg)
+    # Ctrl-C is how a reply is stopped and the chat left: take it even where the parent
+    # started us with SIGINT ignored (a background job, some test runners), which Python keeps
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"chatting with {model}{' (run)' if served.run_id else ''}; {HELP}", flush=True)
     try:
         _loop(session)
