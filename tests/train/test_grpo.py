@@ -54,9 +54,11 @@ def test_grpo_run_is_complete_with_reward_rows_and_checkpoints(home, tmp_path):
     assert any("eval_reward" in r for r in read_jsonl(run / "metrics.jsonl"))
 
 
-def test_grpo_accumulation_8x1_equals_1x8(home, tmp_path):
+@pytest.mark.parametrize("shared", [False, True], ids=["row-per-sample", "shared-prompt"])
+def test_grpo_accumulation_8x1_equals_1x8(home, tmp_path, shared):
     """Same rollouts, the update split into 8 micro-batches of 1 or one of 8: same loss and
-    gradient (the coefficients are normalised over the whole window)."""
+    gradient (the coefficients are normalised over the whole window); with shared-prompt
+    rows, one of 8 is two rows of a prompt and 4 completions."""
     from tunix_rt.models.store import ensure_model, load_tokenizer
     from tunix_rt.train.grpo import GRPO
     from tunix_rt.train.torch_engine import TorchEngine
@@ -69,8 +71,9 @@ def test_grpo_accumulation_8x1_equals_1x8(home, tmp_path):
         engine.devices()
         engine.setup(ensure_model(cfg.model, home), tok)
         groups, _ = method.rollouts(engine, 0)
-        batches = method.update_batches(groups)
+        batches = method.update_batches(groups, shared=shared)
         assert len(batches) == 8 // batch
+        assert [len(b.input_ids) for b in batches] == ([2] if shared and batch == 8 else [batch] * (8 // batch))
         loss = 0.0
         for b in batches:
             b.aux["ref_logp"] = engine.token_logprobs(b, adapter=False)

@@ -11,6 +11,10 @@ kept inside each example by the position ids: they restart at 0 for every exampl
 full and sliding-window layers with no 4D mask built here. RoPE positions are the same as
 unpacked, so a packed example has the same loss as alone.
 
+GRPO's update writes a group's prompt once and its completions after it as branches
+(`collate_shared`): `segments` says which branch a position belongs to, and the torch engine
+builds the 4D mask from it (loss.shared_prefix_masks).
+
 Batches are numpy arrays: the JAX engine feeds them as they are and the torch engine makes
 tensors of them on its device (`torch_engine.on_device`), so this module needs no torch.
 """
@@ -54,6 +58,10 @@ class Batch:
     set by the method for the whole optimizer step (None: not yet weighted)."""
     aux: dict[str, Any] = field(default_factory=dict)
     """float32 [B, L] arrays a policy objective needs (old_logp, ref_logp, adv)."""
+    segments: Any = None
+    """int64 [B, L] for rows that share a prefix (`collate_shared`): 0 on the shared prefix,
+    k >= 1 on the k-th branch, -1 on padding; a branch sees the prefix and itself only.
+    None: plain rows (causal, or block-diagonal when packed)."""
 
 
 def weighted(batches: list[Batch], norm: float | None = None) -> list[Batch]:
@@ -87,7 +95,8 @@ def process_rows(batch: Batch, rank: int, world: int) -> Batch:
         batch, input_ids=batch.input_ids[rows], labels=labels, position_ids=batch.position_ids[rows],
         example_ids=[], n_tokens=0, n_supervised=int((labels != IGNORE).sum()) if keep else 0,
         coef=coef_of(batch)[rows] * np.float32(keep),
-        aux={k: v[rows] for k, v in batch.aux.items()})
+        aux={k: v[rows] for k, v in batch.aux.items()},
+        segments=None if batch.segments is None else batch.segments[rows])
 
 
 def window_digest(batches: list[Batch]) -> str:
@@ -95,7 +104,8 @@ def window_digest(batches: list[Batch]) -> str:
     processes of a run compare it before they train on their rows."""
     h = hashlib.sha256()
     for b in batches:
-        for a in (b.input_ids, b.labels, b.position_ids, coef_of(b), *(b.aux[k] for k in sorted(b.aux))):
+        extra = () if b.segments is None else (b.segments,)
+        for a in (b.input_ids, b.labels, b.position_ids, coef_of(b), *(b.aux[k] for k in sorted(b.aux)), *extra):
             h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
 
@@ -196,3 +206,38 @@ def collate(rows: list[list[Rendered]], pad_id: int) -> Batch:
         example_ids=[ex.id for row in rows for ex in row],
         n_tokens=n_tokens, n_supervised=int((labels != IGNORE).sum()),
     )
+
+
+def collate_shared(rows: list[tuple[list[int], list[list[int]]]], pad_id: int) -> tuple[Batch, list[list[int]]]:
+    """Rows of one prefix and several branches each (a GRPO group: the prompt and its
+    completions), the prefix written once. A row is prefix[:-1], then each branch as
+    [prefix[-1]] + branch: the copy of the prefix's last token is what predicts the branch's
+    first token, so every branch has its own label there. Positions continue the prefix in
+    every branch (RoPE sees each branch exactly as prefix + branch), labels cover the branch
+    tokens, and `segments` gives the mask: a branch attends to the prefix and to itself.
+    Returns the batch and, per row, the column where each branch's first prediction sits
+    (its labels run from there for len(branch) positions)."""
+    width = max(len(p) - 1 + sum(1 + len(b) for b in branches) for p, branches in rows)
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    labels = np.full((len(rows), width), IGNORE, dtype=np.int64)
+    pos = np.zeros((len(rows), width), dtype=np.int64)
+    seg = np.full((len(rows), width), -1, dtype=np.int64)
+    starts: list[list[int]] = []
+    for r, (prefix, branches) in enumerate(rows):
+        if not prefix:
+            raise ValueError("a shared prefix needs at least one token")
+        n = len(prefix) - 1
+        ids[r, :n], pos[r, :n], seg[r, :n] = prefix[:-1], np.arange(n), 0
+        at, row_starts = n, []
+        for k, branch in enumerate(branches, start=1):
+            x = np.asarray([prefix[-1], *branch], dtype=np.int64)
+            m = len(x)
+            ids[r, at:at + m], pos[r, at:at + m], seg[r, at:at + m] = x, np.arange(n, n + m), k
+            labels[r, at:at + m - 1] = x[1:]
+            row_starts.append(at)
+            at += m
+        pos[r, at:] = np.arange(width - at)  # padding: its own segment, no label
+        starts.append(row_starts)
+    return Batch(input_ids=ids, labels=labels, position_ids=pos, example_ids=[],
+                 n_tokens=int((seg >= 0).sum()), n_supervised=int((labels != IGNORE).sum()),
+                 segments=seg), starts

@@ -89,6 +89,10 @@ class Engine(Protocol):
         """Load the model (LoRA applied or every weight trainable) and the optimizer. Returns
         params / trainable_params counts."""
 
+    def shares_prefix(self) -> bool:
+        """Whether batches may hold rows with a shared prefix (data.collate_shared: a GRPO
+        group's prompt written once for its G completions)."""
+
     def train_step(self, batches: list, objective: Objective, lr: float) -> StepResult:
         """One optimizer step over micro-batches (`data.Batch` with coef, and aux for a policy
         objective): gradients accumulated, clipped to cfg.grad_clip, applied at rate lr."""

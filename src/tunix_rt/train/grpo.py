@@ -88,7 +88,7 @@ class GRPO:
         groups, drawn = self.rollouts(engine, step)
         fault_point("rollout")
         t1 = time.perf_counter()
-        batches = self.update_batches(groups)
+        batches = self.update_batches(groups, shared=engine.shares_prefix())
         for b in batches:
             b.aux["ref_logp"] = (engine.token_logprobs(b, adapter=False) if self.cfg.beta > 0
                                  else np.zeros(b.labels.shape, np.float32))
@@ -139,9 +139,11 @@ class GRPO:
         return Group(record, prompt, outs, total, parts, np.array([s.correct for s in scores]),
                      np.array([s.format_ok for s in scores]))
 
-    def update_batches(self, groups: list[Group]) -> list:
+    def update_batches(self, groups: list[Group], shared: bool = False) -> list:
         """Micro-batches of batch_size prompt+completion sequences: labels on completion
-        tokens, coef for the whole window, the completion's advantage on its tokens."""
+        tokens, coef for the whole window, the completion's advantage on its tokens. shared:
+        the completions of one group in a micro-batch share one row that holds their prompt
+        once (data.collate_shared; same log-probs, ~1/3 fewer tokens with GSM8K prompts)."""
         from tunix_rt.train.advantages import group_advantages, token_coefficients
 
         cfg = self.cfg
@@ -150,6 +152,7 @@ class GRPO:
         adv = group_advantages(np.stack([g.rewards for g in groups]), cfg.rl_loss)
         seqs = [(g.prompt, o.ids, adv[i, j], o.finish_reason == "length")
                 for i, g in enumerate(groups) for j, o in enumerate(g.completions)]
+        owner = [i for i, g in enumerate(groups) for _ in g.completions]
         width = cfg.rollout_max_new_tokens
         mask = np.zeros((len(seqs), width), np.int64)
         for i, (_p, ids, _a, _t) in enumerate(seqs):
@@ -159,6 +162,11 @@ class GRPO:
         batches = []
         for s in range(0, len(seqs), cfg.batch_size):
             part = seqs[s:s + cfg.batch_size]
+            if shared:
+                b = self._shared_batch(part, owner[s:s + cfg.batch_size], coef[s:s + cfg.batch_size])
+                b.example_ids = [f"r{s + k}" for k in range(len(part))]
+                batches.append(b)
+                continue
             rows = [[Rendered(f"r{s + k}", list(p) + list(ids), [0] * len(p) + [1] * len(ids), len(p), "", "")]
                     for k, (p, ids, _a, _t) in enumerate(part)]
             b = collate(rows, self.tok.pad_id)
@@ -170,6 +178,26 @@ class GRPO:
                 b.aux["adv"][k, at] = a
             batches.append(b)
         return batches
+
+    def _shared_batch(self, part: list, owner: list[int], coef: np.ndarray):
+        """One micro-batch of `part`'s sequences, a row per group: its prompt, then its
+        completions as branches; coef and advantage at each branch's predictions."""
+        from tunix_rt.train.data import collate_shared
+
+        rows, where = [], []  # where: (row, branch) of each sequence of part
+        for k, (p, ids, _a, _t) in enumerate(part):
+            if not rows or owner[k] != owner[k - 1]:
+                rows.append((p, []))
+            rows[-1][1].append(ids)
+            where.append((len(rows) - 1, len(rows[-1][1]) - 1))
+        b, starts = collate_shared(rows, self.tok.pad_id)
+        b.coef = np.zeros(b.labels.shape, np.float32)
+        b.aux = {"adv": np.zeros(b.labels.shape, np.float32)}
+        for k, ((_p, ids, a, _t), (r, j)) in enumerate(zip(part, where)):
+            at = slice(starts[r][j], starts[r][j] + len(ids))
+            b.coef[r, at] = coef[k, :len(ids)]
+            b.aux["adv"][r, at] = a
+        return b
 
     def metrics(self, groups: list[Group], drawn: int, results: list, batches: list) -> dict[str, Any]:
         """The step's row: loss and gradient norm of the last update, rewards (total and each),

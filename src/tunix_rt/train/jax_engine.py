@@ -391,6 +391,11 @@ class JaxEngine:
                     fault_point("accum")
         return total, stats, acc
 
+    def shares_prefix(self) -> bool:
+        """No: its masks come from positions and padding (jax_loss.attention_mask); a prompt
+        shared by G completions is not built here yet."""
+        return False
+
     def train_step(self, batches: list, objective: Objective, lr: float) -> StepResult:
         import jax
         import jax.numpy as jnp
@@ -415,6 +420,8 @@ class JaxEngine:
         from tunix_rt.train.engine import POLICY_AUX
         from tunix_rt.train.jax_loss import attention_mask
 
+        if batch.segments is not None:
+            raise ValueError("the JAX engine takes no shared-prefix rows (shares_prefix() is False)")
         ids, labels, pos = (np.asarray(a) for a in (batch.input_ids, batch.labels, batch.position_ids))
         b, n = ids.shape
         width = -(-n // WIDTH_BUCKET) * WIDTH_BUCKET

@@ -212,12 +212,15 @@ class ObjectiveModule(torch.nn.Module):
         return getattr(self.base().config, "final_logit_softcapping", None)
 
     def forward(self, t: dict[str, torch.Tensor], objective: Objective = NLL, logprobs: bool = False):
+        inputs = {"input_ids": t["input_ids"], "position_ids": t["position_ids"], "use_cache": False}
+        if "segments" in t:
+            inputs["attention_mask"] = shared_prefix_masks(self.base().config, t["segments"], t["position_ids"],
+                                                           self.head().dtype)
         if self.loss_impl == "plain" and not logprobs:
-            logits = self.model(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False).logits
+            logits = self.model(**inputs).logits
             return plain_objective(logits, t["labels"], t["coef"], policy_aux(t, objective), objective), \
                 torch.zeros(len(STAT_NAMES))
-        h = self.base().model(input_ids=t["input_ids"], position_ids=t["position_ids"],
-                              use_cache=False).last_hidden_state
+        h = self.base().model(**inputs).last_hidden_state
         if logprobs:
             rows, y = target_rows(h, t["labels"])
             return chunked_logprobs(rows, self.head(), y, self.chunk_bytes, self.softcap())
@@ -232,3 +235,34 @@ def policy_aux(t: dict[str, torch.Tensor], objective: Objective) -> torch.Tensor
     if objective.kind != "policy":
         return None
     return torch.stack([t[k].float() for k in POLICY_AUX], dim=-1)
+
+
+#: attention implementations whose masks `shared_prefix_masks` builds
+SHARED_PREFIX_ATTENTION = ("sdpa", "eager")
+
+
+def shared_prefix_masks(config, segments: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """The 4D masks of rows that share a prefix (data.collate_shared): a query attends to the
+    earlier keys of its own segment and, outside the padding, to the whole prefix (segment 0);
+    sliding-window layers also drop keys `sliding_window` positions or more behind, measured
+    in position ids as transformers does. sdpa takes booleans (True: attend), eager an additive
+    float mask. A dict by layer type for models with `layer_types` (Gemma 2 and 3), else one
+    tensor; transformers uses a 4D mask as given."""
+    n = segments.shape[1]
+    q, k = segments[:, :, None], segments[:, None, :]
+    causal = torch.ones(n, n, dtype=torch.bool, device=segments.device).tril()
+    allowed = causal & (((k == 0) & (q >= 0)) | (k == q))
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    out = {}
+    for kind in set(types or ["full_attention"]):
+        m = allowed
+        if kind == "sliding_attention" and window:
+            m = m & ((positions[:, :, None] - positions[:, None, :]) < window)
+        m = m[:, None]
+        if config._attn_implementation == "eager":
+            m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
+        elif config._attn_implementation != "sdpa":
+            raise ValueError(f"no shared-prefix mask for attention {config._attn_implementation!r}")
+        out[kind] = m
+    return out if types else out["full_attention"]

@@ -90,6 +90,13 @@ class TorchEngine:
         return {"params": sum(p.numel() for p in self.model.parameters()),
                 "trainable_params": sum(p.numel() for p in params)}
 
+    def shares_prefix(self) -> bool:
+        """One process only: a process's share of a batch is whole rows (data.process_rows),
+        and a shared-prefix row holds a whole group, so several processes would idle."""
+        from tunix_rt.train.loss import SHARED_PREFIX_ATTENTION
+
+        return dist.world() == 1 and self.module.base().config._attn_implementation in SHARED_PREFIX_ATTENTION
+
     @property
     def head_weight(self):
         return self.module.head()
@@ -491,6 +498,8 @@ def tensors(batch, device) -> dict[str, Any]:
     out = {k: torch.as_tensor(getattr(batch, k), device=device) for k in ("input_ids", "labels", "position_ids")}
     out["coef"] = torch.as_tensor(coef_of(batch), device=device)
     out.update({k: torch.as_tensor(v, device=device) for k, v in batch.aux.items()})
+    if batch.segments is not None:
+        out["segments"] = torch.as_tensor(batch.segments, device=device)
     return out
 
 
