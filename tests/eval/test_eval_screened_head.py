@@ -25,7 +25,7 @@ import torch
 from eval_testlib import QUESTIONS, aimed_inputs, assert_screened, near_tie_head, stop_early
 from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
 from tunix_rt.eval.runner import load_model
-from tunix_rt.eval.screened_head import PROBED, ScreenedArgmax, int8_matmul_is_exact, int_thresholds
+from tunix_rt.eval.screened_head import PROBED, ScreenedArgmax, int8_matmul_is_exact, int8_matmul_is_fast, int_thresholds
 from tunix_rt.render import prompt_ids
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -169,7 +169,7 @@ def test_logits_near_fp32_overflow_take_full_logits():
 
 def test_build_applies_to_large_cpu_fp32_heads_only():
     head = torch.randn(4096, 16)
-    assert (ScreenedArgmax.build(head) is not None) == int8_matmul_is_exact(2, 16, 4096)
+    assert (ScreenedArgmax.build(head) is not None) == (int8_matmul_is_exact(2, 16, 4096) and int8_matmul_is_fast())
     assert ScreenedArgmax.build(torch.randn(300, 16)) is None  # small vocabulary: plain matmul
     assert ScreenedArgmax.build(torch.randn(4096, 16).double()) is None
 
@@ -254,6 +254,33 @@ def test_a_saturating_int8_kernel_turns_the_screen_off(tiny_dirs):
     assert res["unit"] == [1234, 1234]
 
 
+SLOW_KERNEL = """
+import json, sys, time, torch
+torch.set_num_threads(1)
+real = torch._int_mm
+
+
+def slow_int_mm(a, b):  # exact, as a reference kernel is, and far slower than fp32
+    time.sleep(0.2)
+    return real(a, b)
+
+
+torch._int_mm = slow_int_mm
+from tunix_rt.eval.screened_head import ScreenedArgmax, int8_matmul_is_exact, int8_matmul_is_fast
+head = torch.randn(4096, 16, generator=torch.Generator().manual_seed(0))
+print(json.dumps({"exact": int8_matmul_is_exact(2, 16, 4096), "fast": int8_matmul_is_fast(),
+                  "built": ScreenedArgmax.build(head) is not None}))
+"""
+
+
+def test_an_int8_kernel_slower_than_fp32_turns_the_screen_off():
+    """An exact int8 kernel that is slower than the fp32 matmul it would replace (oneDNN's
+    reference kernel on a CPU it has no fast one for: 12x slower on one AMD EPYC here) gives
+    no screen: build() measures once and keeps full logits."""
+    res = _child(SLOW_KERNEL)
+    assert res == {"exact": True, "fast": False, "built": False}
+
+
 @pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma2"])
 def model_and_tok(request, tiny_dirs):
     from tunix_rt.models.tokenizer import ChatTokenizer
@@ -287,7 +314,7 @@ def test_default_screen_on_the_tiny_vocabulary_decodes_the_same(model_and_tok):
     assert [g.ids for g in on.generate(prompts, cfg)] == [g.ids for g in off.generate(prompts, cfg)]
     screen = on.lean.screen()
     assert off.lean.screen() is None
-    if int8_matmul_is_exact(2, model.config.hidden_size, 1024):
+    if int8_matmul_is_exact(2, model.config.hidden_size, 1024) and int8_matmul_is_fast():
         assert isinstance(screen, ScreenedArgmax) and screen.steps > 0
     else:
         assert screen is None
@@ -348,4 +375,4 @@ def test_a_model_loaded_under_inference_mode_still_gets_its_screen(tiny_dirs):
     cfg = DecodeConfig(max_new_tokens=8, batch_size=3)
     gen, plain = TorchGenerator(model, tok), TorchGenerator(model, tok, lean=False)
     assert [g.ids for g in gen.generate(prompts, cfg)] == [g.ids for g in plain.generate(prompts, cfg)]
-    assert (gen.lean.screen() is not None) == int8_matmul_is_exact(2, model.config.hidden_size, 1024)
+    assert (gen.lean.screen() is not None) == (int8_matmul_is_exact(2, model.config.hidden_size, 1024) and int8_matmul_is_fast())
