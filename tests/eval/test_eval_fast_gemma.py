@@ -88,3 +88,30 @@ def test_chunked_head_is_bit_identical_to_one_matmul(model_and_tok):
             assert torch.equal(lean._head(x), torch.nn.functional.linear(x, model.lm_head.weight))
     finally:
         fg.HEAD_CHUNK = before
+
+
+def test_select_moves_kept_rows_down_in_place_as_index_select_would():
+    """Finished rows leave the batch in place: after two selections (rows 1 and 3 of 5, then
+    the first of the three left) every written cache entry, the mask and the positions equal
+    what index_select gives, and the buffers are views of their first storage (nothing past
+    `cur` copied, nothing reallocated)."""
+    from tunix_rt.eval.fast_gemma import DecodeState
+
+    gen = torch.Generator().manual_seed(0)
+    b, t, cur = 5, 12, 7
+    keys = [torch.randn(b, 2, t, 4, generator=gen) for _ in range(3)]
+    values = [torch.randn(b, 2, t, 4, generator=gen) for _ in range(3)]
+    mask, pos = torch.randn(b, 1, 1, t, generator=gen), torch.arange(10, 10 + b)
+    ref = DecodeState([k.clone() for k in keys], [v.clone() for v in values], mask.clone(), pos.clone(), cur)
+    st = DecodeState(keys, values, mask, pos, cur)
+    storage = [k.data_ptr() for k in st.keys + st.values]
+    for keep in (torch.tensor([0, 2, 4]), torch.tensor([1, 2])):
+        st.select(keep)
+        ref = DecodeState([k.index_select(0, keep) for k in ref.keys], [v.index_select(0, keep) for v in ref.values],
+                          ref.mask.index_select(0, keep), ref.pos.index_select(0, keep), cur)
+        for ours, theirs in zip(st.keys + st.values, ref.keys + ref.values):
+            assert ours.shape == theirs.shape
+            assert torch.equal(ours[:, :, :cur], theirs[:, :, :cur])
+        assert torch.equal(st.mask, ref.mask) and torch.equal(st.pos, ref.pos)
+    assert [k.data_ptr() for k in st.keys + st.values] == storage
+    assert st.pos.tolist() == [12, 14]
