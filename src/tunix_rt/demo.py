@@ -68,8 +68,8 @@ class DemoOptions:
     """Train again even when a finished run with the same config exists."""
     batch_size: int = 32
     """Prompts decoded together in the evaluations: the default sample in one batch. A CPU
-    decode step reads every weight once whatever the rows, so 32 rows cost far less than
-    four batches of 8 (and greedy ids do not depend on the batch: tests/eval)."""
+    decode step reads every weight once whatever the rows, so one batch of 32 reads them a
+    quarter as often as four batches of 8 (greedy ids do not depend on the batch: tests/eval)."""
     rl: bool = False
     """After SFT, run GRPO from the SFT run (cpu-grpo preset) and evaluate it on the same items."""
     rl_steps: int | None = None
