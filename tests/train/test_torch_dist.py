@@ -131,7 +131,8 @@ def test_grpo_full_two_processes_equal_one(home, tmp_path, monkeypatch):
     for name, w in want.items():
         # 2 updates of Adam per step (mu 2): where a gradient is ~0, the summation order of the
         # two processes' sums shows through Adam's division by sqrt(v) in a rare element
-        # (seen: 1 of 4096 at 1.8e-6, and in CI 1 of 4096 at 1.27e-5; the bulk equal to 1e-6).
+        # (seen: 1 of 4096 at 1.8e-6, and in a clean-clone .ci/run 1 of 4096 at 1.27e-5; the bulk
+        # equal to 1e-6).
         # Bounded here by one Adam step (lr), and counted
         diff = np.abs(got[name] - w)
         assert diff.max() < LR and np.mean(diff > 1e-6) < 0.01, (name, diff.max(), np.mean(diff > 1e-6))
