@@ -83,11 +83,44 @@ class TrainParams(BaseModel):
         return cfg
 
 
+HOME_NAMES = (("model", REF, "name"), ("dataset", REF, "name"), ("init", NAME, "run id"))
+"""The config fields a job names files with, each by a name from the home: never a path."""
+
+
 def check_home_names(cfg) -> None:
-    """A job's model and dataset are names from the home (any worker's), never paths."""
-    for key in ("model", "dataset"):
-        if not re.match(REF, str(getattr(cfg, key))):
-            raise ValueError(f"{key} must be a name from the home, not a path: {getattr(cfg, key)!r}")
+    """A job's model and dataset are names from the home (any worker's), its `init` a run id
+    of the home: never paths. (Where the home is at hand, home_run checks the run itself.)"""
+    for key, _pattern, _what in HOME_NAMES:
+        problem = _not_a_home_name(key, getattr(cfg, key))
+        if problem:
+            raise ValueError(problem)
+
+
+def _not_a_home_name(key: str, value: Any) -> str | None:
+    """What is wrong with `value` as the HOME_NAMES field `key` (None: nothing; unset is fine)."""
+    pattern, what = next((p, w) for k, p, w in HOME_NAMES if k == key)
+    if value is None or re.fullmatch(pattern, str(value)):
+        return None
+    return f"{key} must be a {what} from the home, not a path: {value!r}"
+
+
+def home_run(key: str, run_id: Any, home: Home) -> Path:
+    """<home>/runs/<run_id> for a field that names a run (`init`): the id passes the field's
+    rule in HOME_NAMES, and the directory really is in this home's runs/ (not a symlink there
+    pointing out) and holds a run. BadInput otherwise."""
+    problem = _not_a_home_name(key, run_id)
+    if problem:
+        raise BadInput(problem)
+    name = str(run_id)
+    target = home.runs.resolve() / name
+    if (home.runs / name).resolve() != target:
+        raise BadInput(f"{key}: run {name!r} is a link out of this home's runs/; give a run id of this home")
+    if not (target / "run_manifest.json").is_file():
+        raise BadInput(f"{key}: no run {name!r} in this home")
+    # the run lookup the stages share (train.run.resolve_run) tries the id as a path first
+    if (Path(name) / "run_manifest.json").is_file() and Path(name).resolve() != target:
+        raise BadInput(f"{key}: {name!r} also names a run in the current directory; run the worker elsewhere")
+    return target
 
 
 class TrialParams(BaseModel):
@@ -212,6 +245,8 @@ def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_
     one_run: resume the earlier attempt's run even before its first checkpoint (from step 0),
     so the job has exactly one run (a sweep trial's). `should_stop` is polled after every step
     (RunStopped once it says so)."""
+    if cfg.init is not None:  # checked where the files are: a job row may come from anywhere
+        home_run("init", cfg.init, ctx.home)
     earlier = ctx.find_run_dir()
     if earlier is not None and _run_status(earlier) == "succeeded":
         run_dir = earlier  # an earlier attempt finished training and died before reporting
@@ -298,11 +333,17 @@ KINDS: dict[str, Kind] = {
 
 def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """The parameters as the kind's model accepts them (BadInput with the reasons otherwise)."""
+    return parse_params(kind, params).model_dump(mode="json")
+
+
+def parse_params(kind: str, params: dict[str, Any]) -> BaseModel:
+    """The kind's parameter model of `params`; BadInput with the reasons otherwise (a job the
+    worker claims is checked again: its row may not have come through enqueue)."""
     spec = KINDS.get(kind)
     if spec is None:
         raise BadInput(f"unknown job kind {kind!r}; kinds: {', '.join(KINDS)}")
     try:
-        return spec.params.model_validate(params).model_dump(mode="json")
+        return spec.params.model_validate(params)
     except ValidationError as e:
         why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'params'}: {err['msg']}" for err in e.errors())
         raise BadInput(f"{kind} job parameters: {why}") from None
@@ -311,5 +352,4 @@ def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_job(ctx: JobContext, kind: str, params: dict[str, Any]) -> dict[str, Any]:
-    spec = KINDS[kind]
-    return spec.run(ctx, spec.params.model_validate(params))
+    return KINDS[kind].run(ctx, parse_params(kind, params))
