@@ -69,3 +69,18 @@ def test_a_failure_once_the_run_is_under_way_is_recorded_failed(home, tmp_path):
     manifest = json.loads((run / "run_manifest.json").read_text())
     assert manifest["status"] == "failed" and "RuntimeError: the worker's stop hook broke" in manifest["error"]
     assert manifest["finished_at"]
+
+
+def test_the_plan_refuses_a_lora_rank_above_the_narrowest_targeted_projection():
+    from tunix_rt.errors import BadInput
+    from tunix_rt.plan import PlanInputs, make_plan
+
+    # tiny-gemma3: hidden 128, one KV head of 32 (k_proj, v_proj: 128 x 32), MLP 256
+    with pytest.raises(BadInput, match=r"lora_rank 33 is above the width of k_proj on tiny-gemma3 \(128 x 32: "
+                                       r"a rank of at most 32\)"):
+        make_plan(PlanInputs(model="tiny-gemma3", lora_rank=33))
+    assert make_plan(PlanInputs(model="tiny-gemma3", lora_rank=32)).fits
+    assert make_plan(PlanInputs(model="tiny-gemma3", lora_rank=128, lora_targets=("q_proj", "up_proj"))).fits
+    with pytest.raises(BadInput, match="lora_rank 129 is above the width of q_proj"):
+        make_plan(PlanInputs(model="tiny-gemma3", lora_rank=129, lora_targets=("q_proj", "up_proj")))
+    assert make_plan(PlanInputs(model="tiny-gemma3", method="full", lora_rank=100000)).fits  # no adapter
