@@ -39,6 +39,7 @@ from tunix_rt.evidence import RUN_FACTS, environment_snapshot, find_fact_placeho
 from tunix_rt.fence import LeaseLost
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
 from tunix_rt.home import Home
+from tunix_rt.registry.liveness import process_identity  # who writes it: `registry sync` asks
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 
@@ -147,7 +148,7 @@ class RunDir:
         A stopped run (RunStopped: a cancelled job, a worker shutting down) is re-raised:
         the caller decides what a stop means (a job goes back to the queue), never success."""
         self.manifest.pop("error", None)  # a resumed run starts clean
-        self.update(status="running", environment=environment_snapshot())
+        self.update(status="running", environment=environment_snapshot(), process=process_identity())
         try:
             yield self
         except RunStopped as e:  # asked to stop between steps: a checkpoint was committed
