@@ -183,3 +183,20 @@ def test_the_upload_limit_is_unchanged(home):
     with make_client(home, home.database_url) as client:
         ok = b"".join(b'{"id": "a%d", "question": "q", "steps": ["s"], "answer": "1"}\n' % i for i in range(900))
         assert client.post("/api/datasets", files={"file": ("ok.jsonl", ok)}, data={"name": "up"}).status_code == 202
+
+
+def test_lone_surrogates_are_refused_at_the_rest_entries(home):
+    """A lone surrogate anywhere in a JSON body (a value, a key, job parameters, train
+    overrides) is a clean 422 naming its field, even where the 422 echoes the input back;
+    never a 500 while storing the job or encoding the answer."""
+    bodies = [("/api/jobs", '{"kind": 5, "x": "\\ud800"}', "x"),
+              ("/api/jobs", '{"kind": "eval", "params": {"model": "tiny-gemma3", "dataset": "d\\udc00"}}', "params.dataset"),
+              ("/api/runs", '{"preset": "smoke", "overrides": {"max_steps": 2, "system_prompt": "\\ud800"}}',
+               "overrides.system_prompt"),
+              ("/api/runs", '{"preset": "smoke", "overrides": {"\\ud800": 1}}', "overrides.\\ud800")]
+    with make_client(home, home.database_url) as client:
+        for path, body, field in bodies:
+            r = client.post(path, content=body.encode(), headers={"Content-Type": "application/json"})
+            assert r.status_code == 422, (body, r.text)
+            assert f"{field}: lone surrogate" in r.json()["detail"][0]["msg"], r.text
+        assert client.get("/api/jobs").json() == []  # nothing was queued

@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from starlette.concurrency import run_in_threadpool
@@ -38,8 +37,8 @@ from tunix_rt.serving.models import RETRY_AFTER_S, ModelCache, ModelNotFound, Mo
 from tunix_rt.serving.scheduler import Event, QueueFull, Request as GenRequest, Unloaded
 from tunix_rt.serving.template import Message, chat_prompt_ids
 from tunix_rt.service.deps import SettingsDep
+from tunix_rt.service.schemas import RealUnicode, validation_422
 from tunix_rt.service.settings import Settings
-from tunix_rt.traces.schema import json_problems
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 DEFAULTS = DecodeConfig()
@@ -85,7 +84,7 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(RealUnicode):
     """The OpenAI request body; fields we cannot honour are refused, never ignored."""
 
     model_config = ConfigDict(extra="allow")
@@ -107,16 +106,6 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: StrictFloat | None = None
     frequency_penalty: StrictFloat | None = None
     response_format: dict[str, Any] | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _real_unicode(cls, data: Any) -> Any:
-        """Every string (and key) real Unicode: a lone surrogate ("\\ud800") cannot be
-        encoded, tokenized or sent back, so it is refused here with the field it is in."""
-        if problems := json_problems(data):
-            field, why = problems[0]
-            raise ValueError(f"{field}: {why}")
-        return data
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
@@ -165,7 +154,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(req: Request, e: RequestValidationError):
         if not req.url.path.startswith("/v1/"):
-            return await request_validation_exception_handler(req, e)
+            return validation_422(e)
         first = e.errors()[0] if e.errors() else {}
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         return OpenAIError(400, f"{where}: {first.get('msg', 'invalid request')}" if where else
