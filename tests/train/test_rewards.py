@@ -462,12 +462,20 @@ def test_after_a_timeout_the_next_call_gets_a_fresh_worker(released):
     assert total.tolist() == [3.0]
 
 
-def test_the_time_limit_is_a_positive_number_and_the_worker_is_a_daemon():
+def test_the_time_limit_is_a_positive_number_and_the_worker_a_daemon_that_ends():
     import threading
 
     for bad in (0, -1.0, float("nan"), float("inf"), True):
         with pytest.raises(BadInput, match="timeout_s must be a number > 0"):
             RewardSet([("format", 1.0, rewards.format_reward())], timeout_s=bad)
-    RewardSet.from_config({"format": 1.0}, timeout_s=2.0).score([trace()], ["x"])
-    workers = [t for t in threading.enumerate() if t.name == "tunix-rt-reward"]
-    assert workers and all(t.daemon for t in workers)  # a stuck call never keeps the process alive
+    seen = []
+
+    def where(record, completion, reasoning, answer):
+        seen.append(threading.current_thread())
+        return 1.0
+
+    RewardSet([("where", 1.0, where)], timeout_s=2.0).score([trace(), trace()], ["x", "y"])
+    (thread,) = set(seen)  # one worker for the batch
+    assert thread is not threading.main_thread() and thread.daemon  # a stuck call never holds the process
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # and it ends once the batch is scored: no thread left per run

@@ -295,7 +295,6 @@ class RewardSet:
             raise BadInput(f"rewards: timeout_s must be a number > 0 (or None), got {timeout_s!r}")
         self.terms = list(terms)
         self.timeout_s = timeout_s
-        self._worker: _Worker | None = None
 
     @classmethod
     def from_config(cls, data: Any, source: str = "rewards", timeout_s: float | None = None) -> "RewardSet":
@@ -312,25 +311,25 @@ class RewardSet:
         if len(records) != len(completions):
             raise ValueError(f"{len(records)} records for {len(completions)} completions")
         parts = {name: np.zeros(len(completions)) for name in self.names}
-        for i, (record, text) in enumerate(zip(records, completions)):
-            reasoning, answer, _ = parse_completion(text)
-            for name, _, fn in self.terms:
-                parts[name][i] = self._call(name, fn, record, text, reasoning, answer)
+        worker = _Worker()  # one thread per batch: nothing is left behind once it is scored
+        try:
+            for i, (record, text) in enumerate(zip(records, completions)):
+                reasoning, answer, _ = parse_completion(text)
+                for name, _, fn in self.terms:
+                    parts[name][i] = self._call(worker, name, fn, record, text, reasoning, answer)
+        finally:
+            worker.stop()
         total = np.zeros(len(completions))
         for name, weight, _ in self.terms:
             total += weight * parts[name]
         return total, parts
 
-
-    def _call(self, name: str, fn: Reward, record: Trace, text: str, reasoning: str | None,
-              answer: str | None) -> float:
+    def _call(self, worker: "_Worker", name: str, fn: Reward, record: Trace, text: str,
+              reasoning: str | None, answer: str | None) -> float:
         where = f"reward {name!r} on record {record.id}"
-        if self._worker is None:
-            self._worker = _Worker()
         try:
-            value = self._worker.call(fn, (record, text, reasoning, answer), self.timeout_s)
+            value = worker.call(fn, (record, text, reasoning, answer), self.timeout_s)
         except TimeoutError:
-            self._worker = None  # still busy with the call: the next one gets a fresh thread
             raise TunixRtError(f"{where}: no result within reward_timeout_s={self.timeout_s:g} s (the call is "
                                "abandoned on its daemon thread)") from None
         except Exception as exc:
@@ -350,8 +349,8 @@ class _Worker:
         threading.Thread(target=self._serve, name="tunix-rt-reward", daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            fn, args = self._calls.get()
+        while (call := self._calls.get()) is not None:
+            fn, args = call
             try:
                 self._results.put((True, fn(*args)))
             except BaseException as exc:  # handed to the caller, raised there
@@ -367,3 +366,7 @@ class _Worker:
         if not ok:
             raise out
         return out
+
+    def stop(self) -> None:
+        """The thread ends after the call in progress (at once when idle)."""
+        self._calls.put(None)
