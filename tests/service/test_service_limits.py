@@ -200,3 +200,31 @@ def test_lone_surrogates_are_refused_at_the_rest_entries(home):
             assert r.status_code == 422, (body, r.text)
             assert f"{field}: lone surrogate" in r.json()["detail"][0]["msg"], r.text
         assert client.get("/api/jobs").json() == []  # nothing was queued
+
+
+def test_requests_waiting_for_a_model_slot_leave_the_api_its_threads(home):
+    """With room for one model, busy with a long streamed answer: 45 requests for another
+    model wait for the slot on /v1's own share of worker threads, so the /api routes (on
+    the shared pool, 40 threads) and health still answer at once; once the stream ends the
+    waiting requests are served or told to retry (503 + Retry-After), never a 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with _serving(home, serve_max_models=1, serve_load_wait_s=20) as (srv, _):
+        url = srv.url + "/v1/chat/completions"
+        long = {"model": "tiny-gemma3", "max_tokens": 1000, "stream": True,
+                "messages": [{"role": "user", "content": "Tell me a long story."}]}
+        other = {"model": "tiny-gemma2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        with ThreadPoolExecutor(45) as pool, httpx.Client(base_url=srv.url, headers=auth, timeout=60) as api:
+            with httpx.stream("POST", url, json=long, headers=auth, timeout=120) as stream:
+                lines = stream.iter_lines()
+                next(lines)  # the model is busy decoding
+                waiting = [pool.submit(httpx.post, url, json=other, headers=auth, timeout=120) for _ in range(45)]
+                time.sleep(1.0)
+                assert not any(f.done() for f in waiting)  # all wait for the slot
+                for path in ("/api/jobs", "/api/health", "/api/evaluations"):
+                    t0 = time.monotonic()
+                    assert api.get(path).status_code == 200
+                    assert time.monotonic() - t0 < 1.0, path
+            codes = [f.result().status_code for f in waiting]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 1, codes

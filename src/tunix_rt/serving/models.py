@@ -151,11 +151,15 @@ class ModelCache:
         self._cond = threading.Condition()
         self._load_lock = threading.Lock()
 
+    def acquire_loaded(self, model_id: str) -> ServedModel | None:
+        """The model held, if it is loaded; None (at once, never blocking) if it is not."""
+        with self._cond:
+            return self._hold(model_id) if model_id in self._models else None
+
     def acquire(self, model_id: str) -> ServedModel:
         """The model, loaded if need be, held until `release` (it cannot be unloaded meanwhile)."""
-        with self._cond:
-            if model_id in self._models:
-                return self._hold(model_id)
+        if (served := self.acquire_loaded(model_id)) is not None:
+            return served
         with self._load_lock:
             with self._cond:
                 if model_id in self._models:

@@ -19,17 +19,20 @@ scheduler counts it after that: loading another model never unloads one under a 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
+
+import anyio
+import anyio.to_thread
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
-from starlette.concurrency import run_in_threadpool
 
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.generate import DecodeConfig
@@ -44,6 +47,8 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 DEFAULTS = DecodeConfig()
 MAX_STOP = 4
 DISCONNECT_POLL_S = 0.1
+SERVE_THREADS = 8
+"""Worker threads /v1 requests may occupy at once (the rest wait their turn on the loop)."""
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "top_logprobs")
 
 
@@ -133,14 +138,22 @@ class ChatCompletionRequest(RealUnicode):
 
 
 def model_cache(app: FastAPI) -> ModelCache:
-    """The app's loaded models, created on first use (no model loads at start-up)."""
+    """The app's loaded models, created on first use (no model loads at start-up), with the
+    worker threads /v1 may occupy."""
     cache = getattr(app.state, "models", None)
     if cache is None:
         s: Settings = app.state.settings
+        app.state.serve_threads = anyio.CapacityLimiter(SERVE_THREADS)
         cache = app.state.models = ModelCache(s.home_obj, ServeConfig(
             device=s.serve_device, max_models=s.serve_max_models, max_batch=s.serve_max_batch,
             max_queue=s.serve_max_queue, load_wait_s=s.serve_load_wait_s))
     return cache
+
+
+async def _off_loop(app: FastAPI, fn: Callable, *args):
+    """fn(*args) on a worker thread of /v1's own share (loads, waits for a model slot,
+    tokenizing): however many /v1 requests wait, the /api routes keep their threads."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=app.state.serve_threads)
 
 
 def install(app: FastAPI) -> None:
@@ -181,9 +194,9 @@ def _model_obj(m: dict) -> dict:
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request, settings: SettingsDep):
     cache = model_cache(request.app)
-    served = await _acquire(cache, body.model)
+    served = await _acquire(request.app, cache, body.model)
     try:  # held until submitted: from then on its scheduler keeps it loaded
-        prompt, cfg = await _prompt(body, served, settings.serve_max_tokens)
+        prompt, cfg = await _prompt(request.app, body, served, settings.serve_max_tokens)
         events: asyncio.Queue[Event] = asyncio.Queue()
         gen = GenRequest(prompt, cfg, _sink(events, asyncio.get_running_loop()), n=body.n, stop=body.stops())
         _submit(served, gen)
@@ -197,17 +210,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, settin
     return await _complete(gen, events, meta, len(prompt), request)
 
 
-async def _acquire(cache: ModelCache, model_id: str) -> ServedModel:
-    """The model, held (the caller releases it); a load runs on a worker thread."""
+async def _acquire(app: FastAPI, cache: ModelCache, model_id: str) -> ServedModel:
+    """The model, held (the caller releases it); a load, or a wait for a slot, runs on a
+    worker thread."""
     try:
-        return await run_in_threadpool(cache.acquire, model_id)
+        return cache.acquire_loaded(model_id) or await _off_loop(app, cache.acquire, model_id)
     except ModelNotFound as e:
         raise OpenAIError(404, str(e), code="model_not_found", param="model") from None
     except ModelsBusy as e:
         raise retry_later(str(e), "model_busy", e.retry_after_s) from None
 
 
-async def _prompt(body: ChatCompletionRequest, served: ServedModel, cap: int) -> tuple[list[int], DecodeConfig]:
+async def _prompt(app: FastAPI, body: ChatCompletionRequest, served: ServedModel, cap: int) -> tuple[list[int], DecodeConfig]:
     """Prompt ids and decoding; a prompt that cannot fit the context is refused by its
     length in characters first, and tokenized off the event loop."""
     messages = [m.message() for m in body.messages]
@@ -217,7 +231,7 @@ async def _prompt(body: ChatCompletionRequest, served: ServedModel, cap: int) ->
         raise _context_exceeded(f"{chars:,} characters of messages cannot fit the model's context of "
                                 f"{served.max_context} tokens (at most {served.max_prompt_chars:,} characters)")
     try:
-        prompt = await run_in_threadpool(chat_prompt_ids, messages, served.tok, served.system_prompt)
+        prompt = await _off_loop(app, chat_prompt_ids, messages, served.tok, served.system_prompt)
     except BadInput as e:
         raise OpenAIError(400, str(e), param="messages") from None
     if served.max_context and len(prompt) + cfg.max_new_tokens > served.max_context:
