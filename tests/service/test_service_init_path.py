@@ -80,3 +80,18 @@ def test_a_worker_refuses_an_init_path_in_a_job_row_as_bad_input(home, other_run
     assert [p.name for p in home.runs.iterdir()] == ["escape"]  # no run was started
     assert not list(home.models.glob("init-*"))  # the other home's adapter was never merged
     assert json.loads((home.runs / "escape" / "run_manifest.json").read_text())["status"] == "succeeded"
+
+
+def test_a_sweep_whose_base_names_init_by_path_writes_nothing(home, other_run):
+    """The sweep's trials are jobs too: its base config follows the same rule."""
+    from tunix_rt.errors import BadInput
+    from tunix_rt.sweep.space import parse_space
+    from tunix_rt.sweep.study import create_sweep, list_sweeps
+
+    base = {"model": "tiny-gemma3", "dataset": "tiny@v1", "method": "grpo", "init": other_run,
+            "max_steps": 2, "warmup_steps": 0}
+    with pytest.raises(BadInput) as e:
+        create_sweep("from-elsewhere", base, parse_space({"params": {"lr": {"type": "float", "low": 1e-4,
+                                                                             "high": 1e-2, "log": True}}}), 2)
+    assert "init must be a run id from the home, not a path" in str(e.value), str(e.value)
+    assert list_sweeps() == [] and queue.list_jobs() == []
