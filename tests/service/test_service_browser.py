@@ -394,9 +394,11 @@ def test_numbers_never_print_as_zero_or_minus_zero(site):
     srv, page, _ = site
     _login(page, srv)
     got = page.evaluate("""[fmtNum(3e-4), fmtNum(-0), fmtNum(6.95564), fmtNum(1.5e-5), fmt(3e-5, 4), fmt(-1e-9, 4),
-                            fmt(0.625), linearScale(-1e-7, 1e-4).ticks.map((t) => t.label)]""")
+                            fmt(0.625), ...[linearScale(-1e-7, 1e-4), logScale(2e-5, 8e-3), logScale(0.004, 7)]
+                            .map((s) => s.ticks.map((t) => t.label))]""")
     assert got[:7] == ["3e-4", "0", "6.956", "1.5e-5", "3e-5", "-1e-9", "0.625"]
     assert got[7] == ["-2e-5", "0", "2e-5", "4e-5", "6e-5", "8e-5", "1e-4"]
+    assert got[8] == ["1e-5", "1e-4", "1e-3", "1e-2"] and got[9] == ["0.001", "0.01", "0.1", "1", "10"]
 
 
 def test_leaderboard_rows_name_runs_never_paths(site, home):

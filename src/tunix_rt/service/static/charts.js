@@ -29,8 +29,8 @@ function fmtNum(v, sig = 4) {
 // ---- scales: value → fraction of the axis, with round tick values -----------------------
 const log10floor = (v) => Math.floor(Math.log10(v) + 1e-9);
 
-// The 1-2-5 step that cuts `range` into about `target` parts.
-function niceStep(range, target = 5) {
+// The 1-2-5 step that cuts `range` into about `target` parts (3 to 8 ticks on an axis).
+function niceStep(range, target = 4) {
   const raw = range / target, p = 10 ** log10floor(raw), m = raw / p;
   return cleanNum((m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p);
 }
@@ -71,7 +71,11 @@ function logScale(lo, hi) {
   let ticks = cands.filter((c) => c >= a && c <= b);
   if (ticks.length > 8) { const every = Math.ceil(ticks.length / 6); ticks = ticks.filter((_, i) => i % every === 0); }
   const la = Math.log10(a), lb = Math.log10(b);
-  return { kind: "log", lo: a, hi: b, ticks: ticks.map((v) => ({ v, label: fmtNum(v, 3) })), frac: (v) => (Math.log10(v) - la) / (lb - la) };
+  // An axis of small values in one notation (1e-4, 1e-3, 1e-2, not 1e-4, 0.001, 0.01); one
+  // reaching 1 or more in plain numbers wherever they fit (0.001, 0.1, 1, 10, not 1e0, 1e1).
+  const sci = ticks.some((v) => v < 1e-3) && ticks[ticks.length - 1] < 1 || ticks[0] >= 1e6;
+  const label = (v) => (sci ? sciNum(v, 2) : fmtNum(v, 3));
+  return { kind: "log", lo: a, hi: b, ticks: ticks.map((v) => ({ v, label: label(v) })), frac: (v) => (Math.log10(v) - la) / (lb - la) };
 }
 
 // ---- SVG -------------------------------------------------------------------------------
