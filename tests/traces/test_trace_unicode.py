@@ -143,3 +143,26 @@ def test_an_upload_is_refused_before_a_job_exists(home):
         assert list((home.root / "uploads").iterdir()) == []
         ok = client.post("/api/datasets", files={"file": ("ok.jsonl", GOOD)}, data={"name": "up"})
         assert ok.status_code == 202 and len(client.get("/api/jobs").json()) == 1  # the route itself works
+
+
+def test_an_import_job_for_such_a_file_is_dead_at_once_not_retried(home):
+    """Behind the route (an upload stored before this rule, a job queued directly): the
+    worker's import reads through the same reader, so the job ends `dead` on its first
+    attempt with the FILE:LINE: FIELD message, where it used to fail with a
+    UnicodeEncodeError, be retried as transient and end `dead` only after every attempt."""
+    import hashlib
+
+    from tunix_rt.registry import queue
+    from tunix_rt.registry.worker import Worker, WorkerConfig
+
+    content = GOOD + raw_line(record("b", steps=["ok", f"x{LONE}"]))
+    digest = hashlib.sha256(content).hexdigest()
+    (home.root / "uploads").mkdir(exist_ok=True)
+    (home.root / "uploads" / f"{digest}.jsonl").write_bytes(content)
+    job_id = queue.enqueue("import", {"upload": f"{digest}.jsonl", "name": "up", "format": "record",
+                                      "filename": "old.jsonl"}, max_attempts=3, url=home.database_url)
+    assert Worker(home, WorkerConfig(lease_s=5, poll_s=0.05, max_jobs=1, url=home.database_url)).run() == 1
+    job = queue.get_job(job_id, url=home.database_url)
+    assert (job.status, job.attempts) == (queue.DEAD, 1)
+    assert f"{digest}.jsonl:2: steps[1]: lone surrogate U+D800" in job.error
+    assert leftovers(home) == []
