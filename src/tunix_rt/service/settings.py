@@ -37,7 +37,8 @@ class Settings(BaseModel):
     serve_device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where served models run (/v1/chat/completions, the playground)."""
     serve_max_models: int = Field(2, ge=1)
-    """Models kept loaded at once; the least recently used is unloaded past this."""
+    """Models kept loaded at once; loading another unloads the least recently used idle one
+    (a model with requests in flight never is)."""
     serve_max_batch: int = Field(DecodeConfig().batch_size, ge=1)
     """Completions (rows) one model decodes together; later requests wait in the queue."""
     serve_max_queue: int = Field(64, ge=0)
