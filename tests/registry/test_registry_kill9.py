@@ -147,6 +147,7 @@ def test_sync_asks_the_process_on_this_host_and_the_clock_elsewhere(home):
     reused = _running(home, "reused", {**me, "start": me["start"] - 1})  # the pid is someone else now
     other_fresh = _running(home, "other-fresh", {"host": "elsewhere", "pid": 1, "start": 1})
     other_silent = _running(home, "other-silent", {"host": "elsewhere", "pid": 1, "start": 1})
+    container = _running(home, "container", {**me, "pid": _dead_pid(), "pidns": "pid:[1]"})  # same host name
     before_record = _running(home, "no-record", None)
     _age(other_silent, 7200)
     _age(before_record, 7200)
@@ -155,9 +156,10 @@ def test_sync_asks_the_process_on_this_host_and_the_clock_elsewhere(home):
 
     told: list[str] = []
     counts = sync_home(home, report=told.append)
-    assert counts["runs"] == 7 and all(".tmp-" not in r.id for r in queries.list_runs())
+    assert counts["runs"] == 8 and all(".tmp-" not in r.id for r in queries.list_runs())
     status = {r.id: r.status for r in queries.list_runs()}
-    assert status == {"alive": "running", "other-fresh": "running", "done": "succeeded", "dead": "interrupted",
+    assert status == {"alive": "running", "other-fresh": "running", "container": "running", "done": "succeeded",
+                      "dead": "interrupted",
                       "reused": "interrupted", "other-silent": "interrupted", "no-record": "interrupted"}
     assert sorted(line.split(":")[0] for line in told) == [
         "run dead", "run no-record", "run other-silent", "run reused"]
@@ -167,6 +169,7 @@ def test_sync_asks_the_process_on_this_host_and_the_clock_elsewhere(home):
     assert "step-000002" in queries.get_run("dead").error
     assert _manifest(dead)["finished_at"] and _manifest(alive)["status"] == "running"
     assert _manifest(other_fresh)["status"] == "running" and _manifest(done)["status"] == "succeeded"
+    assert _manifest(container)["status"] == "running"  # its pid means nothing here: its files are fresh
 
 
 def test_stale_after_is_an_option_of_registry_sync(home, monkeypatch, capsys):

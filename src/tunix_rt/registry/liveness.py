@@ -1,13 +1,14 @@
 """Is the process writing a run still there?
 
-A run records its writer in run_manifest.json when it starts (`process`: host, pid and the
-process's start time, which tells a reused pid apart). A SIGKILL leaves the manifest saying
-`running` for ever, so `registry sync` asks here about every run still `created` or
-`running`: on this host, whether that process lives; on another host (or for a run from
-before the record existed), whether any of the run's files changed in the last
-STALE_AFTER_S. A run whose writer is gone is marked `interrupted` in its manifest, with the
-reason and its last committed checkpoint, exactly as the process would have marked itself on
-a Ctrl-C: the files stay the source of truth and `--resume` continues it.
+A run records its writer in run_manifest.json when it starts (`process`: host, pid, the
+process's start time, which tells a reused pid apart, and its pid namespace). A SIGKILL
+leaves the manifest saying `running` for ever, so `registry sync` asks here about every run
+still `created` or `running`: on this host (and pid namespace: not another container),
+whether that process lives; elsewhere (or for a run from before the record existed),
+whether any of the run's files changed in the last STALE_AFTER_S. A run whose writer is
+gone is marked `interrupted` in its manifest, with the reason and its last committed
+checkpoint, as the process marks itself on a Ctrl-C: the files stay the source of truth,
+and `--resume` continues it.
 
 Nothing here imports the registry's database: the trainer calls process_identity().
 """
@@ -37,7 +38,16 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 def process_identity() -> dict[str, Any]:
     """This process, as a run manifest records its writer."""
     pid = os.getpid()
-    return {"host": fence._host(), "pid": pid, "start": _start_ticks(pid)}
+    return {"host": fence._host(), "pid": pid, "start": _start_ticks(pid), "pidns": _pid_namespace()}
+
+
+def _pid_namespace() -> str | None:
+    """Which pid namespace this process sees (containers on one host name share none):
+    only a process in the same one may ask about a pid."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -53,7 +63,7 @@ def _start_ticks(pid: int) -> int | None:
 def gone_reason(run_dir: Path, manifest: dict[str, Any], stale_after_s: float = STALE_AFTER_S) -> str | None:
     """Why the writer of this `created`/`running` run is gone, or None while it may live."""
     proc = manifest.get("process") if isinstance(manifest.get("process"), dict) else {}
-    if proc.get("host") == fence._host() and isinstance(proc.get("pid"), int):
+    if (proc.get("host"), proc.get("pidns")) == (fence._host(), _pid_namespace()) and isinstance(proc.get("pid"), int):
         return _pid_gone(proc)
     silent = time.time() - last_sign_of_life(run_dir)
     if silent <= stale_after_s:
