@@ -124,6 +124,8 @@ class _BodyLimit:
 
         async def counted():
             nonlocal received
+            if received > limit:  # refused already: read on as if the client had left
+                return {"type": "http.disconnect"}
             message = await receive()
             received += len(message.get("body", b"")) if message["type"] == "http.request" else 0
             if received > limit:  # raised inside the route's body read: FastAPI answers it as is
