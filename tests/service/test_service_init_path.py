@@ -95,3 +95,15 @@ def test_a_sweep_whose_base_names_init_by_path_writes_nothing(home, other_run):
                                                                              "high": 1e-2, "log": True}}}), 2)
     assert "init must be a run id from the home, not a path" in str(e.value), str(e.value)
     assert list_sweeps() == [] and queue.list_jobs() == []
+
+
+def test_an_eval_job_takes_its_adapter_run_by_the_same_rule(home, other_run):
+    """adapter_run names a run like init does: a link out of runs/ is bad input too."""
+    url = home.database_url
+    (home.runs / "escape").symlink_to(other_run, target_is_directory=True)
+    jid = queue.enqueue("eval", {"model": "tiny-gemma3", "adapter_run": "escape", "dataset": "tiny"}, url=url)
+    assert Worker(home, WorkerConfig(lease_s=5, poll_s=0.05, max_jobs=1, url=url)).run() == 1
+    job = queue.get_job(jid, url=url)
+    assert (job.status, job.attempts) == ("dead", 1) and "adapter_run" in job.error and "link out" in job.error, \
+        job.error
+    assert not (home.root / "evals").exists() and not (home.runs / "escape" / "eval").exists()

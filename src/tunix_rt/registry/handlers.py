@@ -83,32 +83,33 @@ class TrainParams(BaseModel):
         return cfg
 
 
-HOME_NAMES = (("model", REF, "name"), ("dataset", REF, "name"), ("init", NAME, "run id"))
+RUN_ID = NAME
+"""A run by its id: the name of its directory under <home>/runs."""
+HOME_NAMES = {"model": (REF, "name"), "dataset": (REF, "name"), "init": (RUN_ID, "run id")}
 """The config fields a job names files with, each by a name from the home: never a path."""
 
 
 def check_home_names(cfg) -> None:
     """A job's model and dataset are names from the home (any worker's), its `init` a run id
     of the home: never paths. (Where the home is at hand, home_run checks the run itself.)"""
-    for key, _pattern, _what in HOME_NAMES:
-        problem = _not_a_home_name(key, getattr(cfg, key))
+    for key, (pattern, what) in HOME_NAMES.items():
+        problem = _not_a_home_name(key, getattr(cfg, key), pattern, what)
         if problem:
             raise ValueError(problem)
 
 
-def _not_a_home_name(key: str, value: Any) -> str | None:
-    """What is wrong with `value` as the HOME_NAMES field `key` (None: nothing; unset is fine)."""
-    pattern, what = next((p, w) for k, p, w in HOME_NAMES if k == key)
+def _not_a_home_name(key: str, value: Any, pattern: str, what: str) -> str | None:
+    """What is wrong with `value` as field `key` (None: nothing; unset is fine)."""
     if value is None or re.fullmatch(pattern, str(value)):
         return None
     return f"{key} must be a {what} from the home, not a path: {value!r}"
 
 
 def home_run(key: str, run_id: Any, home: Home) -> Path:
-    """<home>/runs/<run_id> for a field that names a run (`init`): the id passes the field's
-    rule in HOME_NAMES, and the directory really is in this home's runs/ (not a symlink there
-    pointing out) and holds a run. BadInput otherwise."""
-    problem = _not_a_home_name(key, run_id)
+    """<home>/runs/<run_id> for a field that names a run (`init`, `adapter_run`): a run id
+    (RUN_ID), whose directory really is in this home's runs/ (not a symlink there pointing
+    out) and holds a run. BadInput otherwise."""
+    problem = _not_a_home_name(key, run_id, RUN_ID, "run id")
     if problem:
         raise BadInput(problem)
     name = str(run_id)
@@ -137,7 +138,7 @@ class EvalParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: Annotated[str | None, Field(pattern=NAME)] = None
-    adapter_run: Annotated[str | None, Field(pattern=NAME)] = None
+    adapter_run: Annotated[str | None, Field(pattern=RUN_ID)] = None
     dataset: Annotated[str, Field(pattern=REF)]
     split: Literal["train", "dev", "all"] = "dev"
     limit: Annotated[int | None, Field(ge=1, le=100000)] = None
@@ -293,11 +294,7 @@ def _run_status(run_dir: Path) -> str | None:
 
 
 def handle_eval(ctx: JobContext, p: EvalParams) -> dict[str, Any]:
-    adapter = None
-    if p.adapter_run:
-        adapter = ctx.home.runs / p.adapter_run
-        if not adapter.is_dir():
-            raise BadInput(f"no run {p.adapter_run!r} in the home")
+    adapter = home_run("adapter_run", p.adapter_run, ctx.home) if p.adapter_run else None
     return {"eval_id": _evaluate(ctx, p.model, adapter, p.dataset, p.split, p.limit, p.max_new_tokens)}
 
 
