@@ -210,7 +210,7 @@ async function runsPage() {
   show(h("h1", {}, "Runs"),
     h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Start a training run"),
       h("div", { class: "row" }, labelled("preset", preset), h("label", {}, evaluate, " evaluate on the dev split afterwards")),
-      h("label", { for: "overrides", class: "muted" }, "overrides"), overrides, h("div", { class: "row" }, h("button", { type: "submit", id: "submit-run" }, "Queue run")), msg),
+      h("div", {}, h("label", { for: "overrides", class: "muted" }, "overrides")), overrides, h("div", { class: "row" }, h("button", { type: "submit", id: "submit-run" }, "Queue run")), msg),
     h("h2", {}, "All runs"), table);
 }
 
@@ -344,7 +344,7 @@ async function evalPage(id, params) {
   const m = ev.metrics || {};
   show(h("h1", {}, "Evaluation " + ev.id),
     h("p", { class: "muted", title: [ev.model, ev.adapter].filter(isPath).join("\n") || null },
-      [pathName(ev.model), ev.adapter && "adapter " + pathName(ev.adapter), ev.dataset, ev.split, ev.engine, ev.device].filter(Boolean).join(" · ")),
+      [pathName(ev.model), isPath(ev.adapter) ? "adapter " + pathName(ev.adapter) : ev.adapter, ev.dataset, ev.split, ev.engine, ev.device].filter(Boolean).join(" · ")),
     h("div", { class: "row", "data-testid": "eval-metrics" }, ["accuracy", "format_rate", "answer_found_rate", "truncated_rate"].map((k) => h("span", { class: "card" }, `${k} ${pct(m[k])}`)),
       h("span", { class: "card" }, `mean tokens ${fmt(m.mean_completion_tokens, 1)}`), h("span", { class: "card" }, `n ${fmt(m.n ?? ev.n)}`)),
     h("div", { class: "row" }, h("label", {}, wrong, " wrong only"), h("label", {}, badFmt, " format violations"), search, count),
