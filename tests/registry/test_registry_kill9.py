@@ -13,12 +13,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from registry_testlib import write_run
-from tunix_rt.registry import queries
-from tunix_rt.registry.liveness import process_identity
+from tunix_rt.registry import liveness, queries
 from tunix_rt.registry.record import record_run, sync_home
 from tunix_rt.train import checkpoint
 from tunix_rt.train.run import read_jsonl
@@ -134,6 +134,16 @@ def _dead_pid() -> int:
     return p.pid
 
 
+def _zombie() -> subprocess.Popen:
+    """A child that exited and was not waited for: its pid still answers signal 0."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline, "the child did not exit"
+        time.sleep(0.05)
+    return p
+
+
 def _age(run, seconds: float) -> None:
     old = time.time() - seconds
     for p in [run, *run.rglob("*")]:
@@ -141,13 +151,15 @@ def _age(run, seconds: float) -> None:
 
 
 def test_sync_asks_the_process_on_this_host_and_the_clock_elsewhere(home):
-    me = process_identity()
+    me = liveness.process_identity()
     alive = _running(home, "alive", me)
     dead = _running(home, "dead", {**me, "pid": _dead_pid()})
     reused = _running(home, "reused", {**me, "start": me["start"] - 1})  # the pid is someone else now
     other_fresh = _running(home, "other-fresh", {"host": "elsewhere", "pid": 1, "start": 1})
     other_silent = _running(home, "other-silent", {"host": "elsewhere", "pid": 1, "start": 1})
     container = _running(home, "container", {**me, "pid": _dead_pid(), "pidns": "pid:[1]"})  # same host name
+    zombie = _zombie()
+    _running(home, "zombie", {**me, "pid": zombie.pid, "start": liveness._start_ticks(zombie.pid)})
     before_record = _running(home, "no-record", None)
     _age(other_silent, 7200)
     _age(before_record, 7200)
@@ -156,13 +168,14 @@ def test_sync_asks_the_process_on_this_host_and_the_clock_elsewhere(home):
 
     told: list[str] = []
     counts = sync_home(home, report=told.append)
-    assert counts["runs"] == 8 and all(".tmp-" not in r.id for r in queries.list_runs())
+    zombie.wait()
+    assert counts["runs"] == 9 and all(".tmp-" not in r.id for r in queries.list_runs())
     status = {r.id: r.status for r in queries.list_runs()}
     assert status == {"alive": "running", "other-fresh": "running", "container": "running", "done": "succeeded",
-                      "dead": "interrupted",
+                      "dead": "interrupted", "zombie": "interrupted",
                       "reused": "interrupted", "other-silent": "interrupted", "no-record": "interrupted"}
     assert sorted(line.split(":")[0] for line in told) == [
-        "run dead", "run no-record", "run other-silent", "run reused"]
+        "run dead", "run no-record", "run other-silent", "run reused", "run zombie"]
     assert "is gone (killed?)" in queries.get_run("dead").error
     assert "another process" in queries.get_run("reused").error
     assert "presumed gone" in queries.get_run("other-silent").error

@@ -51,11 +51,17 @@ def _pid_namespace() -> str | None:
 
 
 def _start_ticks(pid: int) -> int | None:
-    """When the process started (clock ticks after boot, Linux /proc/<pid>/stat field 22);
-    None where there is no /proc."""
+    """When the process started (clock ticks after boot); None where there is no /proc."""
+    stat = _stat(pid)
+    return int(stat[19]) if stat else None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields 3.. of Linux /proc/<pid>/stat (state, ppid, …; [19] is field 22, starttime)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])  # after "(comm)" comes field 3
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after "(comm)"
+        int(fields[19])
+        return fields
     except (OSError, ValueError, IndexError):
         return None
 
@@ -74,10 +80,10 @@ def gone_reason(run_dir: Path, manifest: dict[str, Any], stale_after_s: float = 
 
 def _pid_gone(proc: dict[str, Any]) -> str | None:
     pid, start = proc["pid"], proc.get("start")
-    if not fence._alive(pid):
+    stat = _stat(pid)
+    if not fence._alive(pid) or (stat and stat[0] == "Z"):  # a zombie waits only for its parent
         return f"its process {pid} on {proc['host']} is gone (killed?)"
-    now = _start_ticks(pid)
-    if start is not None and now is not None and now != start:
+    if start is not None and stat and int(stat[19]) != start:
         return f"its process {pid} on {proc['host']} is gone (that pid is another process now)"
     return None
 
