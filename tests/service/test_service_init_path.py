@@ -107,3 +107,18 @@ def test_an_eval_job_takes_its_adapter_run_by_the_same_rule(home, other_run):
     assert (job.status, job.attempts) == ("dead", 1) and "adapter_run" in job.error and "link out" in job.error, \
         job.error
     assert not (home.root / "evals").exists() and not (home.runs / "escape" / "eval").exists()
+
+
+def test_init_is_never_read_from_the_current_directory(home, tmp_path, monkeypatch):
+    """The stages' run lookup takes a path too (the CLI's convenience): a same-named run in
+    the process's current directory would be read instead of the home's, so it is refused."""
+    write_run(home, "sft-run")
+    elsewhere = Home(tmp_path / "cwd").ensure()
+    write_run(elsewhere, "sft-run")
+    monkeypatch.chdir(elsewhere.runs)
+    with make_client(home, home.database_url) as client:
+        r = _submit(client, "sft-run")
+        assert r.status_code == 422 and "current directory" in r.json()["detail"], r.text
+    monkeypatch.chdir(home.runs)  # the home's own runs/ is the same run: fine
+    with make_client(home, home.database_url) as client:
+        assert _submit(client, "sft-run").status_code == 202
