@@ -280,3 +280,33 @@ def test_loading_a_model_never_fails_requests_in_flight(served):
     assert all(int(h["retry-after"]) > 0 for c, _, h in results if c == 503)
     assert codes.count(200) >= 20, codes
     assert len(app.state.models.loaded()) <= 2
+
+
+def test_a_request_cancelled_while_its_model_loads_does_not_pin_it(tmp_path, one_thread):
+    """A request cancelled (server shutdown, a client gone) while its model loads on a worker
+    thread: what the thread acquired is released, so the model can still be unloaded later
+    (with room for one, the next model loads instead of waiting for a slot that never frees)."""
+    import asyncio
+
+    from tunix_rt.service.routers.openai import hold_model, model_cache
+
+    home = Home.resolve(tmp_path / "home").ensure()
+    app = live_app(home, home.database_url, serve_max_models=1, serve_load_wait_s=0.5)
+
+    async def cancel_then_load_another():
+        cache = model_cache(app)
+        task = asyncio.create_task(hold_model(app, cache, "tiny-gemma3"))
+        await asyncio.sleep(0.05)  # the load has started on its thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while "tiny-gemma3" not in cache.loaded():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+        return await hold_model(app, cache, "tiny-gemma2")
+
+    try:  # a hold never released: OpenAIError 503 "all 1 loaded models … are serving requests"
+        served = asyncio.run(cancel_then_load_another())
+        assert served.id == "tiny-gemma2" and app.state.models.loaded() == ["tiny-gemma2"]
+    finally:
+        app.state.models.close()

@@ -194,7 +194,7 @@ def _model_obj(m: dict) -> dict:
 @router.post("/chat/completions", response_model=None)
 async def chat_completions(body: ChatCompletionRequest, request: Request, settings: SettingsDep):
     cache = model_cache(request.app)
-    served = await _acquire(request.app, cache, body.model)
+    served = await hold_model(request.app, cache, body.model)
     try:  # held until submitted: from then on its scheduler keeps it loaded
         prompt, cfg = await _prompt(request.app, body, served, settings.serve_max_tokens)
         events: asyncio.Queue[Event] = asyncio.Queue()
@@ -210,15 +210,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, settin
     return await _complete(gen, events, meta, len(prompt), request)
 
 
-async def _acquire(app: FastAPI, cache: ModelCache, model_id: str) -> ServedModel:
+async def hold_model(app: FastAPI, cache: ModelCache, model_id: str) -> ServedModel:
     """The model, held (the caller releases it); a load, or a wait for a slot, runs on a
     worker thread."""
     try:
-        return cache.acquire_loaded(model_id) or await _off_loop(app, cache.acquire, model_id)
+        return cache.acquire_loaded(model_id) or await _held_off_loop(app, cache, model_id)
     except ModelNotFound as e:
         raise OpenAIError(404, str(e), code="model_not_found", param="model") from None
     except ModelsBusy as e:
         raise retry_later(str(e), "model_busy", e.retry_after_s) from None
+
+
+async def _held_off_loop(app: FastAPI, cache: ModelCache, model_id: str) -> ServedModel:
+    """cache.acquire on a worker thread. Should this request be cancelled meanwhile, the
+    thread still finishes, and what it acquired is released then: a hold nobody releases
+    would keep that model loaded for good."""
+    task = asyncio.ensure_future(_off_loop(app, cache.acquire, model_id))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(lambda t: t.cancelled() or t.exception() or cache.release(t.result()))
+        raise
 
 
 async def _prompt(app: FastAPI, body: ChatCompletionRequest, served: ServedModel, cap: int) -> tuple[list[int], DecodeConfig]:
