@@ -160,11 +160,12 @@ class ModelCache:
         """The model, loaded if need be, held until `release` (it cannot be unloaded meanwhile)."""
         if (served := self.acquire_loaded(model_id)) is not None:
             return served
+        deadline = time.monotonic() + self.cfg.load_wait_s  # time spent behind other loads counts
         with self._load_lock:
             with self._cond:
                 if model_id in self._models:
                     return self._hold(model_id)
-                evicted = self._make_room()
+                evicted = self._make_room(deadline)
             for old in evicted:
                 old.scheduler.close()
             served = load(model_id, self.home, self.cfg, on_idle=self._wake)
@@ -188,21 +189,19 @@ class ModelCache:
         self._held[model_id] += 1
         return self._models[model_id]
 
-    def _make_room(self) -> list[ServedModel]:
-        """Take idle models out (least recently used first) until one more fits; waits for
-        one to go idle, up to load_wait_s. Call holding _cond; close what it returns."""
-        deadline, evicted = time.monotonic() + self.cfg.load_wait_s, []
+    def _make_room(self, deadline: float) -> list[ServedModel]:
+        """The least recently used idle model taken out if one more would not fit, waiting
+        until `deadline` for one to go idle. Call holding _cond; close what it returns."""
         while len(self._models) >= self.cfg.max_models:
             idle = next((k for k, m in self._models.items() if not self._held[k] and m.scheduler.idle), None)
             if idle is not None:
-                evicted.append(self._models.pop(idle))
-                continue
+                return [self._models.pop(idle)]  # the bound holds: never more than max_models loaded
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ModelsBusy(f"all {len(self._models)} loaded models (the server's limit) are serving requests; "
                                  "retry shortly", retry_after_s=RETRY_AFTER_S)
             self._cond.wait(left)
-        return evicted
+        return []
 
     def _wake(self) -> None:
         """A scheduler's batch emptied: a load waiting for room may go on."""
