@@ -153,7 +153,7 @@ def test_ids_limits_and_offsets_are_validated(sqlite_seeded):
         assert client.get(path).status_code in (404, 422), path
     assert client.post(f"/api/jobs/{huge}/cancel").status_code in (404, 422)
     assert client.get("/api/jobs/123456").status_code == 404
-    pages = ["/api/jobs", "/api/evaluations", "/api/evaluations/leaderboard",
+    pages = ["/api/jobs", "/api/runs", "/api/evaluations", "/api/evaluations/leaderboard",
              f"/api/evaluations/{ids['eval_base']}/predictions", "/api/datasets/tiny/v1/records"]
     for path in pages:
         for bad in ({"limit": -1}, {"limit": huge + "0" * 5, "offset": -1}, {"offset": huge}):

@@ -238,5 +238,8 @@ def detect_format(obj: dict[str, Any]) -> str:
 
 
 def gsm8k_split_name(stem: str) -> str:
-    """The split part of GSM8K ids from a file or split name: 'train.jsonl' → 'train'."""
-    return re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-") or "train"
+    """The split part of GSM8K ids from a file or split name: 'train.jsonl' → 'train'. The id
+    already starts with 'gsm8k-', so a leading 'gsm8k' of the file name is dropped
+    ('gsm8k_test.jsonl' → 'test', ids gsm8k-test-NNNNN, never gsm8k-gsm8k-test-NNNNN)."""
+    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")
+    return re.sub(r"^gsm8k(?:-|$)", "", name) or "train"
