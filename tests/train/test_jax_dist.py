@@ -187,7 +187,7 @@ def test_refusals(home, tmp_path):
     assert all(r.returncode == 2 for r in rs), _tail(rs)
     assert "must span them all" in rs[0].stderr, _tail(rs)
     rs = _two(home, ["--config", _config(tmp_path, method="grpo", group_size=2, rl_prompts=2, rollout_max_new_tokens=16,
-                                         rewards={"length": 1.0})])
+                                         rewards={"format": 1.0})])
     assert all(r.returncode == 2 for r in rs), _tail(rs)
     assert "method=grpo on the JAX engine runs in one process" in rs[0].stderr, _tail(rs)
     assert not _runs(home)
