@@ -26,6 +26,7 @@ from typing import Any, Iterable
 from tunix_rt import __version__
 from tunix_rt.errors import TunixRtError
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
+from tunix_rt.rundir import reward_curves
 
 # Packages whose versions change results; reported as "not installed" when absent.
 PACKAGES = (
@@ -480,8 +481,6 @@ def _report_table(tuned: dict, base: dict | None, sft: dict | None = None) -> st
 
 
 def _report_loss(run_dir: Path) -> str:
-    from tunix_rt.train.run import reward_curves
-
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()] \
         if (run_dir / "metrics.jsonl").is_file() else []
     losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]

@@ -28,7 +28,8 @@ from typing import Any
 
 from tunix_rt import fence
 from tunix_rt.errors import BadInput
-from tunix_rt.registry.handlers import JobContext, TrialParams, require_succeeded, train_for_job
+from tunix_rt.registry.jobs import JobContext, TrialParams
+from tunix_rt.registry.train_job import require_succeeded, train_for_job
 from tunix_rt.sweep.study import JOB_ATTR, OBJECTIVE, RUN_ATTR, Sweep, load, opened
 from tunix_rt.train.run import METRICS, RunDir, RunStopped
 

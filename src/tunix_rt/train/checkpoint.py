@@ -43,7 +43,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.files import fsync_dir, fsync_tree, write_text_synced
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.run import fault_point
+from tunix_rt.train.faults import fault_point
 
 COMMIT = "COMMIT"
 PREFIX = "step-"

@@ -19,7 +19,8 @@ from tunix_rt.home import Home
 from tunix_rt.train import checkpoint, dist, engines
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import Engine
-from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, fault_point, never, open_run, plot_loss
+from tunix_rt.train.faults import fault_point
+from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, never, open_run, plot_loss
 from tunix_rt.train.schedule import lr_at
 
 #: method name -> "module:class"

@@ -29,7 +29,7 @@ from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import DataPosition, SeededOrder, collate
 from tunix_rt.train.engine import Engine, Objective
-from tunix_rt.train.run import fault_point
+from tunix_rt.train.faults import fault_point
 
 
 @dataclass

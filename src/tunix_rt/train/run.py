@@ -39,32 +39,14 @@ from tunix_rt.evidence import RUN_FACTS, environment_snapshot, find_fact_placeho
 from tunix_rt.fence import LeaseLost
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
 from tunix_rt.home import Home
+from tunix_rt.rundir import reward_curves
 from tunix_rt.train import dist
+from tunix_rt.train.checkpoint import DIGEST_EXEMPT
 from tunix_rt.train.config import TrainConfig
 
 MANIFEST = "run_manifest.json"
 METRICS = "metrics.jsonl"
 DATA_ORDER = "data_order.jsonl"
-
-_FAULT_COUNTS: dict[str, int] = {}
-
-
-def fault_point(name: str) -> None:
-    """Test hook for crash safety: with TUNIX_RT_FAULT=<name>@<n>, the n-th time this process
-    reaches the point named <name> it kills itself with SIGKILL (no cleanup can run);
-    <name>@<n>:SIGSTOP freezes it there instead (a worker paused past its lease).
-    TUNIX_RT_FAULT_RANK=<r> limits it to process r of a multi-process run."""
-    spec = os.environ.get("TUNIX_RT_FAULT")
-    if not spec or not spec.startswith(name + "@"):
-        return
-    only = os.environ.get("TUNIX_RT_FAULT_RANK")
-    if only is not None and int(only) != dist.rank():
-        return
-    count, _, sig = spec.split("@", 1)[1].partition(":")
-    _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1
-    if _FAULT_COUNTS[name] == int(count):
-        os.kill(os.getpid(), getattr(signal, sig or "SIGKILL"))
-
 
 def new_run_id(cfg: TrainConfig) -> str:
     """<run_name or model>-<YYYYmmdd-HHMMSS>-<4 hex>; a model path contributes its dir name."""
@@ -360,18 +342,6 @@ def plot_loss(run_dir: Path) -> Path:
     return out
 
 
-def reward_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """{"reward": [(step, mean total)], "reward_<name>": [...]} of an RL run's rows ({} for SFT)."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if "loss" not in r:
-            continue
-        for key, value in r.items():
-            if key == "reward" or key.startswith("reward_"):
-                out.setdefault(key, []).append((r["step"], value))
-    return out
-
-
 def open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "RunDir":
     """A new run directory, or the one `resume` names when its config is the same and it has
     not already succeeded. Whether its checkpoint can continue here (engine, device kind,
@@ -385,8 +355,6 @@ def open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "
 
 
 def _open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "RunDir":
-    from tunix_rt.train.checkpoint import DIGEST_EXEMPT
-
     if not resume:
         return RunDir.create(cfg, home, engine)
     run = RunDir.open(resolve_run(resume, home))

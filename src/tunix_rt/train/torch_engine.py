@@ -33,7 +33,7 @@ from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
-from tunix_rt.train.run import fault_point
+from tunix_rt.train.faults import fault_point
 
 
 class TorchEngine:
