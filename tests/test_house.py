@@ -1,7 +1,9 @@
 """The shape of the house, read from the source (no imports run):
 
 - no import circle among the modules of src/tunix_rt, counting every import: at the top,
-  inside functions (lazy) and under TYPE_CHECKING, since each one ties two modules together.
+  inside functions (lazy) and under TYPE_CHECKING, since each one ties two modules together;
+- one run-directory vocabulary: the names of a run's and an evaluation's files are spelled
+  in tunix_rt.rundir only; code elsewhere uses its names (prose may name the files).
 """
 
 from __future__ import annotations
@@ -111,3 +113,78 @@ def test_no_import_circle_in_src():
     graph = import_graph(SRC)
     assert len(graph) > 50 and "tunix_rt.train.driver" in graph
     assert circles(graph) == []
+
+
+# --------------------------------------------------------------------------- run-directory names
+
+#: file names of a run or an eval dir that code outside rundir.py must not spell
+RUN_FILE_NAMES = ("run_manifest.json", "eval_summary.json", "config.yaml", "predictions.jsonl", "metrics.jsonl",
+                  "environment.json", "final/adapter", "final/merged")
+#: folder names that must not be joined onto a path under final/ by hand
+FINAL_PARTS = ("final", "adapter", "merged")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants (prose, not paths)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _is_final_join(node: ast.AST) -> bool:
+    """`x / "final"`, or `<... / "final" or a name with final in it> / "adapter" | "merged"`."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)):
+        return False
+    if node.right.value == "final":
+        return True
+    if node.right.value not in ("adapter", "merged"):
+        return False
+    left = node.left
+    named_final = isinstance(left, ast.Name) and "final" in left.id
+    return named_final or (isinstance(left, ast.BinOp) and isinstance(left.right, ast.Constant)
+                           and left.right.value == "final")
+
+
+def run_name_literals(path: Path) -> list[str]:
+    """Where the file spells a run-dir name as code: a path-like string constant (no spaces:
+    a message or help text is prose) holding one of RUN_FILE_NAMES, or a hand-made join
+    under final/."""
+    tree = ast.parse(path.read_text(), str(path))
+    prose = _docstrings(tree)
+    in_fstring = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose \
+                and id(node) not in in_fstring and " " not in node.value \
+                and any(name in node.value for name in RUN_FILE_NAMES):
+            hits.append(f"{path.name}:{node.lineno}: {node.value!r}")
+        elif _is_final_join(node):
+            hits.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_the_run_name_scan_finds_spelled_names(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('''"""Reads run_manifest.json and final/adapter (prose: allowed)."""
+from pathlib import Path
+
+def f(run: Path, final_dir: Path):
+    """config.yaml too."""
+    print("no run_manifest.json here: a message")
+    return (run / "run_manifest.json", run / "final" / "adapter", final_dir / "merged",
+            "eval/eval_summary.json", run / "final")
+''')
+    hits = run_name_literals(bad)
+    assert len(hits) == 6, hits  # two constants, the final/adapter join (and its final), final_dir/merged, run/final
+    bad.write_text("from tunix_rt import rundir\n\ndef f(run):\n    return rundir.adapter_dir(run), run / rundir.MANIFEST\n")
+    assert run_name_literals(bad) == []
+
+
+def test_run_dir_names_are_spelled_in_rundir_only():
+    found = [hit for f in sorted((SRC / "tunix_rt").rglob("*.py")) if f.name != "rundir.py"
+             for hit in run_name_literals(f)]
+    assert found == []

@@ -889,8 +889,10 @@ def resolve_preset(model: str) -> Preset:
         return PRESETS[model]
     from pathlib import Path
 
+    from tunix_rt.files import MODEL_MANIFEST
+
     path = Path(model)
-    manifest = path / "tunix_rt_model.json"
+    manifest = path / MODEL_MANIFEST
     if manifest.is_file():
         name = json.loads(manifest.read_text(encoding="utf-8")).get("preset")
         if name in PRESETS:

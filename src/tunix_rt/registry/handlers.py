@@ -23,6 +23,7 @@ from tunix_rt.home import Home
 from tunix_rt.registry.jobs import (PARAMS, UPLOADS_DIR, EvalParams, ImportParams, JobContext, JobKind, TrainParams,
                                     TrialParams)
 from tunix_rt.registry.train_job import require_succeeded, train_for_job
+from tunix_rt.rundir import MANIFEST
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def _evaluate(ctx: JobContext, model: str | None, adapter: Path | None, dataset:
                       limit=limit, decode=DecodeConfig(max_new_tokens=max_new_tokens))
     eval_dir = Path(run_eval(req, ctx.home))
     eval_id = record_eval(eval_dir, strict=True)
-    if adapter is not None and (adapter / "run_manifest.json").is_file():
+    if adapter is not None and (adapter / MANIFEST).is_file():
         record_run(adapter, strict=True)
     return str(eval_id)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tunix_rt.errors import TunixRtError
 from tunix_rt.registry.jobs import JobContext
+from tunix_rt.rundir import CHECKPOINTS, Run, final_dir
 
 
 def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_run: bool = False) -> Path:
@@ -18,12 +19,12 @@ def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_
     so the job has exactly one run (a sweep trial's). `should_stop` is polled after every step
     (RunStopped once it says so)."""
     earlier = ctx.find_run_dir()
-    if earlier is not None and _run_status(earlier) == "succeeded":
+    if earlier is not None and Run(earlier).status() == "succeeded":
         run_dir = earlier  # an earlier attempt finished training and died before reporting
     else:
         from tunix_rt.train.driver import train
 
-        resumable = earlier is not None and (one_run or any(earlier.glob("checkpoints/*/COMMIT")))
+        resumable = earlier is not None and (one_run or any(earlier.glob(f"{CHECKPOINTS}/*/COMMIT")))
         resume = earlier if resumable else None
         ctx.cooperative = True  # the driver polls should_stop after every step
         ctx.interruptible = True
@@ -38,25 +39,14 @@ def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_
 def require_succeeded(run_dir: Path) -> None:
     """A train job succeeds only with its run: manifest status succeeded and every final
     output it lists present and non-empty."""
-    import json
-
     try:
-        manifest = json.loads((run_dir / "run_manifest.json").read_text())
+        manifest = Run(run_dir).manifest
     except (OSError, ValueError) as e:
         raise TunixRtError(f"run {run_dir.name}: cannot read its manifest: {e}") from e
     status, outputs = manifest.get("status"), manifest.get("outputs") or {}
     if status != "succeeded":
         raise TunixRtError(f"run {run_dir.name} ended {status!r}, not succeeded: {manifest.get('error', '')}")
-    missing = [k for k in outputs if not (run_dir / "final" / k).is_dir() or not any((run_dir / "final" / k).iterdir())]
+    missing = [k for k in outputs if not (final_dir(run_dir) / k).is_dir() or not any((final_dir(run_dir) / k).iterdir())]
     if not outputs or missing:
         raise TunixRtError(f"run {run_dir.name} says succeeded but its final outputs are missing: "
                            f"{missing or 'none listed'}")
-
-
-def _run_status(run_dir: Path) -> str | None:
-    import json
-
-    try:
-        return json.loads((run_dir / "run_manifest.json").read_text()).get("status")
-    except (OSError, ValueError):
-        return None

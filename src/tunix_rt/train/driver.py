@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tunix_rt import rundir
 from tunix_rt.home import Home
 from tunix_rt.train import checkpoint, dist, engines
 from tunix_rt.train.config import TrainConfig
@@ -71,7 +72,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
                 log.log({"step": method.total_steps, **final})
         if start < method.total_steps:
             save(method.total_steps)
-        outputs = engine.export(run.path / "final")
+        outputs = engine.export(rundir.final_dir(run.path))
         plot_loss(run.path)
         run.update(outputs=outputs, final=final_metrics(run.path, final))
     return run.path
@@ -117,17 +118,18 @@ def resolve_init(cfg: TrainConfig, home: Home) -> TrainConfig:
     import dataclasses
 
     from tunix_rt.errors import BadInput
+    from tunix_rt.files import MODEL_MANIFEST
     from tunix_rt.train.run import RunDir, resolve_run
 
     if not cfg.init:
         return cfg
     src = RunDir.open(resolve_run(cfg.init, home))
-    merged = src.path / "final" / "merged"
+    merged = rundir.merged_dir(src.path)
     if list(merged.glob("*.safetensors")):
         target = merged
-    elif (src.path / "final" / "adapter" / "adapter_model.safetensors").is_file():
+    elif (rundir.adapter_dir(src.path) / rundir.ADAPTER_WEIGHTS).is_file():
         target = home.models / f"init-{src.run_id}"
-        if not (target / "tunix_rt_model.json").is_file():
+        if not (target / MODEL_MANIFEST).is_file():
             install_merged_adapter(src, target, home)
     else:
         raise BadInput(f"init: run {src.run_id} has no final/adapter or final/merged (status "
@@ -147,12 +149,12 @@ def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:
 
     from safetensors.numpy import load_file, save_file
 
-    from tunix_rt.files import atomic_dir, sha256_file
+    from tunix_rt.files import MODEL_MANIFEST, atomic_dir, sha256_file
     from tunix_rt.models.store import ensure_model
     from tunix_rt.train.export import copy_side_files, merge_lora
 
     base_dir = ensure_model(src.config().model, home)
-    adapter = src.path / "final" / "adapter"
+    adapter = rundir.adapter_dir(src.path)
     conf = json.loads((adapter / "adapter_config.json").read_text())
     lora = load_file(str(adapter / "adapter_model.safetensors"))
 
@@ -161,7 +163,7 @@ def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:
                   str(tmp / "model.safetensors"), metadata={"format": "pt"})
         copy_side_files(base_dir, tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / "tunix_rt_model.json").write_text(json.dumps({
+        (tmp / MODEL_MANIFEST).write_text(json.dumps({
             "name": target.name, "source": {"kind": "run", "run_id": src.run_id, "base": str(base_dir),
                                             "adapter_sha256": sha256_file(adapter / "adapter_model.safetensors")},
             "files": files}, indent=2))
@@ -201,9 +203,9 @@ def check_plan(cfg: TrainConfig, engine: str, facts: dict[str, Any]) -> dict[str
 
 
 def final_metrics(run_dir: Path, final: dict[str, float]) -> dict[str, Any]:
-    from tunix_rt.train.run import METRICS, read_jsonl
+    from tunix_rt.train.run import read_jsonl
 
-    rows = [r for r in read_jsonl(run_dir / METRICS) if "loss" in r]
+    rows = [r for r in read_jsonl(run_dir / rundir.METRICS) if "loss" in r]
     out: dict[str, Any] = dict(final)
     if rows:
         out.update({"steps": rows[-1]["step"], "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],

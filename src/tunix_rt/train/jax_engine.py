@@ -39,6 +39,7 @@ from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.jax_devices import (check_mesh_spans_processes, device_facts, maybe_init_distributed,
                                   peak_memory_bytes, select_devices)
 from tunix_rt.models.jax_loader import place
+from tunix_rt.rundir import ADAPTER, MERGED
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
@@ -427,12 +428,12 @@ class JaxEngine:
                 return out
             model = nnx.merge(self.eval_graph, params, self.rngs, self.rest)  # export reads only the params
         if cfg.finetune == "lora":
-            out["adapter"] = str(export.publish(final_dir / "adapter", lambda d: export.export_adapter(
+            out[ADAPTER] = str(export.publish(final_dir / ADAPTER, lambda d: export.export_adapter(
                 model, self.model_dir, d, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets,
                 weight_qtype=cfg.lora_weight_qtype)))
         if cfg.finetune == "full" or cfg.merge:
             scale = cfg.lora_alpha / cfg.lora_rank if cfg.finetune == "lora" else None
-            out["merged"] = str(export.publish(final_dir / "merged", lambda d: export.export_merged(
+            out[MERGED] = str(export.publish(final_dir / MERGED, lambda d: export.export_merged(
                 model, self.family, self.model_dir, d, scale)))
         return out
 

@@ -39,14 +39,11 @@ from tunix_rt.evidence import RUN_FACTS, environment_snapshot, find_fact_placeho
 from tunix_rt.fence import LeaseLost
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
 from tunix_rt.home import Home
-from tunix_rt.rundir import reward_curves
+from tunix_rt.rundir import CONFIG, DATA_ORDER, LOSS_PLOT, MANIFEST, METRICS, TENSORBOARD, reward_curves
 from tunix_rt.train import dist
 from tunix_rt.train.checkpoint import DIGEST_EXEMPT
 from tunix_rt.train.config import TrainConfig
 
-MANIFEST = "run_manifest.json"
-METRICS = "metrics.jsonl"
-DATA_ORDER = "data_order.jsonl"
 
 def new_run_id(cfg: TrainConfig) -> str:
     """<run_name or model>-<YYYYmmdd-HHMMSS>-<4 hex>; a model path contributes its dir name."""
@@ -79,7 +76,7 @@ class RunDir:
         run_id = new_run_id(cfg)
         tmp = home.runs / f".tmp-{run_id}"
         tmp.mkdir(parents=True)
-        write_bytes_atomic(tmp / "config.yaml", cfg.to_yaml().encode())
+        write_bytes_atomic(tmp / CONFIG, cfg.to_yaml().encode())
         run = cls(home.runs / run_id, {
             "run_id": run_id,
             "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else "python api: tunix_rt.train",
@@ -111,7 +108,7 @@ class RunDir:
             write_json_atomic(self.path / MANIFEST, self.manifest)
 
     def config(self) -> TrainConfig:
-        return TrainConfig.load(self.path / "config.yaml")
+        return TrainConfig.load(self.path / CONFIG)
 
     @staticmethod
     def _clean(obj: Any) -> Any:
@@ -210,7 +207,7 @@ class MetricsLog:
         self.order_path = run_dir / DATA_ORDER
         for p in (self.path, self.order_path):
             _truncate_after(p, resume_step)
-        self.tb = summary_writer(run_dir / "tensorboard", resume_step + 1 if resume_step else None)
+        self.tb = summary_writer(run_dir / TENSORBOARD, resume_step + 1 if resume_step else None)
         self._indexed_at = float("-inf")
 
     def log(self, record: dict[str, Any]) -> None:
@@ -334,8 +331,8 @@ def plot_loss(run_dir: Path) -> Path:
         rx.grid(alpha=0.3)
         rx.legend(fontsize=8)
     fig.tight_layout()
-    out = run_dir / "loss.png"
-    tmp = run_dir / ".loss.png.tmp"
+    out = run_dir / LOSS_PLOT
+    tmp = run_dir / f".{LOSS_PLOT}.tmp"
     fig.savefig(tmp, format="png")
     plt.close(fig)
     os.replace(tmp, out)

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.rundir import ADAPTER, MERGED
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
@@ -262,12 +263,12 @@ class TorchEngine:
         if not dist.is_main():
             return out
         if self.cfg.finetune == "lora":
-            out["adapter"] = str(export.publish(final_dir / "adapter",
-                                                lambda d: self.model.save_pretrained(d, safe_serialization=True)))
+            out[ADAPTER] = str(export.publish(final_dir / ADAPTER,
+                                              lambda d: self.model.save_pretrained(d, safe_serialization=True)))
         if self.cfg.finetune == "full" or self.cfg.merge:
             model = self.model.merge_and_unload() if self.cfg.finetune == "lora" else self.model
-            out["merged"] = str(export.publish(final_dir / "merged",
-                                               lambda d: export.save_hf(model, self.model_dir, d)))
+            out[MERGED] = str(export.publish(final_dir / MERGED,
+                                             lambda d: export.save_hf(model, self.model_dir, d)))
         return out
 
     def _export_sharded(self, final_dir: Path) -> dict[str, str]:
@@ -283,8 +284,8 @@ class TorchEngine:
         tied = ({n for n, _ in self.model.named_parameters(remove_duplicate=False)}
                 - {n for n, _ in self.model.named_parameters()})  # the head, when tied to the embedding
         full = {k: v for k, v in full.items() if k not in tied}
-        return {"merged": str(export.publish(final_dir / "merged",
-                                             lambda d: export.save_hf(self.model, self.model_dir, d, full)))}
+        return {MERGED: str(export.publish(final_dir / MERGED,
+                                           lambda d: export.save_hf(self.model, self.model_dir, d, full)))}
 
     def peak_memory_bytes(self) -> int:
         import torch
