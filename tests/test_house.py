@@ -3,7 +3,11 @@
 - no import circle among the modules of src/tunix_rt, counting every import: at the top,
   inside functions (lazy) and under TYPE_CHECKING, since each one ties two modules together;
 - one run-directory vocabulary: the names of a run's and an evaluation's files are spelled
-  in tunix_rt.rundir only; code elsewhere uses its names (prose may name the files).
+  in tunix_rt.rundir only; code elsewhere uses its names (prose may name the files);
+- no private name crosses a file: nothing in src/ touches a private name of tunix, qwix, flax
+  or optax, and no module reaches into another object's `_name` (one of ours, or a
+  dependency's such as transformers' `config._attn_implementation`) unless the file itself
+  defines that name (its own classes) or ALLOWED_PRIVATE says why there is no public way.
 """
 
 from __future__ import annotations
@@ -188,3 +192,115 @@ def test_run_dir_names_are_spelled_in_rundir_only():
     found = [hit for f in sorted((SRC / "tunix_rt").rglob("*.py")) if f.name != "rundir.py"
              for hit in run_name_literals(f)]
     assert found == []
+
+
+# --------------------------------------------------------------------------- private names
+
+LIBS = ("tunix", "qwix", "flax", "optax", "orbax")
+#: attributes of library objects the old engine reached into (by name, whatever the object)
+KNOWN = {"_lora_enabled", "_run_eval", "_pbar", "_restored_custom_metadata", "_get_key_and_transform_mapping",
+         "_make_preprocess_fn", "_model_class", "_jitted_train_step_fn", "_shard_optimizer"}
+
+
+def private_uses(path: Path) -> list[str]:
+    """`from lib... import _x`, `lib_alias._x`, and the known private attributes, in one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in LIBS:
+                    aliases.add((a.asname or a.name).split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in LIBS:
+            for a in node.names:
+                if a.name.startswith("_"):
+                    found.append(f"{path.name}:{node.lineno} from {node.module} import {a.name}")
+                aliases.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            if (isinstance(base, ast.Name) and base.id in aliases) or node.attr in KNOWN:
+                found.append(f"{path.name}:{node.lineno} .{node.attr}")
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr") \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
+                and str(node.args[1].value) in KNOWN:
+            found.append(f"{path.name}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_the_scan_finds_what_it_looks_for(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from tunix.models.gemma3 import params_safetensors as ps\n"
+                   "from qwix._src.providers import _x\n"
+                   "k = ps._get_key_and_transform_mapping\n"
+                   "trainer._lora_enabled = True\n")
+    assert len(private_uses(bad)) == 3
+
+
+def test_no_private_name_of_the_libraries_in_src():
+    found = [hit for f in sorted((SRC / "tunix_rt").rglob("*.py")) for hit in private_uses(f)]
+    assert not found, found
+
+
+#: `x._name` uses with no public equivalent, and why
+ALLOWED_PRIVATE = {
+    "_exit": "os._exit: the documented way to end a process without cleanup (dist's broken group)",
+    "_version": "torch.Tensor._version: the in-place version counter (fast_gemma's head cache); torch has no "
+                "public accessor",
+    "_int_mm": "torch._int_mm: the int8 matmul kernel (screened_head); torch has no public int8 matmul",
+    "_trial_id": "optuna FrozenTrial._trial_id: a worker reopens the running trial the sweep enqueued; optuna "
+                 "has no public way to build a Trial of another process's trial",
+}
+
+
+def _own_private_names(tree: ast.AST) -> set[str]:
+    """The private names the file itself defines: functions, classes, variables, attributes it
+    assigns (self._x = ...), parameters."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return {n for n in out if n.startswith("_")}
+
+
+def cross_file_private_uses(path: Path) -> list[str]:
+    """`from x import _name`, and `obj._name` where obj is not self/cls and the file does not
+    define _name itself: another module's private part."""
+    tree = ast.parse(path.read_text(), str(path))
+    own = _own_private_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            found += [f"{path.name}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")) \
+                and node.attr not in own and node.attr not in ALLOWED_PRIVATE:
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_the_cross_file_scan_finds_private_uses(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from tunix_rt.train.run import _append\n"
+                   "class G:\n"
+                   "    def _own(self):\n"
+                   "        self._cache = 1\n"
+                   "        return self._cache\n"
+                   "def f(gen, config, other: G):\n"
+                   "    other._own()\n"  # this file's own class: allowed
+                   "    return gen._forward(1), config._attn_implementation\n")
+    assert sorted(cross_file_private_uses(bad)) == ["bad.py:1 from tunix_rt.train.run import _append",
+                                                    "bad.py:8 config._attn_implementation", "bad.py:8 gen._forward"]
+
+
+def test_no_private_name_of_another_module_in_src():
+    found = [hit for f in sorted((SRC / "tunix_rt").rglob("*.py")) for hit in cross_file_private_uses(f)]
+    assert not found, found
+

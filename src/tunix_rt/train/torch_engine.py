@@ -79,8 +79,9 @@ class TorchEngine:
         from tunix_rt.train.loss import ObjectiveModule
 
         self.model_dir, self.tok = Path(model_dir), tok
-        self.model = load_model(self.cfg, self.model_dir, self.device)
-        self.module = ObjectiveModule(self.model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes)
+        attn = attention_of(self.model_dir)
+        self.model = load_model(self.cfg, self.model_dir, self.device, attn)
+        self.module = ObjectiveModule(self.model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes, attn=attn)
         self.step_module = parallelize(self.module, self.cfg, self.device)
         self.trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad}  # FSDP2: shards
         params = list(self.trainable.values())
@@ -96,7 +97,7 @@ class TorchEngine:
         and a shared-prefix row holds a whole group, so several processes would idle."""
         from tunix_rt.train.loss import SHARED_PREFIX_ATTENTION
 
-        return dist.world() == 1 and self.module.base().config._attn_implementation in SHARED_PREFIX_ATTENTION
+        return dist.world() == 1 and self.module.attn in SHARED_PREFIX_ATTENTION
 
     @property
     def head_weight(self):
@@ -464,16 +465,22 @@ def resolve_device(cfg: TrainConfig):
     return torch.device("cpu")
 
 
-def load_model(cfg: TrainConfig, model_dir: Path, device):
-    """The HF causal LM, with a LoRA adapter (PEFT) or every weight trainable."""
-    import torch
+def attention_of(model_dir: Path) -> str:
+    """The attention implementation the model is trained with: sdpa cannot soft-cap attention
+    logits (Gemma 2), so eager there, sdpa otherwise."""
     from transformers import AutoConfig
+
+    hf_cfg = AutoConfig.from_pretrained(model_dir)
+    return "eager" if getattr(hf_cfg, "attn_logit_softcapping", None) else "sdpa"
+
+
+def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
+    """The HF causal LM, with a LoRA adapter (PEFT) or every weight trainable, loaded with
+    the attention implementation `attn` (attention_of)."""
+    import torch
 
     from tunix_rt.models.hf import load_causal_lm
 
-    hf_cfg = AutoConfig.from_pretrained(model_dir)
-    # sdpa cannot soft-cap attention logits (Gemma 2): eager there, sdpa otherwise.
-    attn = "eager" if getattr(hf_cfg, "attn_logit_softcapping", None) else "sdpa"
     model = load_causal_lm(model_dir, dtype=cfg.dtype, device=str(device.type), attn=attn)
     torch.manual_seed(cfg.seed)  # LoRA initialisation is seeded
     if cfg.finetune == "lora":
