@@ -7,7 +7,9 @@
 - no private name crosses a file: nothing in src/ touches a private name of tunix, qwix, flax
   or optax, and no module reaches into another object's `_name` (one of ours, or a
   dependency's such as transformers' `config._attn_implementation`) unless the file itself
-  defines that name (its own classes) or ALLOWED_PRIVATE says why there is no public way.
+  defines that name (its own classes) or ALLOWED_PRIVATE says why there is no public way;
+- methods are named in one table (train.methods): no module outside a method's own file
+  compares a method name (`cfg.method == "grpo"`); it asks the table for the phases.
 """
 
 from __future__ import annotations
@@ -304,3 +306,48 @@ def test_no_private_name_of_another_module_in_src():
     found = [hit for f in sorted((SRC / "tunix_rt").rglob("*.py")) for hit in cross_file_private_uses(f)]
     assert not found, found
 
+
+# --------------------------------------------------------------------------- method names
+
+def method_name_branches(path: Path, names: set[str]) -> list[str]:
+    """Comparisons of something called `method` (cfg.method, cfg.get("method"), method) with
+    a method's name, by ==, !=, in or not in."""
+    def is_method(node: ast.AST) -> bool:
+        if isinstance(node, ast.Attribute):
+            return node.attr == "method"
+        if isinstance(node, ast.Name):
+            return node.id == "method"
+        return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "method")
+
+    def named(node: ast.AST) -> bool:
+        consts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+        return any(isinstance(c, ast.Constant) and c.value in names for c in consts)
+
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(is_method(s) for s in sides) and any(named(s) for s in sides):
+                hits.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_the_method_branch_scan_finds_a_branch(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(cfg, method):\n"
+                   "    a = cfg.method == 'grpo'\n"
+                   "    b = cfg.get('method') != 'sft'\n"
+                   "    c = method in ('sft', 'grpo')\n"
+                   "    d = cfg.method in ('lora', 'full')\n"  # not method names: the legacy spelling
+                   "    return a, b, c, d\n")
+    assert [h.split(":")[1] for h in method_name_branches(bad, {"sft", "grpo"})] == ["2", "3", "4"]
+
+
+def test_nothing_outside_a_method_branches_on_its_name():
+    from tunix_rt.train.methods import METHODS
+
+    own = {spec.path.split(":")[0].rsplit(".", 1)[1] + ".py" for spec in METHODS.values()}
+    found = [hit for f in sorted((SRC / "tunix_rt").rglob("*.py")) if f.name not in own
+             for hit in method_name_branches(f, set(METHODS))]
+    assert found == []

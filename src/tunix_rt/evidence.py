@@ -28,6 +28,7 @@ from tunix_rt.errors import TunixRtError
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
 from tunix_rt.rundir import (ADAPTER_WEIGHTS, CONFIG, ENVIRONMENT, LOSS_PLOT, MANIFEST, PREDICTIONS, REPORT, SUMMARY, Run,
                              adapter_dir, reward_curves)
+from tunix_rt.train.methods import rolls_out
 
 # Packages whose versions change results; reported as "not installed" when absent.
 PACKAGES = (
@@ -447,7 +448,7 @@ def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
            + (f" (rank {cfg['lora_rank']}, alpha {cfg['lora_alpha']})" if cfg.get("finetune", "lora") == "lora" else ""))
     rl = (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
           f"beta {cfg['beta']}, rewards {json.dumps(cfg['rewards'], sort_keys=True)}"
-          + (f", from run `{cfg['init']}`" if cfg.get("init") else "")) if cfg.get("method") == "grpo" else None
+          + (f", from run `{cfg['init']}`" if cfg.get("init") else "")) if rolls_out(cfg.get("method", "sft")) else None
     return "\n".join([line for line in [
         f"# tunix-rt run `{run_dir.name}`", "",
         f"- model: `{cfg['model']}`, {how} on `{cfg['dataset']}` split `{cfg['split']}`",

@@ -80,6 +80,7 @@ import typer
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.models.catalog import PRESETS, Preset, get_preset
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
+from tunix_rt.train.methods import rolls_out
 
 GiB = 1024**3
 MiB = 1024**2
@@ -980,7 +981,7 @@ def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None
         grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip, loss_impl=cfg.loss_impl,
         loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
         **({"rl_prompts": cfg.rl_prompts, "group_size": cfg.group_size,
-            "rollout_tokens": cfg.rollout_max_new_tokens} if cfg.method == "grpo" else {}),
+            "rollout_tokens": cfg.rollout_max_new_tokens} if rolls_out(cfg.method) else {}),
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
 

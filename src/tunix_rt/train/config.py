@@ -17,6 +17,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
 from tunix_rt.train import engines
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
+from tunix_rt.train.methods import METHODS, rolls_out
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -159,7 +160,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.method in ("lora", "full"):  # configs written before method meant sft|grpo
             self.method, self.finetune = "sft", self.method
-        self._check_choice("method", ("sft", "grpo"))
+        self._check_choice("method", tuple(METHODS))
         self._check_choice("finetune", ("lora", "full"))
         self._check_choice("optimizer", ("adamw", "adafactor"))
         self._check_choice("schedule", ("cosine", "linear", "constant"))
@@ -212,7 +213,7 @@ class TrainConfig:
         for name in ("group_size", "rl_prompts", "rollout_max_new_tokens", "mu", "dapo_max_draws"):
             if getattr(self, name) < 1:
                 raise BadInput(f"config: {name} must be >= 1, got {getattr(self, name)}")
-        if self.method != "grpo":
+        if not rolls_out(self.method):
             return
         if self.group_size < 2:
             raise BadInput(f"config: group_size must be >= 2 (advantages compare completions of one prompt), "

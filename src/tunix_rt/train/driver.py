@@ -10,7 +10,6 @@ decides when to save: that is here, once.
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -21,12 +20,9 @@ from tunix_rt.train import checkpoint, dist, engines
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import Engine
 from tunix_rt.train.faults import fault_point
+from tunix_rt.train.method import Method, make_method
 from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, never, open_run, plot_loss
 from tunix_rt.train.schedule import lr_at
-
-#: method name -> "module:class"
-METHODS = {"sft": "tunix_rt.train.sft:SFT", "grpo": "tunix_rt.train.grpo:GRPO"}
-
 
 def train(cfg: TrainConfig, home: Home, resume: str | None = None,
           should_stop: Callable[[], bool] = never) -> Path:
@@ -78,7 +74,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
     return run.path
 
 
-def fit(engine: Engine, method, log: MetricsLog, start: int, save: Callable[[int], None],
+def fit(engine: Engine, method: Method, log: MetricsLog, start: int, save: Callable[[int], None],
         should_stop: Callable[[], bool], run_id: str) -> None:
     """Steps start+1 .. total, with logging, eval and checkpoints at their intervals."""
     from tunix_rt.train.progress import TrainProgress
@@ -172,12 +168,7 @@ def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:
     atomic_dir(target, write)
 
 
-def make_method(cfg: TrainConfig, home: Home, tok):
-    module, cls = METHODS[cfg.method].split(":")
-    return getattr(importlib.import_module(module), cls)(cfg, home, tok)
-
-
-def restore(engine: Engine, method, ckpt: Path | None, state: dict[str, Any] | None) -> int:
+def restore(engine: Engine, method: Method, ckpt: Path | None, state: dict[str, Any] | None) -> int:
     """Continue from the newest committed checkpoint (0 when there is none)."""
     if ckpt is None:
         return 0
