@@ -93,6 +93,26 @@ def test_round_trip_parse_of_rendered_target(tiny_tok):
     assert answers_match(parsed.answer, "72")
 
 
+def test_every_trace_the_schema_admits_renders_a_target_that_parses_back(tiny_tok):
+    """The tag rule of traces.schema (REFUSED_TAGS) is what keeps a rendered target in its own
+    format: each refused example would render a broken target; what the schema lets through,
+    a question about <answer> included, parses back format_ok with its own steps and answer."""
+    from tunix_rt.traces.schema import RecordError, make_trace
+
+    refused = [("q?", ["ok"], "2</answer><answer>3"), ("q?", ["</reasoning><answer>9</answer>"], "1"),
+               ("q?", ["ok"], "7<end_of_turn>")]
+    for question, steps, answer in refused:
+        assert parse_completion(target_body(steps, answer)) != ("\n".join(steps), answer, True)  # no round trip
+        with pytest.raises(RecordError):
+            make_trace(id="x", question=question, steps=steps, answer=answer)
+    admitted = make_trace(id="ok", question="What goes in <answer></answer>? <reasoning>", steps=["a < b", "c"],
+                          answer="<Answer>")
+    r = render_example(admitted.id, admitted.question, list(admitted.steps), admitted.answer, tiny_tok)
+    parsed = parse_completion(r.target_text)
+    assert parsed == (("a < b\nc", "<Answer>", True))
+    assert supervised_text(r, tiny_tok) == r.target_text
+
+
 @pytest.mark.parametrize(
     "text, reasoning, answer, ok",
     [

@@ -1,11 +1,16 @@
 """`tunix-rt submit`: a package round-trips through --verify; a tampered, truncated,
-extended or incomplete package fails naming the file; bad runs are refused."""
+extended or incomplete package fails naming the file; so does a hostile one whose manifest
+was regenerated (unsafe names, links, duplicates, data in folder entries), and --expect pins
+the manifest itself; bad runs are refused."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+import stat
+import struct
+import warnings
 import zipfile
 
 import pytest
@@ -124,3 +129,125 @@ def test_bad_usage(demo, tmp_path):
     assert done.returncode == 2 and "no-such-run" in done.stderr
     done = tunix(demo.home, "submit", check=False)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+# ----------------------------------------------------------------- hostile packages
+# Each is what an attacker hands over: the package's own files plus one hostile entry, with
+# MANIFEST.sha256 regenerated over every file entry, so only verify's own checks can catch it.
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _entry(name: str, mode: int | None = None) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+    if mode is not None:
+        info.external_attr = mode << 16
+    return info
+
+
+def _repack(src, dst, extra=(), manifest_extra=""):
+    """The package's files plus `extra` (ZipInfo, bytes) entries, under a regenerated manifest."""
+    with zipfile.ZipFile(src) as zin:
+        entries = [(_entry(i.filename), zin.read(i)) for i in zin.infolist() if i.filename != submit.MANIFEST]
+    entries += list(extra)
+    lines = [f"{_sha(data)}  {info.filename}" for info, data in entries if not info.is_dir()]
+    with warnings.catch_warnings(), zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        warnings.simplefilter("ignore", UserWarning)  # zipfile warns of a duplicate name: on purpose
+        for info, data in entries:
+            zout.writestr(info, data)
+        zout.writestr(submit.MANIFEST, "\n".join(lines) + "\n" + manifest_extra)
+    return dst
+
+
+HOSTILE = {
+    "dotdot": ([(_entry("../evil.sh"), b"rm -rf ~")], r"a path with '\.\.'"),
+    "dotdot-inside": ([(_entry("adapter/../../evil.sh"), b"x")], r"a path with '\.\.'"),
+    "absolute": ([(_entry("/tmp/evil.sh"), b"x")], "an absolute path"),
+    "backslash": ([(_entry("adapter\\..\\..\\evil.sh"), b"x")], "a backslash"),
+    "drive-letter": ([(_entry("C:/Windows/evil.dll"), b"x")], r"a ':' in its name \(a drive letter"),
+    "symlink": ([(_entry("adapter/link", stat.S_IFLNK | 0o777), b"/etc/passwd")], "a symbolic link"),
+    "fifo": ([(_entry("adapter/pipe", stat.S_IFIFO | 0o644), b"")], "not a regular file"),
+    "duplicate": ([(_entry("adapter/adapter_config.json"), b"{}")], "listed twice in the zip"),
+    "duplicate-but-case": ([(_entry("Adapter/adapter_config.json"), b"{}")], "listed twice in the zip"),
+    "folder-with-data": ([(_entry("adapter/sub/", stat.S_IFDIR | 0o755), b"hidden")], "a folder entry carrying data"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(HOSTILE))
+def test_hostile_entries_fail_verify(package, tmp_path, attack):
+    """Each attack verified `ok` before (its manifest is regenerated); now verify refuses it,
+    naming the entry, and the CLI exits 1 without a traceback."""
+    extra, why = HOSTILE[attack]
+    bad = _repack(package, tmp_path / "bad.zip", extra)
+    with pytest.raises(TunixRtError, match=f"entry .*: {why}"):
+        submit.verify(bad)
+    done = tunix(tmp_path / "home", "submit", "--verify", str(bad), check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert repr(extra[0][0].filename)[1:-1] in done.stderr, done.stderr
+
+
+def test_manifest_must_list_exactly_the_files(package, tmp_path):
+    ghost = _repack(package, tmp_path / "ghost.zip", manifest_extra=f"{_sha(b'x')}  adapter/ghost.bin\n")
+    with pytest.raises(TunixRtError, match="adapter/ghost.bin listed in MANIFEST.sha256 but missing"):
+        submit.verify(ghost)
+    twice = _repack(package, tmp_path / "twice.zip", manifest_extra=f"{_sha(b'x')}  REPORT.md\n")
+    with pytest.raises(TunixRtError, match="REPORT.md listed twice"):
+        submit.verify(twice)
+    itself = _repack(package, tmp_path / "self.zip", manifest_extra=f"{_sha(b'x')}  {submit.MANIFEST}\n")
+    with pytest.raises(TunixRtError, match="lists itself"):
+        submit.verify(itself)
+
+
+def _data_offset(path, name) -> int:
+    """Where `name`'s (compressed) bytes start in the zip: after its local header."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(name)
+    raw = path.read_bytes()
+    n, m = struct.unpack("<HH", raw[info.header_offset + 26: info.header_offset + 30])
+    return info.header_offset + 30 + n + m
+
+
+@pytest.mark.parametrize("victim,patch", [
+    ("REPORT.md", lambda b: bytes([0x07]) + b[1:]),  # deflate block type 3 (reserved): zlib.error
+    (submit.MANIFEST, lambda b: bytes([0x07]) + b[1:]),
+    ("loss.png", lambda b: b[:40] + bytes([b[40] ^ 0xFF]) + b[41:]),  # stored: a CRC-32 mismatch
+])
+def test_corrupt_member_is_file_altered(package, tmp_path, victim, patch):
+    """A flipped byte inside a member's stored data: "file altered: NAME", exit 1, never a
+    traceback (a broken deflate stream raised zlib.error through verify before)."""
+    raw = bytearray(package.read_bytes())
+    at = _data_offset(package, victim)
+    raw[at: at + 64] = patch(bytes(raw[at: at + 64]))
+    bad = tmp_path / "bad.zip"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(TunixRtError, match=f"file altered: {victim}"):
+        submit.verify(bad)
+    done = tunix(tmp_path / "home", "submit", "--verify", str(bad), check=False)
+    assert done.returncode == 1 and f"file altered: {victim}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_manifest_digest_printed_and_expected(demo, package, tmp_path):
+    """`submit` and `submit --verify` print the manifest's sha256; --expect fails on another
+    one, which catches an edited file under a regenerated manifest (every other check passes)."""
+    with zipfile.ZipFile(package) as zf:
+        digest = _sha(zf.read(submit.MANIFEST))
+    out = tmp_path / "again.zip"
+    wrote = tunix(demo.home, "submit", demo.run_dir.name, "--out", str(out))
+    assert f"manifest sha256 {submit.manifest_sha256(out)}" in wrote.stdout
+    done = tunix(tmp_path / "home", "submit", "--verify", str(package), "--expect", digest.upper())
+    assert f"manifest sha256 {digest} (as expected)" in done.stdout
+
+    def edit(name, data):
+        return data + b"\nThis adapter reaches 100%.\n" if name == "REPORT.md" else data
+
+    edited = _repack(_rewrite(package, tmp_path / "e.zip", edit), tmp_path / "edited.zip")
+    assert submit.verify(edited).manifest_sha256 != digest  # self-consistent: only the digest tells
+    with pytest.raises(TunixRtError, match=f"expected {digest}"):
+        submit.verify(edited, expect=digest)
+    done = tunix(tmp_path / "home", "submit", "--verify", str(edited), "--expect", digest, check=False)
+    assert done.returncode == 1 and "not the package that was published" in done.stderr
+    for args in (("--verify", str(package), "--expect", "abc"), (demo.run_dir.name, "--out", str(out), "--expect", digest)):
+        done = tunix(tmp_path / "home", "submit", *args, check=False)
+        assert done.returncode == 2 and "--expect" in done.stderr, done.stderr

@@ -909,10 +909,29 @@ def resolve_preset(model: str) -> Preset:
     raise AssertionError("unreachable")
 
 
+def check_lora_rank(inp: PlanInputs, preset: Preset) -> None:
+    """Refuse a LoRA rank above the width of a targeted projection (the smaller of its input
+    and output size): past it the adapter adds parameters and memory but no rank (a rank
+    of 100000 on a tiny model once planned 397M trainable weights)."""
+    if inp.method != "lora":
+        return
+    shapes = {}
+    for t in inp.lora_targets:
+        (fan_in, _), (_, fan_out) = _lora_shapes(preset, 1, (t,))[:2]  # A is in x rank, B rank x out
+        shapes[t] = (fan_in, fan_out)
+    narrowest = min(shapes, key=lambda t: min(shapes[t]))
+    width = min(shapes[narrowest])
+    if inp.lora_rank > width:
+        raise BadInput(f"plan: lora_rank {inp.lora_rank} is above the width of {narrowest} on {preset.name} "
+                       f"({shapes[narrowest][0]} x {shapes[narrowest][1]}: a rank of at most {width}); lower "
+                       f"lora_rank or leave {narrowest} out of lora_targets")
+
+
 def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
               capacity_bytes: int | None = None) -> Plan:
     """The analytic plan (and XLA's figure when asked, JAX engine only) with suggestions."""
     preset = resolve_preset(inp.model)
+    check_lora_rank(inp, preset)
     device = resolve_device(inp.device)
     notes = []
     if capacity_bytes:

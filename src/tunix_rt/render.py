@@ -15,6 +15,10 @@ The turn format is ours (the GGUF tokenizer carries no chat template):
 The prompt and the target are tokenized separately, so the prompt tokens seen in training
 are exactly the ones generation starts from. Control tokens are inserted as ids, never
 parsed out of user text. The loss covers the model turn, <end_of_turn> included.
+
+Every trace that passes the schema renders a target that parse_completion reads back as
+format_ok with its own steps and answer: the schema refuses the format's tags and the turn
+markers where they would break that (traces.schema.REFUSED_TAGS).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Iterable, NamedTuple
 
 from tunix_rt.errors import BadInput
 from tunix_rt.models.tokenizer import ChatTokenizer
+from tunix_rt.traces.schema import FORMAT_TAGS
 
 DEFAULT_SYSTEM_PROMPT = (
     "Think step by step inside <reasoning></reasoning>, then give only the final answer "
@@ -153,7 +158,7 @@ def supervised_text(r: Rendered, tok: ChatTokenizer) -> str:
 
 _REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.S)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
-_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+_TAGS = FORMAT_TAGS  # the trace schema refuses them inside steps and answers (REFUSED_TAGS)
 _STRICT = re.compile(r"\s*<reasoning>(.*?)</reasoning>\s*<answer>(.*?)</answer>\s*", re.S)
 _NUMBER = re.compile(r"[-−–]?\$?\s?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+)?")
 

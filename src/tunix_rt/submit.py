@@ -1,7 +1,7 @@
 """Submission packages: one zip that holds a fine-tuned run and the evidence for it.
 
     tunix-rt submit RUN --out FILE.zip [--merged]
-    tunix-rt submit --verify FILE.zip
+    tunix-rt submit --verify FILE.zip [--expect SHA256]
 
 Layout inside the zip (paths are fixed; README.md inside says how to use them):
 
@@ -20,14 +20,17 @@ temp file beside the target and renamed, so a failed packaging leaves no zip beh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Iterable, Optional
+from typing import IO, Annotated, Iterable, Iterator, Optional
 
 import typer
 
@@ -192,53 +195,169 @@ def _add(zf: zipfile.ZipFile, m: Member) -> str:
     return h.hexdigest()
 
 
-def verify(path: str | os.PathLike) -> int:
-    """Check every hash in MANIFEST.sha256, that no file is unlisted and that the required
-    files exist. Returns the number of files checked; raises TunixRtError naming the file."""
+@dataclass(frozen=True)
+class Verified:
+    """A package that passed --verify: how many files it lists, and the sha256 of its
+    MANIFEST.sha256 (which pins every other file: compare it with the published one)."""
+
+    files: int
+    manifest_sha256: str
+
+
+def verify(path: str | os.PathLike, expect: str | None = None) -> Verified:
+    """Check a package without trusting it: every entry a plain file (or an empty folder)
+    under a safe relative name, once; MANIFEST.sha256 lists exactly the files there are,
+    the required ones among them, with their hashes; `expect`, when given, is the manifest's
+    own sha256 (a regenerated manifest passes every other check). Raises TunixRtError naming
+    the first bad entry; any read or decompression error is "file altered"."""
     path = Path(path)
     if not path.is_file():
         raise BadInput(f"{path}: no such file")
+    want_manifest = _expected_digest(expect) if expect is not None else None
     try:
         zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile as e:
+    except (zipfile.BadZipFile, OSError, ValueError) as e:  # ValueError: a header zipfile cannot parse
         raise TunixRtError(f"{path}: not a valid zip ({e})") from e
     with zf:
-        names = {i.filename for i in zf.infolist() if not i.is_dir()}
+        names = _check_entries(path, zf.infolist())
         if MANIFEST not in names:
             raise TunixRtError(f"{path}: {MANIFEST} missing")
-        listed = _parse_manifest(path, zf.read(MANIFEST).decode("utf-8"))
-        for name in REQUIRED:
-            if name not in names:
-                raise TunixRtError(f"{path}: required file {name} missing")
-        for name in sorted(names - set(listed) - {MANIFEST}):
-            raise TunixRtError(f"{path}: {name} is not listed in {MANIFEST}")
+        manifest = _read_manifest(zf)
+        digest = hashlib.sha256(manifest).hexdigest()
+        if want_manifest is not None and digest != want_manifest:
+            raise TunixRtError(f"{path}: {MANIFEST} has sha256 {digest}, expected {want_manifest}: "
+                               "not the package that was published")
+        listed = _parse_manifest(path, manifest)
+        _check_listing(path, names, listed)
         for name, want in listed.items():
-            if name not in names:
-                raise TunixRtError(f"{path}: {name} listed in {MANIFEST} but missing")
             if _member_sha(zf, name) != want:
-                raise TunixRtError(f"{path}: {name}: sha256 mismatch (file altered)")
-    return len(listed)
+                raise TunixRtError(f"{path}: {name}: sha256 mismatch (file altered: {name})")
+    return Verified(len(listed), digest)
 
 
-def _parse_manifest(path: Path, text: str) -> dict[str, str]:
-    listed = {}
+def manifest_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a package's MANIFEST.sha256 (what `--expect` compares); the package is
+    trusted here: for one just written by build(), which verified it."""
+    with zipfile.ZipFile(path) as zf:
+        return hashlib.sha256(_read_manifest(zf)).hexdigest()
+
+
+def _expected_digest(expect: str) -> str:
+    digest = expect.strip().lower()
+    if len(digest) != 64 or not set(digest) <= set("0123456789abcdef"):
+        raise BadInput(f"--expect {expect!r}: a sha256 is 64 hex digits (the manifest sha256 that "
+                       "`submit` and `submit --verify` print)")
+    return digest
+
+
+def _check_entries(path: Path, infos: list[zipfile.ZipInfo]) -> set[str]:
+    """The names of the package's files, after refusing any entry that unzip would turn into
+    something other than a plain file or an empty folder inside the target directory."""
+    seen: set[str] = set()
+    for info in infos:
+        name = info.filename
+        twice = name.casefold() in seen  # equal but for case: one file on macOS and Windows
+        problem = (_unsafe_name(info.orig_filename)  # the name as stored: zipfile cuts it at a NUL
+                   or _entry_kind_problem(info) or ("listed twice in the zip" if twice else None))
+        if problem:
+            raise TunixRtError(f"{path}: entry {name!r}: {problem}")
+        seen.add(name.casefold())
+    return {i.filename for i in infos if not i.is_dir()}
+
+
+def _unsafe_name(name: str) -> str | None:
+    """Why `name` could land outside the folder it is unzipped into (or differ by system)."""
+    if not name or "\\" in name or "\0" in name:
+        return "a backslash or NUL in its name (a path on some systems, not on others)"
+    if name.startswith("/"):
+        return "an absolute path"
+    if ":" in name:
+        return "a ':' in its name (a drive letter, or a stream, on Windows)"
+    parts = name.removesuffix("/").split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "a path with '..', '.' or an empty part"
+    return None
+
+
+def _entry_kind_problem(info: zipfile.ZipInfo) -> str | None:
+    """A link, device or fifo (the Unix mode in the external attributes), an encrypted
+    entry, or a folder entry that holds bytes."""
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind == stat.S_IFLNK:
+        return "a symbolic link"
+    if info.is_dir():
+        empty = 2 if info.compress_type == zipfile.ZIP_DEFLATED else 0  # some tools deflate nothing to 2 bytes
+        if info.file_size or info.compress_size > empty:
+            return "a folder entry carrying data"
+        if kind not in (0, stat.S_IFDIR):
+            return "a folder name on a file that is not a folder"
+        return None
+    if kind not in (0, stat.S_IFREG):
+        return "not a regular file" if kind != stat.S_IFDIR else "a folder without a trailing '/'"
+    if info.flag_bits & 0x1:
+        return "encrypted"
+    return None
+
+
+def _check_listing(path: Path, names: set[str], listed: dict[str, str]) -> None:
+    """The manifest lists every file in the zip but itself, and no other."""
+    for name in REQUIRED:
+        if name not in names:
+            raise TunixRtError(f"{path}: required file {name} missing")
+    for name in sorted(names - set(listed) - {MANIFEST}):
+        raise TunixRtError(f"{path}: {name} is not listed in {MANIFEST}")
+    for name in listed:
+        if name == MANIFEST:  # it cannot hold its own hash
+            raise TunixRtError(f"{path}: {MANIFEST} lists itself")
+        if name not in names:
+            raise TunixRtError(f"{path}: {name} listed in {MANIFEST} but missing")
+
+
+def _parse_manifest(path: Path, data: bytes) -> dict[str, str]:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TunixRtError(f"{path}: {MANIFEST} is not UTF-8 text ({e})") from e
+    listed: dict[str, str] = {}
     for n, line in enumerate(text.splitlines(), 1):
         digest, sep, name = line.partition("  ")
-        if not sep or len(digest) != 64 or not name:
+        if not sep or len(digest) != 64 or not set(digest) <= set("0123456789abcdef") or not name:
             raise TunixRtError(f"{path}: {MANIFEST}:{n}: not a sha256sum line: {line!r}")
+        if name in listed:
+            raise TunixRtError(f"{path}: {MANIFEST}:{n}: {name} listed twice")
         listed[name] = digest
     return listed
 
 
+#: a manifest larger than this is not one tunix-rt wrote (about 100 bytes a file)
+MAX_MANIFEST_BYTES = 4 << 20
+
+
+def _read_manifest(zf: zipfile.ZipFile) -> bytes:
+    if zf.getinfo(MANIFEST).file_size > MAX_MANIFEST_BYTES:
+        raise TunixRtError(f"{zf.filename}: {MANIFEST} is over {MAX_MANIFEST_BYTES >> 20} MiB: not a manifest")
+    with _reading(zf, MANIFEST) as f:
+        return f.read()
+
+
 def _member_sha(zf: zipfile.ZipFile, name: str) -> str:
     h = hashlib.sha256()
+    with _reading(zf, name) as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _reading(zf: zipfile.ZipFile, name: str) -> Iterator[IO[bytes]]:
+    """A member opened for reading; any error on the way (a CRC mismatch, a broken deflate
+    stream, a truncated entry, an unsupported method) means it is not what was packaged."""
     try:
         with zf.open(name) as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-    except (zipfile.BadZipFile, OSError) as e:  # a CRC error is tampering too
-        raise TunixRtError(f"{zf.filename}: {name}: unreadable ({e})") from e
-    return h.hexdigest()
+            yield f
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, RuntimeError, NotImplementedError,
+            ValueError) as e:
+        raise TunixRtError(f"{zf.filename}: file altered: {name} (unreadable: {e})") from e
 
 
 def readme(run_dir: Path, manifest: dict, summary: dict, merged: bool) -> str:
@@ -299,25 +418,34 @@ def submit_command(
     run: Annotated[Optional[str], typer.Argument(help="Run id or run directory to package.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Zip file to write.")] = None,
     merged: Annotated[bool, typer.Option("--merged", help="Include final/merged/ (HF-layout merged weights).")] = False,
-    verify_zip: Annotated[Optional[Path], typer.Option("--verify", help="Check a package's hashes and required files instead.")] = None,
+    verify_zip: Annotated[Optional[Path], typer.Option("--verify", help="Check a package's entries, hashes and required files instead.")] = None,
+    expect: Annotated[Optional[str], typer.Option("--expect", help="With --verify: the published sha256 of the package's MANIFEST.sha256; fail when it differs.")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", help="A base-model evaluation dir: REPORT.md gets the before/after table.")] = None,
 ) -> None:
     """Package a run into a verifiable zip (adapter, eval, report, evidence), or --verify one.
 
     The zip holds MANIFEST.sha256 (sha256sum format) over every other file; --verify
-    checks each hash and the required files, exit 1 naming the first bad file."""
+    refuses unsafe entries (paths out of the folder, links, duplicates), checks each hash
+    and the required files, and prints the manifest's own sha256: compare it with the
+    published one, or pass it as --expect. Exit 1 naming the first bad entry."""
     from rich.console import Console
 
     console = Console()
     if verify_zip is not None:
         if run or out or merged or baseline:
             raise BadInput("submit --verify FILE.zip takes no RUN, --out, --merged or --baseline")
-        n = verify(verify_zip)
-        console.print(f"[green]ok[/green] {verify_zip}: {n} files, every sha256 matches")
+        done = verify(verify_zip, expect)
+        console.print(f"[green]ok[/green] {verify_zip}: {done.files} files, every sha256 matches; "
+                      f"manifest sha256 {done.manifest_sha256}" + (" (as expected)" if expect else ""),
+                      soft_wrap=True)
         return
+    if expect is not None:
+        raise BadInput("--expect goes with --verify FILE.zip")
     if not run or out is None:
-        raise BadInput("usage: tunix-rt submit RUN --out FILE.zip [--merged] | tunix-rt submit --verify FILE.zip")
+        raise BadInput("usage: tunix-rt submit RUN --out FILE.zip [--merged] | "
+                       "tunix-rt submit --verify FILE.zip [--expect SHA256]")
     path = build(run, out, merged=merged, baseline=baseline)
     size = path.stat().st_size / 1e6
-    console.print(f"[green]wrote[/green] {path} ({size:.1f} MB); check it with "
-                  f"`tunix-rt submit --verify {path}`")
+    digest = manifest_sha256(path)
+    console.print(f"[green]wrote[/green] {path} ({size:.1f} MB); manifest sha256 {digest} (publish it); "
+                  f"check it with `tunix-rt submit --verify {path} --expect {digest}`", soft_wrap=True)

@@ -224,3 +224,89 @@ def test_full_queue_answers_429(tmp_path, one_thread):
     finally:
         app.state.models.close()
     assert codes.count(200) >= 2 and codes.count(429) >= 1, codes
+
+
+def test_malformed_messages_and_types_are_400_and_the_connection_lives(served):
+    """A lone surrogate ("\\ud800", not Unicode), a user message with no or null content, and
+    max_tokens sent as a string are each a clean JSON 400, and the next request on the same
+    keep-alive connection is answered."""
+    import http.client
+
+    _, srv, _, _ = served
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    ok = {"model": "tiny-gemma3", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    bad = ['{"model": "tiny-gemma3", "max_tokens": 2, "messages": [{"role": "user", "content": "a\\ud800b"}]}',
+           '{"model": "tiny-gemma3", "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": "\\udfff"}]}]}',
+           '{"model": "tiny-\\ud800", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}',
+           json.dumps({**ok, "messages": [{"role": "user"}]}),
+           json.dumps({**ok, "messages": [{"role": "user", "content": None}]}),
+           json.dumps({**ok, "max_tokens": "8"}), json.dumps({**ok, "n": "1"}), json.dumps({**ok, "stream": "false"}),
+           json.dumps({**ok, "temperature": "0.5"})]
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(ok), headers=headers)
+    assert conn.getresponse().read() and conn.sock is not None
+    sock = conn.sock
+    for body in bad:
+        conn.request("POST", "/v1/chat/completions", body=body.encode(), headers=headers)
+        r = conn.getresponse()
+        err = json.loads(r.read())["error"]
+        assert r.status == 400 and err["type"] == "invalid_request_error" and err["message"], (body, err)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(ok), headers=headers)
+        r = conn.getresponse()
+        assert r.status == 200 and json.loads(r.read())["choices"], body
+        assert conn.sock is sock, body  # still the same connection
+    conn.close()
+
+
+def test_loading_a_model_never_fails_requests_in_flight(served):
+    """30 requests rotating over three models with --max-models 2: a model with requests in
+    flight is never unloaded under them; each request succeeds or, had no model gone idle in
+    time, gets a retryable 503 with Retry-After; never a 500 ("the model was unloaded")."""
+    _, srv, app, run_id = served
+    models = ["tiny-gemma3", "tiny-gemma2", run_id]
+    assert app.state.settings.serve_max_models == 2
+
+    def ask(i: int) -> tuple[int, str, dict]:
+        body = {"model": models[i % 3], "max_tokens": 24 + i % 5,
+                "messages": [{"role": "user", "content": QUESTIONS[i % 4]}]}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=300,
+                       headers={"Authorization": f"Bearer {TOKEN}"})
+        return r.status_code, r.text, dict(r.headers)
+
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(ask, range(30)))
+    codes = [c for c, _, _ in results]
+    assert set(codes) <= {200, 503}, [(c, t) for c, t, _ in results if c not in (200, 503)]
+    assert all(int(h["retry-after"]) > 0 for c, _, h in results if c == 503)
+    assert codes.count(200) >= 20, codes
+    assert len(app.state.models.loaded()) <= 2
+
+
+def test_a_request_cancelled_while_its_model_loads_does_not_pin_it(tmp_path, one_thread):
+    """A request cancelled (server shutdown, a client gone) while its model loads on a worker
+    thread: what the thread acquired is released, so the model can still be unloaded later
+    (with room for one, the next model loads instead of waiting for a slot that never frees)."""
+    import asyncio
+
+    from tunix_rt.service.routers.openai import hold_model, model_cache
+
+    home = Home.resolve(tmp_path / "home").ensure()
+    app = live_app(home, home.database_url, serve_max_models=1, serve_load_wait_s=0.5)
+
+    async def cancel_then_load_another():
+        cache = model_cache(app)
+        task = asyncio.create_task(hold_model(app, cache, "tiny-gemma3"))
+        await asyncio.sleep(0.05)  # the load has started on its thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        while "tiny-gemma3" not in cache.loaded():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+        return await hold_model(app, cache, "tiny-gemma2")
+
+    try:  # a hold never released: OpenAIError 503 "all 1 loaded models … are serving requests"
+        served = asyncio.run(cancel_then_load_another())
+        assert served.id == "tiny-gemma2" and app.state.models.loaded() == ["tiny-gemma2"]
+    finally:
+        app.state.models.close()

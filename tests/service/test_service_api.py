@@ -103,7 +103,7 @@ def test_upload_becomes_an_import_job_that_a_worker_runs(seeded, home, any_db):
     assert [e["event"] for e in later if e["event"] == "log"] == ["log"] * (sum(e["event"] == "log" for e in events) - 1)
 
 
-@pytest.mark.parametrize("filename, stem", [("train.jsonl", "train"), ("GSM8K test (2).jsonl", "gsm8k-test-2")])
+@pytest.mark.parametrize("filename, stem", [("train.jsonl", "train"), ("GSM8K test (2).jsonl", "test-2")])
 def test_gsm8k_upload_and_data_import_of_one_file_give_the_same_ids_and_split(home, monkeypatch, filename, stem):
     """GSM8K rows carry no ids: both paths name them after the file (not after the upload's
     stored name, uploads/<sha256>.jsonl), so the id-hash split is the same too."""

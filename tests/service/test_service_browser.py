@@ -307,7 +307,7 @@ def test_an_rl_run_page_shows_rewards_kl_clip_length_and_time(site, home):
     run = write_run(home, "grpo-20261122-080000-ab12", steps=4, ckpts=(2, 4))
     rows = [{"step": s, "loss": 0.01 * s, "lr": 2e-5, "grad_norm": 0.5, "reward": 0.2 * s, "reward_answer": 0.1 * s,
              "reward_format": 0.3 * s, "rollout_accuracy": 0.1 * s, "rollout_format_rate": 0.2 * s,
-             "zero_variance_share": 0.5, "kl": 0.001 * s, "clip_fraction": 0.01, "completion_tokens": 80 + s,
+             "zero_variance_share": 0.5, "kl": -1e-7 if s == 1 else 0.001 * s, "clip_fraction": 0.01, "completion_tokens": 80 + s,
              "rollout_s": 30.0, "update_s": 12.0} for s in range(1, 5)]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     record_run(run)
@@ -317,7 +317,121 @@ def test_an_rl_run_page_shows_rewards_kl_clip_length_and_time(site, home):
         page.wait_for_selector(f"[data-testid={chart}] polyline", state="attached")  # a flat line has no height
     assert page.locator("[data-testid=reward-chart] polyline").count() == 3  # total, answer, format
     assert "answer, format" in page.text_content("[data-testid=reward-chart]")
+    kl = _ticks(page, "kl-chart")  # k3 KL a hair below 0 at step 1: its axis has no -0.0000
+    assert _numbers(kl)[0] < 0 and "0" in kl, kl
+    assert [page.locator(f"[data-testid={c}] .axis-title").nth(1).text_content() for c in ("time-chart", "length-chart")] \
+        == ["seconds", "tokens"]
     page.goto(f"{srv.url}/#/run/{site[2]['run']}")  # an SFT run's page has none of them
     page.wait_for_function("!document.querySelector('[data-testid=reward-chart]')")  # the new page rendered
     page.wait_for_selector("[data-testid=loss-chart] polyline")
     assert page.locator("[data-testid=reward-chart]").count() == 0
+
+
+# ---- charts and names a person can read ---------------------------------------------------
+
+TICKS = "Array.from(document.querySelectorAll('[data-testid={}] .tick-{} text')).map((t) => t.textContent)"
+
+
+def _ticks(page, chart: str, axis: str = "y") -> list[str]:
+    return page.evaluate(TICKS.format(chart, axis))
+
+
+def _numbers(labels: list[str]) -> list[float]:
+    """Each tick label as a number: plain or scientific (3e-5), never a signed zero, all distinct."""
+    values = [float(x) for x in labels]  # raises on anything that is not a number
+    assert len(labels) >= 2 and len(set(values)) == len(values), labels
+    assert not any(x.startswith("-") and v == 0 for x, v in zip(labels, values)), labels
+    return values
+
+
+def test_run_charts_have_ticks_units_a_hover_readout_and_a_log_scale(site, home):
+    """A small learning rate (3e-5) reads 3e-5 on its axis, not 0.0000; every axis has round
+    tick values and a title with its unit; hovering names the nearest point's values; the loss
+    chart switches to a log10 scale."""
+    from tunix_rt.registry.record import record_run
+
+    srv, page, _ = site
+    run = write_run(home, "tiny-gemma3-20261122-090000-aa01", steps=10, ckpts=(10,))
+    rows = [{"step": s, "loss": 7.0 * 10 ** (-s / 3), "lr": 1.5e-5 if s == 1 else 3e-5, "tokens_per_s": 900.0 + 10 * s,
+             "step_s": 0.5} for s in range(1, 11)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record_run(run)
+    _login(page, srv)
+    page.goto(f"{srv.url}/#/run/{run.name}")
+    page.wait_for_selector("[data-testid=throughput-chart] polyline")
+    for chart, unit in (("loss-chart", "loss"), ("lr-chart", "lr"), ("throughput-chart", "tokens/s")):
+        titles = page.locator(f"[data-testid={chart}] .axis-title").all_text_contents()
+        assert titles == ["step", unit], titles
+        _numbers(_ticks(page, chart, "y"))
+        steps = _numbers(_ticks(page, chart, "x"))
+        assert all(float(s).is_integer() and 1 <= s <= 10 for s in steps), steps
+    lr = _ticks(page, "lr-chart")
+    assert max(_numbers(lr)) >= 3e-5 and "3e-5" in lr, lr  # was 0.0000 at both ends
+    assert all(x == "0" or float(x) != 0 for x in lr), lr
+
+    box = page.locator("[data-testid=lr-chart] svg").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.97, box["y"] + box["height"] * 0.3)  # beside the last point
+    readout = page.locator("[data-testid=lr-chart] [data-testid=readout]")
+    page.wait_for_function("document.querySelector('[data-testid=lr-chart] [data-testid=readout]')"
+                           ".getAttribute('visibility') === 'visible'")
+    assert readout.text_content() == "step 10lr 3e-5"  # two lines: the step and the value
+
+    chart = page.locator("[data-testid=loss-chart]")
+    linear, points = _ticks(page, "loss-chart"), chart.locator("polyline").get_attribute("points")
+    assert chart.get_attribute("data-scale") == "linear"
+    chart.locator("[data-testid=log-toggle]").check()
+    page.wait_for_selector("[data-testid=loss-chart][data-scale=log]")
+    logs = _numbers(_ticks(page, "loss-chart"))
+    assert _ticks(page, "loss-chart") != linear and chart.locator("polyline").get_attribute("points") != points
+    ratios = {round(b / a, 6) for a, b in zip(logs, logs[1:])}
+    assert min(logs) <= 7.0 * 10 ** (-10 / 3) and max(logs) >= 7.0 and ratios <= {2.0, 2.5, 10.0}, logs  # decades
+    assert "log scale" in chart.locator(".axis-title").nth(1).text_content()
+    page.reload()  # the choice is remembered (the run page of a live run redraws every 2 s)
+    page.wait_for_selector("[data-testid=loss-chart][data-scale=log]")
+
+
+def test_numbers_never_print_as_zero_or_minus_zero(site):
+    srv, page, _ = site
+    _login(page, srv)
+    got = page.evaluate("""[fmtNum(3e-4), fmtNum(-0), fmtNum(6.95564), fmtNum(1.5e-5), fmt(3e-5, 4), fmt(-1e-9, 4),
+                            fmt(0.625), ...[linearScale(-1e-7, 1e-4), logScale(2e-5, 8e-3), logScale(0.004, 7)]
+                            .map((s) => s.ticks.map((t) => t.label))]""")
+    assert got[:7] == ["3e-4", "0", "6.956", "1.5e-5", "3e-5", "-1e-9", "0.625"]
+    assert got[7] == ["-2e-5", "0", "2e-5", "4e-5", "6e-5", "8e-5", "1e-4"]
+    assert got[8] == ["1e-5", "1e-4", "1e-3", "1e-2"] and got[9] == ["0.001", "0.01", "0.1", "1", "10"]
+
+
+def test_leaderboard_rows_name_runs_never_paths(site, home):
+    """An evaluation of a run shows its run id once (its name without the run prefix in the
+    evaluation column); one of a merged model outside the run shows the run id, not the path
+    (the path is the tooltip)."""
+    from tunix_rt.registry.record import record_eval
+
+    srv, page, ids = site
+    merged = home.runs / ids["run"] / "final" / "merged"
+    record_eval(write_eval(home.root / "evals" / "merged-dev-1", model=str(merged)))
+    _login(page, srv)
+    page.wait_for_function("document.querySelectorAll('[data-testid=leaderboard-row]').length === 3")
+    rows = page.locator("[data-testid=leaderboard-row]")
+    texts = rows.all_inner_texts()
+    of_run = next(t for t in texts if "dev-1" in t and "merged" not in t and "base" not in t)
+    assert of_run.count(ids["run"]) == 1, of_run
+    row = rows.filter(has_text="merged-dev-1")
+    cell = row.locator("[data-testid=run-or-model]")
+    assert cell.inner_text() == ids["run"] and "/" not in row.inner_text()
+    assert cell.locator("[title]").get_attribute("title") == str(merged)
+    page.click(f"[data-testid=leaderboard-row] a:has-text('{ids['run']}')")
+    page.wait_for_selector("[data-testid=loss-chart] polyline")
+
+
+def test_playground_labels_are_tied_to_their_controls(site):
+    srv, page, _ = site
+    _login(page, srv)
+    page.goto(f"{srv.url}/#/playground")
+    page.wait_for_selector("#play-b")
+    for name, control in (("model A", "play-a"), ("model B", "play-b"), ("max tokens", "max-tokens"),
+                          ("system prompt", "system"), ("question", "question")):
+        assert page.get_by_label(name, exact=True).get_attribute("id") == control
+    label, select = page.locator("label[for=play-b]").bounding_box(), page.locator("#play-b").bounding_box()
+    assert 0 <= select["x"] - (label["x"] + label["width"]) < 16  # right beside it, on the same line
+    assert abs((label["y"] + label["height"] / 2) - (select["y"] + select["height"] / 2)) < 6

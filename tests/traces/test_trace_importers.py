@@ -82,6 +82,15 @@ def test_gsm8k_importer_split_prefix():
     assert t.id == "gsm8k-dev-00041"
 
 
+@pytest.mark.parametrize("name, first_id", [("gsm8k_test.jsonl", "gsm8k-test-00000"),
+                                            ("GSM8K-test.jsonl", "gsm8k-test-00000"),
+                                            ("gsm8k.jsonl", "gsm8k-train-00000"),
+                                            ("gsm8kplus.jsonl", "gsm8k-gsm8kplus-00000")])
+def test_gsm8k_ids_name_the_source_once(tmp_path, name, first_id):
+    row = {"question": "q", "answer": "a\n#### 2"}
+    assert scan(write(tmp_path / name, line(row)), "gsm8k").records[0].id == first_id
+
+
 # --- the older trace format -----------------------------------------------------------
 
 

@@ -10,3 +10,11 @@ def length_share(record, completion, reasoning, answer):
 
 def explodes(record, completion, reasoning, answer):
     raise ZeroDivisionError("division by zero in a user's reward")
+
+
+def sleeps(record, completion, reasoning, answer):
+    """A reward that hangs: sleeps 60 s per call (reward_timeout_s must stop the run)."""
+    import time
+
+    time.sleep(60)
+    return 0.0

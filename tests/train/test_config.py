@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 
 from tunix_rt.errors import BadInput
-from tunix_rt.train.config import PRESET_DIR, TrainConfig
+from tunix_rt.train.config import PRESET_DIR, RANGES, TrainConfig
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
@@ -64,3 +66,72 @@ def test_older_method_spellings_mean_sft_with_that_finetune():
     cfg = TrainConfig.load("smoke", ["method=full"])
     assert (cfg.method, cfg.finetune) == ("sft", "full")
     assert (TrainConfig.load("smoke").method, TrainConfig.load("smoke").finetune) == ("sft", "lora")
+
+
+# --- every numeric field finite and in range (issue 23) ----------------------------------
+
+NUMERIC = [f.name for f in fields(TrainConfig) if str(f.type).split(" |")[0] in ("int", "float")]
+FLOATS = [f.name for f in fields(TrainConfig) if str(f.type).startswith("float")]
+
+
+def test_every_numeric_field_has_a_range():
+    assert set(NUMERIC) == set(RANGES), set(NUMERIC) ^ set(RANGES)
+    assert {"lr", "weight_decay", "grad_clip", "lora_alpha", "reward_timeout_s"} <= set(FLOATS)
+
+
+@pytest.mark.parametrize("value", ["nan", ".nan", "inf", "-inf", ".inf", "1e999"])
+@pytest.mark.parametrize("name", FLOATS)
+def test_nan_and_infinity_are_refused_in_every_float_field(name, value):
+    items = [f"{name}={value}"] + (["max_steps=null"] if name == "epochs" else [])
+    with pytest.raises(BadInput, match=rf"config: {name} must be a finite number, got .*(nan|inf)"):
+        TrainConfig.load("smoke", items)
+
+
+@pytest.mark.parametrize("items, needle", [
+    (["seed=-1"], r"seed must be in \[0, 4294967295\], got -1"),
+    (["seed=4294967296"], r"seed must be in \[0, 4294967295\]"),
+    (["lora_alpha=-5"], "lora_alpha must be > 0, got -5.0"),
+    (["lora_alpha=0"], "lora_alpha must be > 0"),
+    (["warmup_steps=1000000", "max_steps=2"], r"warmup_steps \(1000000\) exceeds the run's 2 optimizer steps"),
+    (["weight_decay=-0.1"], "weight_decay must be >= 0"),
+    (["grad_clip=-1"], "grad_clip must be >= 0"),
+    (["min_lr_ratio=1.5"], r"min_lr_ratio must be in \[0, 1\]"),
+    (["lora_dropout=1"], r"lora_dropout must be in \[0, 1\)"),
+    (["epsilon=1"], r"epsilon must be in \(0, 1\)"),
+    (["epsilon_high=0"], r"epsilon_high must be > 0 \(or null: epsilon\)"),
+    (["rollout_top_p=0"], r"rollout_top_p must be in \(0, 1\]"),
+    (["rollout_top_k=-1"], "rollout_top_k must be >= 0"),
+    (["reward_timeout_s=0"], "reward_timeout_s must be > 0"),
+    (["mu=0"], "mu must be >= 1"),
+    (["eval_interval=-1"], "eval_interval must be >= 0"),
+    (["max_steps=null", "epochs=0"], "epochs must be > 0"),
+    (["mesh={fsdp: 1.5}"], "mesh axes must be fsdp/tp with sizes >= 1"),
+    (["mesh={fsdp: .nan}"], "mesh axes must be fsdp/tp with sizes >= 1"),
+    (["method=grpo", "rewards={nosuch: 1}"], "unknown reward 'nosuch'"),
+    (["method=grpo", "rewards={format: .nan}"], "weight must be a finite number"),
+])
+def test_out_of_range_values_fail_naming_the_field(items, needle):
+    with pytest.raises(BadInput, match=needle):
+        TrainConfig.load("smoke", items)
+
+
+def test_an_int_field_set_in_code_must_be_an_integer():
+    with pytest.raises(BadInput, match="batch_size must be an integer, got 2.5"):
+        TrainConfig(dataset="x", batch_size=2.5)
+    with pytest.raises(BadInput, match="seed must be a finite number, got True"):
+        TrainConfig(dataset="x", seed=True)
+
+
+def test_the_edges_of_each_range_are_accepted():
+    cfg = TrainConfig.load("smoke", ["seed=0", "warmup_steps=12", "max_steps=12", "min_lr_ratio=1", "grad_clip=0",
+                                     "weight_decay=0", "rollout_top_p=1", "rollout_top_k=0", "beta=0",
+                                     "reward_timeout_s=0.5", "seed=4294967295"])
+    assert cfg.seed == 2 ** 32 - 1 and cfg.warmup_steps == cfg.max_steps == 12
+    assert TrainConfig(dataset="x").reward_timeout_s == 10.0  # a few seconds by default
+
+
+def test_warmup_is_checked_against_the_steps_that_epochs_become():
+    cfg = TrainConfig.load("smoke", ["max_steps=null", "epochs=1", "warmup_steps=50"])  # steps unknown yet
+    cfg.check_total_steps(50)
+    with pytest.raises(BadInput, match=r"warmup_steps \(50\) exceeds the run's 3 optimizer steps"):
+        cfg.check_total_steps(3)

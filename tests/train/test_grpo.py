@@ -1,15 +1,19 @@
 """GRPO on the PyTorch engine, through the driver: a complete run with reward rows and
 committed checkpoints; accumulation 8x1 == 1x8 on the same rollouts; SIGKILL during the
 rollout and during the update, then resume, gives bit-identical weights; a failing reward
-fails the run naming the record."""
+fails the run naming the record, and so does one past reward_timeout_s; a run started from a
+run is named <method>-<base>-<date>-<id>."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -130,3 +134,38 @@ def test_a_reward_that_raises_fails_the_run_naming_the_record(home, tmp_path):
     run = next(home.runs.iterdir())
     manifest = json.loads((run / "run_manifest.json").read_text())
     assert manifest["status"] == "failed" and "ZeroDivisionError" in manifest["error"]
+
+
+def test_a_reward_past_reward_timeout_s_fails_the_run_within_seconds_naming_the_record(home, tmp_path):
+    """rl_rewards:sleeps sleeps 60 s a call; with reward_timeout_s=1 the CLI run fails at the
+    first call, and the stuck call (a daemon thread) does not keep the process alive."""
+    cfg = rl_cfg(tmp_path, rewards={"rl_rewards:sleeps": 1.0}, reward_timeout_s=1.0, max_steps=2)
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(cfg.to_yaml())
+    t0 = time.monotonic()
+    r = _run(home, ["--config", str(cfg_file)])
+    took = time.monotonic() - t0
+    said = re.compile(r"reward 'rl_rewards:sleeps' on record t0\d\d: no result within reward_timeout_s=1 s")
+    assert r.returncode == 1 and said.search(" ".join(r.stderr.split())), r.stderr[-2000:]
+    assert took < 60, took  # one sleeping call alone would take 60 s
+    (run,) = home.runs.iterdir()
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    assert manifest["status"] == "failed" and said.search(manifest["error"]), manifest.get("error")
+    ran = datetime.fromisoformat(manifest["finished_at"]) - datetime.fromisoformat(manifest["started_at"])
+    assert ran.total_seconds() < 30, ran
+
+
+def test_runs_are_named_method_base_date_id_and_a_run_from_a_run_keeps_its_base(home, tmp_path):
+    """Not init-tiny-gemma3-<run>-<date>-<id> (the merged model's directory) any more: the
+    method, then the catalog model the chain started from; a user's run_name still wins."""
+    from tunix_rt.train.run import base_model_name, new_run_id
+
+    stamp = r"-\d{8}-\d{6}-[0-9a-f]{4}"
+    sft = train(rl_cfg(tmp_path, method="sft", max_steps=1, save_interval=0), home)
+    assert re.fullmatch("sft-tiny-gemma3" + stamp, sft.name), sft.name
+    rl = train(rl_cfg(tmp_path, init=sft.name, max_steps=1, save_interval=0), home)
+    assert re.fullmatch("grpo-tiny-gemma3" + stamp, rl.name), rl.name
+    assert json.loads((rl / "run_manifest.json").read_text())["config"]["model"].endswith(f"init-{sft.name}")
+    assert base_model_name(rl_cfg(tmp_path, init=rl.name), home) == "tiny-gemma3"  # a chain of runs
+    assert re.fullmatch("mine" + stamp, new_run_id(rl_cfg(tmp_path, init=sft.name, run_name="mine"), home))
+    assert re.fullmatch("sft-my-gemma" + stamp, new_run_id(rl_cfg(tmp_path, method="sft", model="/m/my-gemma"), home))

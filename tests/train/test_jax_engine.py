@@ -84,7 +84,7 @@ def test_sigkill_then_resume_equals_uninterrupted(home, tmp_path):
 
     r = _cli(home, ["--config", cfg], fault="step@4")  # killed after step 4 was logged
     assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
-    run = next(p for p in home.runs.iterdir() if p.name.startswith("tiny") and p != ref)
+    run = next(p for p in home.runs.iterdir() if p.name.startswith("sft-tiny") and p != ref)
     assert json.loads((run / "run_manifest.json").read_text())["status"] == "running"
     assert not (run / "final").exists()
     assert (run / "checkpoints").is_dir()

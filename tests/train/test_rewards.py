@@ -412,3 +412,70 @@ def test_modules_import_neither_torch_nor_jax():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'jax', 'flax', 'transformers'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- the time limit of a reward call (reward_timeout_s) ------------------------------------
+
+
+@pytest.fixture
+def released():
+    """Set at the end of the test: the calls a timeout abandoned return then, not 60 s later."""
+    import threading
+
+    done = threading.Event()
+    yield done
+    done.set()
+
+
+def test_a_reward_past_its_time_limit_fails_naming_the_reward_and_record(released):
+    import time
+
+    def naps(record, completion, reasoning, answer):  # sleeps 60 s, unless the test is over
+        released.wait(60)
+        return 1.0
+
+    def spins(record, completion, reasoning, answer):  # a pure-Python loop that never returns
+        while not released.is_set():
+            pass
+        return 1.0
+
+    for name, fn in (("naps", naps), ("spins", spins)):
+        rs = RewardSet([("format", 1.0, rewards.format_reward()), (name, 1.0, fn)], timeout_s=0.5)
+        t0 = time.monotonic()
+        with pytest.raises(TunixRtError, match=rf"reward '{name}' on record t7: no result within "
+                                               r"reward_timeout_s=0.5 s") as info:
+            rs.score([trace(id="t7")], [completion("w", "18")])
+        assert time.monotonic() - t0 < 10, name  # bounded: not the 60 s the call would take
+        assert not isinstance(info.value, BadInput)  # exit 1: the run failed, the config was fine
+
+
+def test_after_a_timeout_the_next_call_gets_a_fresh_worker(released):
+    def slow_once(record, completion, reasoning, answer):
+        if completion == "slow":
+            released.wait(60)
+        return float(len(completion))
+
+    rs = RewardSet([("n", 1.0, slow_once)], timeout_s=0.3)
+    with pytest.raises(TunixRtError, match="reward 'n' on record r: no result within"):
+        rs.score([trace(id="r")], ["slow"])
+    total, _ = rs.score([trace(id="r")], ["abc"])  # not the stuck call's late answer
+    assert total.tolist() == [3.0]
+
+
+def test_the_time_limit_is_a_positive_number_and_the_worker_a_daemon_that_ends():
+    import threading
+
+    for bad in (0, -1.0, float("nan"), float("inf"), True):
+        with pytest.raises(BadInput, match="timeout_s must be a number > 0"):
+            RewardSet([("format", 1.0, rewards.format_reward())], timeout_s=bad)
+    seen = []
+
+    def where(record, completion, reasoning, answer):
+        seen.append(threading.current_thread())
+        return 1.0
+
+    RewardSet([("where", 1.0, where)], timeout_s=2.0).score([trace(), trace()], ["x", "y"])
+    (thread,) = set(seen)  # one worker for the batch
+    assert thread is not threading.main_thread() and thread.daemon  # a stuck call never holds the process
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # and it ends once the batch is scored: no thread left per run

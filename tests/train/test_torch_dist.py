@@ -43,14 +43,15 @@ def _cfg(tmp_path, finetune: str) -> TrainConfig:
                        schedule="constant", save_interval=1, keep_checkpoints=2, log_interval=1)
 
 
-def _torchrun(home, args: list[str], fault_rank: int | None = None) -> subprocess.CompletedProcess:
+def _torchrun(home, args: list[str], fault_rank: int | None = None,
+              program: tuple[str, ...] = ("-m", "tunix_rt.cli", "train")) -> subprocess.CompletedProcess:
     env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}  # rl_rewards
     env.pop("TUNIX_RT_FAULT", None)
     if fault_rank is not None:
         env.update(TUNIX_RT_FAULT="step@2", TUNIX_RT_FAULT_RANK=str(fault_rank))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "tunix_rt.cli", "train", *args]
+           *program, *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -107,6 +108,42 @@ def test_two_processes_killed_resumed_equal_one(home, tmp_path, finetune, weight
     if finetune == "full":  # the weights moved far beyond the tolerance
         start = load_file(str(next((home.models / "tiny-gemma3").glob("*.safetensors"))))
         assert np.abs(want["model.layers.0.mlp.up_proj.weight"] - start["model.layers.0.mlp.up_proj.weight"]).max() > 1e-4
+
+
+#: run under torchrun: train, then say what is left of the process group and of the threads
+LEAVE_SCRIPT = """
+import json, sys, threading
+from pathlib import Path
+import torch.distributed as td
+from tunix_rt.home import Home
+from tunix_rt.train import dist
+from tunix_rt.train.config import TrainConfig
+from tunix_rt.train.driver import train
+
+run = train(TrainConfig.load(sys.argv[1]), Home.resolve())
+left = {"rank": dist.rank(), "world": dist.world(), "main": dist.is_main(), "group": td.is_initialized(),
+        "threads": [(t.name, t.daemon) for t in threading.enumerate() if t is not threading.main_thread()]}
+Path(sys.argv[2], f"rank-{dist.rank()}.json").write_text(json.dumps(left))
+"""
+
+
+def test_finished_run_leaves_the_process_group(home, tmp_path):
+    """A run finished on every process tears its gloo group down before the interpreter
+    exits (left alive, it aborted a process at exit now and then: `terminate called without
+    an active exception`, SIGABRT, and torchrun failed a finished run). Each process still
+    knows its rank afterwards (process 0 reports), and no thread is left running."""
+    cfg = TrainConfig(**{**_cfg(tmp_path, "lora").to_dict(), "max_steps": 1, "save_interval": 0, "eval_limit": 1})
+    cfg_file, script = tmp_path / "cfg.yaml", tmp_path / "leave.py"
+    cfg_file.write_text(cfg.to_yaml())
+    script.write_text(LEAVE_SCRIPT)
+    r = _torchrun(home, [str(cfg_file), str(tmp_path)], program=(str(script),))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "terminate called" not in r.stderr
+    left = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    threads = [left[rank].pop("threads") for rank in (0, 1)]
+    assert left == [{"rank": rank, "world": 2, "main": rank == 0, "group": False} for rank in (0, 1)]
+    # tqdm's monitor (a library's progress bar on process 0) sleeps as a daemon; nothing else runs
+    assert all(name == "tqdm_monitor" and daemon for name, daemon in sum(threads, [])), threads
 
 
 def test_grpo_full_two_processes_equal_one(home, tmp_path, monkeypatch):

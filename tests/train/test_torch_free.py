@@ -161,7 +161,7 @@ def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp
     _ok(_cli(no_torch, "data", "import", "record", traces, "--name", "nt"))
 
     common = ["dataset=nt", "split=all", "eval_split=all", "eval_limit=4"]
-    _bad_input(_cli(no_torch, "train", "--config", "smoke", "--engine", "torch", *common, "max_steps=1"),
+    _bad_input(_cli(no_torch, "train", "--config", "smoke", "--engine", "torch", *common, "max_steps=2"),
                "tunix-rt[torch]", "--engine jax")
     assert not home.runs.is_dir() or not any(home.runs.iterdir())  # refused before making a run dir
 

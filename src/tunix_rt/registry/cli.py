@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunix_rt.home import Home
+from tunix_rt.registry.liveness import STALE_AFTER_S
 
 runs_app = typer.Typer(no_args_is_help=True, help="List and show training runs in the registry.")
 registry_app = typer.Typer(no_args_is_help=True, help="Index the home into the registry database.")
@@ -62,13 +63,25 @@ def _run_dict(r) -> dict:
 
 
 @registry_app.command("sync")
-def registry_sync() -> None:
-    """Index every dataset, model, run and evaluation directory already in the home."""
+def registry_sync(
+    stale_after: Annotated[float, typer.Option(
+        help="A running run of another host whose files have not changed for this many seconds "
+             "is marked interrupted (on this host its process is asked).")] = STALE_AFTER_S,
+) -> None:
+    """Index every dataset, model, run and evaluation directory already in the home; a run
+    left `running` by a process that is gone (killed) is marked interrupted first."""
+    from tunix_rt.errors import BadInput
     from tunix_rt.registry.record import sync_home
 
+    if not stale_after > 0:
+        raise BadInput(f"--stale-after must be > 0 seconds, got {stale_after}")
     home = Home.resolve().ensure()
+    notes: list[str] = []
     with out.status("indexing…") as status:
-        counts = sync_home(home, progress=lambda msg: status.update(f"indexing {msg}"))
+        counts = sync_home(home, progress=lambda msg: status.update(f"indexing {msg}"), report=notes.append,
+                           stale_after_s=stale_after)
+    for line in notes:
+        out.print(line, highlight=False, soft_wrap=True)
     out.print(" ".join(f"{k}={v}" for k, v in counts.items()), highlight=False)
 
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.registry.jobs import (PARAMS, UPLOADS_DIR, EvalParams, ImportParams, JobContext, JobKind, TrainParams,
-                                    TrialParams)
+                                    TrialParams, home_run, parse_params)
 from tunix_rt.registry.train_job import require_succeeded, train_for_job
 from tunix_rt.rundir import MANIFEST
 
@@ -76,11 +76,7 @@ def handle_train(ctx: JobContext, p: TrainParams) -> dict[str, Any]:
 
 
 def handle_eval(ctx: JobContext, p: EvalParams) -> dict[str, Any]:
-    adapter = None
-    if p.adapter_run:
-        adapter = ctx.home.runs / p.adapter_run
-        if not adapter.is_dir():
-            raise BadInput(f"no run {p.adapter_run!r} in the home")
+    adapter = home_run("adapter_run", p.adapter_run, ctx.home) if p.adapter_run else None
     return {"eval_id": _evaluate(ctx, p.model, adapter, p.dataset, p.split, p.limit, p.max_new_tokens)}
 
 
@@ -115,5 +111,4 @@ KINDS: dict[str, Kind] = {
 
 
 def run_job(ctx: JobContext, kind: str, params: dict[str, Any]) -> dict[str, Any]:
-    spec = KINDS[kind]
-    return spec.run(ctx, spec.params.model_validate(params))
+    return KINDS[kind].run(ctx, parse_params(kind, params))

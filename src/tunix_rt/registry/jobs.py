@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
+from tunix_rt.rundir import MANIFEST
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 REF = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}(@[A-Za-z0-9][A-Za-z0-9._-]{0,99})?$"
@@ -78,11 +79,45 @@ class TrainParams(BaseModel):
         return cfg
 
 
+RUN_ID = NAME
+"""A run by its id: the name of its directory under <home>/runs."""
+HOME_NAMES = {"model": (REF, "name"), "dataset": (REF, "name"), "init": (RUN_ID, "run id")}
+"""The config fields a job names files with, each by a name from the home: never a path."""
+
+
 def check_home_names(cfg) -> None:
-    """A job's model and dataset are names from the home (any worker's), never paths."""
-    for key in ("model", "dataset"):
-        if not re.match(REF, str(getattr(cfg, key))):
-            raise ValueError(f"{key} must be a name from the home, not a path: {getattr(cfg, key)!r}")
+    """A job's model and dataset are names from the home (any worker's), its `init` a run id
+    of the home: never paths. (Where the home is at hand, home_run checks the run itself.)"""
+    for key, (pattern, what) in HOME_NAMES.items():
+        problem = _not_a_home_name(key, getattr(cfg, key), pattern, what)
+        if problem:
+            raise ValueError(problem)
+
+
+def _not_a_home_name(key: str, value: Any, pattern: str, what: str) -> str | None:
+    """What is wrong with `value` as field `key` (None: nothing; unset is fine)."""
+    if value is None or re.fullmatch(pattern, str(value)):
+        return None
+    return f"{key} must be a {what} from the home, not a path: {value!r}"
+
+
+def home_run(key: str, run_id: Any, home: Home) -> Path:
+    """<home>/runs/<run_id> for a field that names a run (`init`, `adapter_run`): a run id
+    (RUN_ID), whose directory really is in this home's runs/ (not a symlink there pointing
+    out) and holds a run. BadInput otherwise."""
+    problem = _not_a_home_name(key, run_id, RUN_ID, "run id")
+    if problem:
+        raise BadInput(problem)
+    name = str(run_id)
+    target = home.runs.resolve() / name
+    if (home.runs / name).resolve() != target:
+        raise BadInput(f"{key}: run {name!r} is a link out of this home's runs/; give a run id of this home")
+    if not (target / MANIFEST).is_file():
+        raise BadInput(f"{key}: no run {name!r} in this home")
+    # the run lookup the stages share (train.run.resolve_run) tries the id as a path first
+    if (Path(name) / MANIFEST).is_file() and Path(name).resolve() != target:
+        raise BadInput(f"{key}: {name!r} also names a run in the current directory; run the worker elsewhere")
+    return target
 
 
 class TrialParams(BaseModel):
@@ -99,7 +134,7 @@ class EvalParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: Annotated[str | None, Field(pattern=NAME)] = None
-    adapter_run: Annotated[str | None, Field(pattern=NAME)] = None
+    adapter_run: Annotated[str | None, Field(pattern=RUN_ID)] = None
     dataset: Annotated[str, Field(pattern=REF)]
     split: Literal["train", "dev", "all"] = "dev"
     limit: Annotated[int | None, Field(ge=1, le=100000)] = None
@@ -163,11 +198,17 @@ PARAMS: dict[str, type[BaseModel]] = {
 
 def validate_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """The parameters as the kind's model accepts them (BadInput with the reasons otherwise)."""
+    return parse_params(kind, params).model_dump(mode="json")
+
+
+def parse_params(kind: str, params: dict[str, Any]) -> BaseModel:
+    """The kind's parameter model of `params`; BadInput with the reasons otherwise (a job the
+    worker claims is checked again: its row may not have come through enqueue)."""
     model = PARAMS.get(kind)
     if model is None:
         raise BadInput(f"unknown job kind {kind!r}; kinds: {', '.join(PARAMS)}")
     try:
-        return model.model_validate(params).model_dump(mode="json")
+        return model.model_validate(params)
     except ValidationError as e:
         why = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'params'}: {err['msg']}" for err in e.errors())
         raise BadInput(f"{kind} job parameters: {why}") from None

@@ -28,11 +28,11 @@ from tunix_rt import fence, rundir
 from tunix_rt.errors import BadInput
 from tunix_rt.files import MODEL_MANIFEST
 from tunix_rt.registry import db
+from tunix_rt.registry.liveness import STALE_AFTER_S, STEP_DIR, mark_if_gone
 from tunix_rt.registry.models import Checkpoint, Dataset, Evaluation, Metric, ModelVersion, Prediction, Run
 
 log = logging.getLogger("tunix_rt.registry")
 T = TypeVar("T")
-STEP_DIR = re.compile(r"^step-(\d+)$")
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -320,11 +320,16 @@ def _prediction(eval_id: str, seq: int, p: dict[str, Any]) -> Prediction:
 
 # --- the whole home -----------------------------------------------------------------------
 
-def sync_home(home, url: str | None = None, progress: Callable[[str], None] | None = None) -> dict[str, int]:
+def sync_home(home, url: str | None = None, progress: Callable[[str], None] | None = None,
+              report: Callable[[str], None] | None = None, stale_after_s: float = STALE_AFTER_S) -> dict[str, int]:
     """Index every dataset, model and run directory (with its evaluations) under `home`,
-    plus evaluations kept outside runs (`<home>/evals/*`). Strict: a broken directory raises."""
+    plus evaluations kept outside runs (`<home>/evals/*`). Strict: a broken directory raises.
+    A run still `created`/`running` whose process is gone (killed: liveness.py) is first
+    marked `interrupted` in its manifest, told to `report`; its rows then follow its files.
+    `.tmp-*` directories are runs that never appeared (RunDir.create), not runs."""
     counts = {"datasets": 0, "models": 0, "runs": 0, "evaluations": 0}
     note = progress or (lambda _msg: None)
+    tell = report or (lambda _msg: None)
     for manifest in sorted(home.datasets.glob("*/*/manifest.json")):
         note(f"dataset {manifest.parent}")
         _record_dataset(manifest.parent, url)
@@ -333,8 +338,11 @@ def sync_home(home, url: str | None = None, progress: Callable[[str], None] | No
         note(f"model {config.parent}")
         _record_model(config.parent, url)
         counts["models"] += 1
-    for run_dir in sorted(p for p in home.runs.glob("*") if p.is_dir()):
+    for run_dir in sorted(p for p in home.runs.glob("*") if p.is_dir() and not p.name.startswith(".")):
         note(f"run {run_dir}")
+        gone = mark_if_gone(run_dir, stale_after_s)
+        if gone:
+            tell(f"run {run_dir.name}: marked interrupted: {gone}")
         _record_run(run_dir, url, None)
         counts["runs"] += 1
         counts["evaluations"] += len(list((run_dir / rundir.EVALS).glob(f"*/{rundir.SUMMARY}")))

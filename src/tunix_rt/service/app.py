@@ -3,10 +3,11 @@ tests point it at a temporary home and database; `tunix-rt serve` runs it with u
 
 from __future__ import annotations
 
+import json
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -19,6 +20,9 @@ from tunix_rt.service.routers import datasets, evaluations, health, jobs, models
 from tunix_rt.service.settings import Settings
 
 STATIC = Path(__file__).resolve().parent / "static"
+UPLOAD_PATH = datasets.router.prefix
+UPLOAD_ENVELOPE = 64 * 1024
+"""Room for the multipart headers and boundaries around an upload's file bytes."""
 SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
                     (b"x-frame-options", b"DENY")]
 
@@ -42,7 +46,7 @@ def create_app(settings: Settings) -> FastAPI:
         return app.openapi()
 
     app.add_middleware(_SecurityHeaders)
-    app.add_middleware(_BodyLimit, limit=settings.max_upload_bytes + 64 * 1024)
+    app.add_middleware(_BodyLimit, limit_for=lambda method, path: body_limit(settings, method, path))
     app.add_middleware(TokenAuth, token=settings.token)
     return app
 
@@ -90,22 +94,60 @@ class _SecurityHeaders:
         await self.app(scope, receive, _send if scope["type"] == "http" else send)
 
 
-class _BodyLimit:
-    """Refuse (413) a request whose declared Content-Length is over the upload limit before
-    its body is read; the upload route also counts the bytes it actually receives."""
+def body_limit(settings: Settings, method: str, path: str) -> int:
+    """The one rule for request bodies: a dataset upload carries up to max_upload_bytes of
+    file plus its multipart envelope; every other body (JSON) at most max_body_bytes."""
+    if method == "POST" and path == UPLOAD_PATH:
+        return settings.max_upload_bytes + UPLOAD_ENVELOPE
+    return settings.max_body_bytes
 
-    def __init__(self, app, limit: int) -> None:
+
+class _BodyLimit:
+    """Refuse (413) a request body over its limit before any route parses or stores it: at
+    once when Content-Length declares too much, else as soon as the bytes received pass the
+    limit (a chunked body declares nothing). The server then closes the connection, so the
+    client stops sending."""
+
+    def __init__(self, app, limit_for) -> None:
         self.app = app
-        self.limit = limit
+        self.limit_for = limit_for
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http":
-            for key, value in scope.get("headers", []):
-                if key == b"content-length" and value.isdigit() and int(value) > self.limit:
-                    body = b'{"detail": "request body over the upload limit"}'
-                    await send({"type": "http.response.start", "status": 413,
-                                "headers": [(b"content-type", b"application/json"),
-                                            (b"content-length", str(len(body)).encode())]})
-                    await send({"type": "http.response.body", "body": body})
-                    return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["method"], scope["path"])
+        if _declared_length(scope) > limit:
+            await _send_too_large(send, limit)
+            return
+        received = 0
+
+        async def counted():
+            nonlocal received
+            if received > limit:  # refused already: read on as if the client had left
+                return {"type": "http.disconnect"}
+            message = await receive()
+            received += len(message.get("body", b"")) if message["type"] == "http.request" else 0
+            if received > limit:  # raised inside the route's body read: FastAPI answers it as is
+                raise HTTPException(413, _too_large(limit))
+            return message
+
+        await self.app(scope, counted, send)
+
+
+def _declared_length(scope) -> int:
+    for key, value in scope.get("headers", []):
+        if key == b"content-length" and value.isdigit():
+            return int(value)
+    return 0
+
+
+def _too_large(limit: int) -> str:
+    return f"request body over the limit of {limit:,} bytes"
+
+
+async def _send_too_large(send, limit: int) -> None:
+    body = json.dumps({"detail": _too_large(limit)}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -13,10 +13,12 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind; 0.0.0.0 exposes it to the network.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8765,
     device: Annotated[Optional[str], typer.Option(help="Where /v1 models run: auto | cpu | cuda (default: auto).")] = None,
-    max_models: Annotated[Optional[int], typer.Option(help="Models kept loaded (LRU; default 2).")] = None,
+    max_models: Annotated[Optional[int], typer.Option(help="Models kept loaded (LRU, one in use never unloaded; default 2).")] = None,
     max_batch: Annotated[Optional[int], typer.Option(help="Completions decoded together per model (default: eval's batch size).")] = None,
     max_queue: Annotated[Optional[int], typer.Option(help="Requests waiting per model before 429 (default 64).")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Cap on a request's max_tokens (default 1024).")] = None,
+    load_wait: Annotated[Optional[float], typer.Option(help="Seconds a request for a model not loaded waits for a loaded "
+                                                            "one to finish its requests before a 503 (default 30).")] = None,
 ) -> None:
     """Serve the registry API and the web UI. The token is created on first start (stored in
     <home>/service_token, mode 0600) and printed."""
@@ -28,7 +30,7 @@ def serve(
     home = Home.resolve().ensure()
     token, created = load_or_create_token(home)
     given = {"serve_device": device, "serve_max_models": max_models, "serve_max_batch": max_batch,
-             "serve_max_queue": max_queue, "serve_max_tokens": max_tokens}
+             "serve_max_queue": max_queue, "serve_max_tokens": max_tokens, "serve_load_wait_s": load_wait}
     settings = Settings.from_home(home, **{k: v for k, v in given.items() if v is not None})
     app = create_app(settings)
     shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host

@@ -3,15 +3,45 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tunix_rt.eval.generate import DecodeConfig
+from tunix_rt.traces.schema import json_problems
 
 
 class Public(BaseModel):
     model_config = ConfigDict(from_attributes=True)
+
+
+class RealUnicode(BaseModel):
+    """A request body whose every string and key is real Unicode: a lone surrogate
+    ("\\ud800" in JSON) cannot be encoded, tokenized, stored or sent back, so it is refused
+    at the door (422; 400 on /v1), naming the field it is in."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _real_unicode(cls, data: Any) -> Any:
+        if problems := json_problems(data):
+            field, why = problems[0]
+            raise ValueError(f"{field}: {why}")
+        return data
+
+
+def validation_422(e: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 body, its JSON ASCII-escaped: an error that echoes a lone surrogate
+    of the request is still a clean 422, never a 500 while encoding the answer."""
+    return _AsciiJSON({"detail": jsonable_encoder(e.errors())}, status_code=422)
+
+
+class _AsciiJSON(JSONResponse):
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
 class DatasetPublic(Public):
@@ -167,13 +197,13 @@ class JobPublic(Public):
     finished_at: dt.datetime | None
 
 
-class JobCreate(BaseModel):
+class JobCreate(RealUnicode):
     model_config = ConfigDict(extra="forbid")
     kind: str
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-class TrainSubmit(BaseModel):
+class TrainSubmit(RealUnicode):
     """POST /api/runs: a shipped preset plus overrides (see TrainConfig); becomes a train job."""
 
     model_config = ConfigDict(extra="forbid")

@@ -25,6 +25,9 @@ class Settings(BaseModel):
     """The bearer token every route except /api/health and the UI shell requires."""
     max_upload_bytes: int = 32 * 1024 * 1024
     """Largest dataset upload accepted (413 above)."""
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1)
+    """Largest body of any other request (JSON: /v1 messages, job parameters); 413 above,
+    counted as it arrives."""
     sse_poll_s: float = 0.5
     """How often a log stream looks for new chunks."""
     sse_max_s: float = 3600.0
@@ -34,13 +37,17 @@ class Settings(BaseModel):
     serve_device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where served models run (/v1/chat/completions, the playground)."""
     serve_max_models: int = Field(2, ge=1)
-    """Models kept loaded at once; the least recently used is unloaded past this."""
+    """Models kept loaded at once; loading another unloads the least recently used idle one
+    (a model with requests in flight never is)."""
     serve_max_batch: int = Field(DecodeConfig().batch_size, ge=1)
     """Completions (rows) one model decodes together; later requests wait in the queue."""
     serve_max_queue: int = Field(64, ge=0)
     """Requests allowed to wait for a free row per model; past this a request gets 429."""
     serve_max_tokens: int = Field(1024, ge=1)
     """Cap on max_tokens: a request asking for more gets at most this many."""
+    serve_load_wait_s: float = Field(30.0, ge=0)
+    """How long a request for a model that is not loaded waits for a loaded one to finish its
+    requests (a model in use is never unloaded) before a 503 with Retry-After."""
 
     @classmethod
     def from_home(cls, home: Home | None = None, **overrides) -> "Settings":

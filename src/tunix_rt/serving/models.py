@@ -8,10 +8,12 @@ from __future__ import annotations
 import collections
 import re
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from tunix_rt.errors import BadInput
+from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import PRESETS
 from tunix_rt.models.store import MODEL_MANIFEST, installed_dir
@@ -20,10 +22,21 @@ from tunix_rt.serving.scheduler import Scheduler
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,199}$")
 """A model id is a catalog name or a run id: never a path."""
+RETRY_AFTER_S = 5
+"""What a request refused for want of a free model slot is told to wait before retrying."""
 
 
 class ModelNotFound(BadInput):
     """No catalog model or run of that name (404 from the API, exit 2 from the CLI)."""
+
+
+class ModelsBusy(TunixRtError):
+    """Every loaded model has requests in flight and no room is left for another: retry
+    after `retry_after_s` (503 from the API)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,8 @@ class ServeConfig:
     max_models: int = 2
     max_batch: int = 8
     max_queue: int = 64
+    load_wait_s: float = 30.0
+    """How long a load waits for a loaded model to go idle before ModelsBusy."""
 
 
 @dataclass
@@ -45,6 +60,9 @@ class ServedModel:
     system_prompt: str
     max_context: int
     run_id: str | None
+    max_prompt_chars: int = 0
+    """Characters of message text past which the prompt cannot fit the context whatever the
+    tokenization (0: no bound known); checked before tokenizing."""
 
     @property
     def tok(self):
@@ -88,8 +106,19 @@ def eval_request(model_id: str, home: Home):
     return EvalRequest(dataset="(serve)", adapter=model_id)
 
 
-def load(model_id: str, home: Home, cfg: ServeConfig) -> ServedModel:
-    """Resolve and load a model onto the eval generator, with its scheduler running."""
+def max_prompt_chars(tok, max_context: int) -> int:
+    """No token decodes to more characters than its piece has, so a text of more than
+    max_context × (longest piece) characters needs more than max_context tokens: a bound
+    that refuses only prompts that could never fit, without tokenizing them."""
+    if not max_context:
+        return 0
+    longest = max(len(tok.token_text(i) or "") for i in range(tok.vocab_size))
+    return max_context * max(longest, 1)
+
+
+def load(model_id: str, home: Home, cfg: ServeConfig, on_idle: Callable[[], None] = lambda: None) -> ServedModel:
+    """Resolve and load a model onto the eval generator, with its scheduler running
+    (`on_idle`: called whenever its batch empties)."""
     from tunix_rt.eval.generate import TorchGenerator
     from tunix_rt.eval.runner import load_model, resolve_device, resolve_target
     from tunix_rt.models.store import load_tokenizer
@@ -101,46 +130,90 @@ def load(model_id: str, home: Home, cfg: ServeConfig) -> ServedModel:
     tok = load_tokenizer(target.tokenizer, home)
     gen = TorchGenerator(load_model(target.model_dir, target.adapter_dir, device), tok, device)
     ctx = int(getattr(gen.model.config, "max_position_embeddings", 0) or 0)
-    sched = Scheduler(gen, cfg.max_batch, cfg.max_queue, name=model_id)
-    return ServedModel(model_id, sched, target.system_prompt, ctx, target.run_dir.name if target.run_dir else None)
+    sched = Scheduler(gen, cfg.max_batch, cfg.max_queue, name=model_id, on_idle=on_idle)
+    return ServedModel(model_id, sched, target.system_prompt, ctx, target.run_dir.name if target.run_dir else None,
+                       max_prompt_chars(tok, ctx))
 
 
 class ModelCache:
-    """Loaded models, least recently used evicted past `max_models`. Loads run one at a time
-    (transformers' lazy imports are not thread-safe, and two loads gain nothing on one
-    machine); a request for a model already loaded never waits for another's load."""
+    """Loaded models, at most `max_models`. A request holds its model from `acquire` until
+    it is submitted (`release`); after that its scheduler counts it until its rows finish.
+    Loading another model first unloads the least recently used model that is idle (held
+    by nobody, its scheduler empty), waiting up to `load_wait_s` for one to become idle, so
+    a request in flight never loses its model (ModelsBusy past the wait). Loads run one at
+    a time (transformers' lazy imports are not thread-safe, and two loads gain nothing on
+    one machine); a request for a model already loaded never waits for another's load."""
 
     def __init__(self, home: Home, cfg: ServeConfig) -> None:
         self.home, self.cfg = home, cfg
         self._models: collections.OrderedDict[str, ServedModel] = collections.OrderedDict()
-        self._lock = threading.Lock()
+        self._held: collections.Counter[str] = collections.Counter()
+        self._cond = threading.Condition()
         self._load_lock = threading.Lock()
 
-    def get(self, model_id: str) -> ServedModel:
-        with self._lock:
-            if model_id in self._models:
-                self._models.move_to_end(model_id)
-                return self._models[model_id]
+    def acquire_loaded(self, model_id: str) -> ServedModel | None:
+        """The model held, if it is loaded; None (at once, never blocking) if it is not."""
+        with self._cond:
+            return self._hold(model_id) if model_id in self._models else None
+
+    def acquire(self, model_id: str) -> ServedModel:
+        """The model, loaded if need be, held until `release` (it cannot be unloaded meanwhile)."""
+        if (served := self.acquire_loaded(model_id)) is not None:
+            return served
+        deadline = time.monotonic() + self.cfg.load_wait_s  # time spent behind other loads counts
         with self._load_lock:
-            with self._lock:
+            with self._cond:
                 if model_id in self._models:
-                    return self._models[model_id]
-            served = load(model_id, self.home, self.cfg)
-            with self._lock:
+                    return self._hold(model_id)
+                evicted = self._make_room(deadline)
+            for old in evicted:
+                old.scheduler.close()
+            served = load(model_id, self.home, self.cfg, on_idle=self._wake)
+            with self._cond:
                 self._models[model_id] = served
-                evicted = []
-                while len(self._models) > self.cfg.max_models:
-                    evicted.append(self._models.popitem(last=False)[1])
-        for old in evicted:
-            old.scheduler.close()
+                return self._hold(model_id)
+
+    def release(self, served: ServedModel) -> None:
+        with self._cond:
+            self._held[served.id] -= 1
+            self._cond.notify_all()
+
+    def get(self, model_id: str) -> ServedModel:
+        """The model, loaded if need be, without holding it (to look at it)."""
+        served = self.acquire(model_id)
+        self.release(served)
         return served
 
+    def _hold(self, model_id: str) -> ServedModel:
+        self._models.move_to_end(model_id)
+        self._held[model_id] += 1
+        return self._models[model_id]
+
+    def _make_room(self, deadline: float) -> list[ServedModel]:
+        """The least recently used idle model taken out if one more would not fit, waiting
+        until `deadline` for one to go idle. Call holding _cond; close what it returns."""
+        while len(self._models) >= self.cfg.max_models:
+            idle = next((k for k, m in self._models.items() if not self._held[k] and m.scheduler.idle), None)
+            if idle is not None:
+                return [self._models.pop(idle)]  # the bound holds: never more than max_models loaded
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ModelsBusy(f"all {len(self._models)} loaded models (the server's limit) are serving requests; "
+                                 "retry shortly", retry_after_s=RETRY_AFTER_S)
+            self._cond.wait(left)
+        return []
+
+    def _wake(self) -> None:
+        """A scheduler's batch emptied: a load waiting for room may go on."""
+        with self._cond:
+            self._cond.notify_all()
+
     def loaded(self) -> list[str]:
-        with self._lock:
+        with self._cond:
             return list(self._models)
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             models, self._models = list(self._models.values()), collections.OrderedDict()
         for m in models:
             m.scheduler.close()

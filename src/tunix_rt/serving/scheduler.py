@@ -44,6 +44,13 @@ class QueueFull(TunixRtError):
     """More requests are waiting than the queue holds."""
 
 
+class Unloaded(TunixRtError):
+    """The model was unloaded (the server is stopping): the request may be retried."""
+
+
+UNLOADED = "the model was unloaded; retry"
+
+
 @dataclass(frozen=True)
 class Event:
     """What a request's sink receives, from the scheduler thread: text as it is decoded
@@ -55,6 +62,8 @@ class Event:
     finish_reason: str | None = None
     n_tokens: int = 0
     error: str | None = None
+    retryable: bool = False
+    """An error that is no fault of the request (the model was unloaded): retry it."""
 
 
 class Request:
@@ -235,8 +244,11 @@ def merge_states(states: list, room: int):
 class Scheduler:
     """The decode loop of one served model, on its own thread."""
 
-    def __init__(self, gen: "TorchGenerator", max_batch: int, max_queue: int, name: str = "model") -> None:
+    def __init__(self, gen: "TorchGenerator", max_batch: int, max_queue: int, name: str = "model",
+                 on_idle: Callable[[], None] = lambda: None) -> None:
         self.gen = gen
+        self.on_idle = on_idle
+        """Called (on the decode thread, holding no lock) each time the batch empties."""
         self.max_batch, self.max_queue = max_batch, max_queue
         self.stop_ids = frozenset(gen.stop_ids)
         self.batch = _LeanBatch(gen) if gen.lean is not None else _HFBatch(gen)
@@ -246,6 +258,8 @@ class Scheduler:
         """Admissions into a batch that was already decoding (step-level joins)."""
         self.peak_rows = 0
         self._pending: collections.deque[Request] = collections.deque()
+        self._admitting: list[Request] = []
+        """Requests taken from the queue whose rows are not in the batch yet."""
         self._cv = threading.Condition()
         self._closed = False
         self._threads = _torch_threads()
@@ -261,12 +275,18 @@ class Scheduler:
     def active(self) -> int:
         return len(self.rows)
 
+    @property
+    def idle(self) -> bool:
+        """No request waiting, being admitted or decoding: unloading now fails nobody."""
+        with self._cv:
+            return not (self._pending or self._admitting or self.rows)
+
     def submit(self, req: Request) -> None:
         if req.n > self.max_batch:
             raise BadInput(f"n={req.n} is more than this server decodes at once ({self.max_batch})")
         with self._cv:
             if self._closed:
-                raise TunixRtError("the model was unloaded; retry")
+                raise Unloaded(UNLOADED)
             if len(self._pending) >= self.max_queue:
                 raise QueueFull(f"{len(self._pending)} requests are waiting (queue limit {self.max_queue}); retry later")
             self._pending.append(req)
@@ -292,9 +312,9 @@ class Scheduler:
                     while not self._pending and not self.rows and not self._closed:
                         self._cv.wait()
                     if self._closed:
-                        self._fail([r.req for r in self.rows] + list(self._pending), "the model was unloaded")
+                        self._fail([r.req for r in self.rows] + list(self._pending), UNLOADED, retryable=True)
                         return
-                    admitted = self._take()
+                    admitted = self._admitting = self._take()
                 try:
                     if admitted:
                         self._admit(admitted)
@@ -307,6 +327,9 @@ class Scheduler:
                     self._fail(failed.values(), f"{type(e).__name__}: {e}")
                     self.rows, self.next_tokens = [], None
                     self.batch.reset()
+                self._admitting = []
+                if not self.rows:
+                    self.on_idle()
 
     def _take(self) -> list[Request]:
         """Waiting requests that fit in the free rows (in arrival order)."""
@@ -377,9 +400,9 @@ class Scheduler:
         self.batch.select(idx)
 
     @staticmethod
-    def _fail(reqs, message: str) -> None:
+    def _fail(reqs, message: str, retryable: bool = False) -> None:
         for req in reqs:
             try:
-                req.sink(Event("error", error=message))
+                req.sink(Event("error", error=message, retryable=retryable))
             except Exception:  # noqa: BLE001 - a sink that fails must not stop the others
                 log.exception("request sink failed")

@@ -108,8 +108,9 @@ class GSM8KImporter:
             problems.append(("answer", "nothing after '####'"))
         if problems:
             raise RecordError(problems)
+        where = {f"steps[{k}]": "answer" for k in range(len(steps))} | {"answer": "answer"}
         return make_trace(
-            id=f"gsm8k-{self.split}-{index:05d}", question=question, steps=steps, answer=final,
+            where, id=f"gsm8k-{self.split}-{index:05d}", question=question, steps=steps, answer=final,
             source="gsm8k", meta={},
         )
 
@@ -137,16 +138,19 @@ class OlderTraceImporter:
         meta = obj.get("meta", {})
         if not isinstance(meta, dict):
             raise RecordError.one("meta", f"expected an object, got {json_type(meta)}")
-        steps, types = _ordered_steps(obj["steps"])
+        steps, types, order = _ordered_steps(obj["steps"])
         rid = obj["id"] if "id" in obj else content_id("trace", question, steps, answer)
+        where = {"question": "prompt", "answer": "final_answer"}
+        where |= {f"steps[{i}]": f"steps[{k}].content" for i, k in enumerate(order)}
         return make_trace(
-            id=rid, question=question, steps=steps, answer=answer, source="traces",
+            where, id=rid, question=question, steps=steps, answer=answer, source="traces",
             meta={**meta, "trace_version": version, "step_types": types},
         )
 
 
-def _ordered_steps(raw: Any) -> tuple[list[str], list[str | None]]:
-    """Steps of the older format sorted by `i`; `i` must be exactly 0..N-1."""
+def _ordered_steps(raw: Any) -> tuple[list[str], list[str | None], list[int]]:
+    """Steps of the older format sorted by `i` (`i` must be exactly 0..N-1): their contents,
+    their types, and the position in `raw` of each."""
     if not isinstance(raw, list):
         raise RecordError.one("steps", f"expected an array, got {json_type(raw)}")
     if not raw:
@@ -178,8 +182,8 @@ def _ordered_steps(raw: Any) -> tuple[list[str], list[str | None]]:
         problems.append(("steps", f"i must be 0..{len(raw) - 1}; missing i={missing[0]}"))
     if problems:
         raise RecordError(problems)
-    ordered = [raw[seen[i]] for i in range(len(raw))]
-    return [s["content"] for s in ordered], [s.get("type") for s in ordered]
+    order = [seen[i] for i in range(len(raw))]
+    return [raw[k]["content"] for k in order], [raw[k].get("type") for k in order], order
 
 
 @dataclass(frozen=True)
@@ -201,8 +205,9 @@ class GenericImporter:
         else:
             steps = obj["steps"]  # checked by the Trace schema
         rid = obj["id"] if "id" in obj else content_id("generic", question, steps if isinstance(steps, list) else [], answer)
+        where = {f"steps[{k}]": "reasoning" for k in range(len(steps))} if has_r else {}
         return make_trace(
-            id=rid, question=question, steps=steps, answer=answer,
+            where, id=rid, question=question, steps=steps, answer=answer,
             source=obj.get("source", "generic"), meta=obj.get("meta", {}),
         )
 
@@ -233,5 +238,8 @@ def detect_format(obj: dict[str, Any]) -> str:
 
 
 def gsm8k_split_name(stem: str) -> str:
-    """The split part of GSM8K ids from a file or split name: 'train.jsonl' → 'train'."""
-    return re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-") or "train"
+    """The split part of GSM8K ids from a file or split name: 'train.jsonl' → 'train'. The id
+    already starts with 'gsm8k-', so a leading 'gsm8k' of the file name is dropped
+    ('gsm8k_test.jsonl' → 'test', ids gsm8k-test-NNNNN, never gsm8k-gsm8k-test-NNNNN)."""
+    name = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")
+    return re.sub(r"^gsm8k(?:-|$)", "", name) or "train"

@@ -11,9 +11,12 @@ Decisions, so they hold everywhere:
   file gives exactly the records (and the dataset bytes) of its LF twin.
 - A UTF-8 byte order mark at the start of the file is an error (it is not JSON, and tools
   that write it usually change other things too); the message says to remove it.
-- Invalid UTF-8, blank lines, NaN/Infinity, duplicate keys in an object and rows that are
-  not objects are errors. A last line without a newline is fine if it parses; if it does
-  not, it is reported as truncated.
+- Invalid UTF-8, blank lines, NaN/Infinity, integers over Python's 4300-digit limit,
+  duplicate keys in an object and rows that are not objects are errors. A last line
+  without a newline is fine if it parses; if it does not, it is reported as truncated.
+- Every parsed row then passes schema.json_problems before its importer sees it: a lone
+  surrogate ("\\ud800") in any string or key, or a number that overflows to infinity
+  (1e400), is an error on the field that holds it, in the input's own field names.
 - Duplicate ids are reported on the later line, naming the first.
 """
 
@@ -27,7 +30,7 @@ from typing import Any, BinaryIO, Callable, Iterator
 
 from tunix_rt.errors import BadInput
 from tunix_rt.traces.importers import Importer, detect_format, get_importer, gsm8k_split_name
-from tunix_rt.traces.schema import RecordError, Trace, json_type
+from tunix_rt.traces.schema import RecordError, Trace, json_problems, json_type, shown
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 MAX_SHOWN = 50
@@ -93,7 +96,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _Reject(key, "duplicate key in object")
+            raise _Reject(shown(key), "duplicate key in object")
         out[key] = value
     return out
 
@@ -123,6 +126,8 @@ def parse_line(raw: bytes, lineno: int, last: bool) -> dict[str, Any]:
         raise _Reject(LINE, f"invalid JSON: {e.msg} at column {e.colno}") from None
     except RecursionError:
         raise _Reject(LINE, "invalid JSON: nested too deeply") from None
+    except ValueError:  # int(): over sys.get_int_max_str_digits() digits
+        raise _Reject(LINE, "invalid JSON: an integer with too many digits") from None
     if not isinstance(obj, dict):
         raise _Reject(LINE, f"expected a JSON object, got {json_type(obj)}")
     return obj
@@ -174,7 +179,10 @@ def _to_trace(raw: bytes, lineno: int, ended: bool, size: int, max_line_bytes: i
     if size > max_line_bytes:
         return [(LINE, f"line is {size:,} bytes, over the limit of {max_line_bytes:,} (max_line_bytes)")]
     try:
-        return importer.convert(parse_line(raw, lineno, last=not ended), lineno - 1)
+        obj = parse_line(raw, lineno, last=not ended)
+        if problems := json_problems(obj):
+            return problems
+        return importer.convert(obj, lineno - 1)
     except _Reject as r:
         return [(r.field, r.reason)]
     except RecordError as r:

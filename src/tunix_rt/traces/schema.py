@@ -9,14 +9,101 @@ fields (a generic-format row fed to the trace reader fails loudly instead of los
 "reasoning"), and blank strings count as empty. Importers of foreign formats may be more
 lenient before they build a Trace (the generic format accepts a numeric answer and turns
 it into its JSON text); the Trace itself never is.
+
+Strings must be real Unicode: a lone surrogate ("\\ud800" as a JSON escape) is refused in
+every field, meta keys and values included, because it cannot be written as UTF-8 and
+would fail later (writing data.jsonl, a log line, a JSON response). Numbers must be finite
+(in meta, or a numeric answer of the generic format): 1e400 parses to infinity, which
+data.jsonl could only store as `Infinity`, not JSON. `json_problems` is that rule for any parsed JSON value; the reader applies it to
+each raw row before an importer sees it (so FIELD names the input's own field), and the
+Trace applies it again to whatever it is built from.
+
+The format's own tags are refused where they would corrupt a rendered example, see
+REFUSED_TAGS.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import math
+import re
+from typing import Annotated, Any, Iterator
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticCustomError
+
+FORMAT_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
+"""The tags of the model turn (render.target_body writes them, parse_completion reads them)."""
+TURN_MARKERS = ("<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>")
+"""Gemma's control tokens, spelled as text."""
+REFUSED_TAGS = {
+    "question": TURN_MARKERS,
+    "steps": TURN_MARKERS + FORMAT_TAGS,
+    "answer": TURN_MARKERS + FORMAT_TAGS,
+}
+"""Which tags each rendered field may not contain (case-sensitive, as the parser matches).
+
+- Turn markers, in every rendered field: the tokenizer keeps them as plain text (a user
+  cannot forge a control token), but a record that spells them teaches the model to write
+  turn structure as text, and parse_completion strips "<end_of_turn>" out of what it reads,
+  so a target containing one is not the text that gets scored.
+- <reasoning>/<answer> tags, in steps and the answer: those fields are the model turn,
+  where parse_completion wants each tag exactly once; "2</answer><answer>3" or a step
+  holding "</reasoning><answer>9</answer>" renders a target that breaks the very format it
+  teaches and is scored against the wrong answer.
+- The question may mention <reasoning>/<answer>: it sits in the user turn, which is never
+  supervised nor parsed, and a question about the format ("what goes in <answer>?") is
+  legitimate text.
+"""
+
+
+def shown(text: str) -> str:
+    """Text safe to print and to encode as UTF-8: a lone surrogate becomes "\\ud800"."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text_problem(value: str) -> str | None:
+    """Why a string is not real Unicode (a lone surrogate), or None. A JSON pair of
+    surrogate escapes decodes to one astral character, so any surrogate left is lone."""
+    found = _SURROGATE.search(value)
+    if found is None:
+        return None
+    return f"lone surrogate U+{ord(found.group()):04X} at character {found.start() + 1} (not valid Unicode)"
+
+
+def _walk(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """(path, value) of every key and scalar inside a JSON value; iterative, so a deeply
+    nested row cannot exhaust the stack. A key is yielded with its own path."""
+    stack = [(path, value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, dict):
+            for k, item in reversed(list(v.items())):
+                sub = f"{where}.{shown(k)}" if where else shown(k)
+                yield sub, k
+                stack.append((sub, item))
+        elif isinstance(v, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in reversed(list(enumerate(v))))
+        else:
+            yield where, v
+
+
+def json_problems(value: Any, path: str = "") -> list[tuple[str, str]]:
+    """(field, reason) for every string that is not real Unicode and every number that is
+    not finite inside a parsed JSON value; [] when it is clean."""
+    problems = []
+    for where, v in _walk(value, path):
+        if isinstance(v, str) and (why := text_problem(v)):
+            problems.append((where or "<record>", why))
+        elif isinstance(v, float) and not math.isfinite(v):
+            problems.append((where or "<record>", f"{v} is not a finite number (out of range of a double)"))
+    return problems
+
+
+def _fail(kind: str, reason: str) -> PydanticCustomError:
+    return PydanticCustomError(kind, "{reason}", {"reason": reason})  # reason is not a template
 
 
 def _non_blank(value: str) -> str:
@@ -25,7 +112,34 @@ def _non_blank(value: str) -> str:
     return value
 
 
-NonBlank = Annotated[str, AfterValidator(_non_blank)]
+def _real_unicode(value: str) -> str:
+    if why := text_problem(value):
+        raise _fail("unicode", why)
+    return value
+
+
+def _clean_json(value: dict[str, Any]) -> dict[str, Any]:
+    if problems := json_problems(value, "meta"):
+        raise _fail("json_value", "; ".join(f"{f}: {r}" for f, r in problems[:3]))
+    return value
+
+
+def _no_tags(field: str) -> AfterValidator:
+    tags = REFUSED_TAGS[field]
+
+    def check(value: str) -> str:
+        found = [t for t in tags if t in value]
+        if found:
+            tag = min(found, key=value.find)  # the first one in the text
+            where = "in the question, steps or answer" if tag in TURN_MARKERS else "in steps or the answer"
+            raise _fail("format_tag", f"contains {tag!r}, a tag of the rendered format (not allowed {where})")
+        return value
+
+    return AfterValidator(check)
+
+
+Text = Annotated[str, AfterValidator(_real_unicode)]
+NonBlank = Annotated[Text, AfterValidator(_non_blank)]
 
 
 class Trace(BaseModel):
@@ -35,15 +149,16 @@ class Trace(BaseModel):
 
     id: NonBlank
     """Unique within its dataset; the train/dev split is a hash of it."""
-    question: NonBlank
-    steps: Annotated[list[NonBlank], Field(min_length=1)]
+    question: Annotated[NonBlank, _no_tags("question")]
+    steps: Annotated[list[Annotated[NonBlank, _no_tags("steps")]], Field(min_length=1)]
     """The worked solution, one step per item; becomes the <reasoning> block."""
-    answer: NonBlank
+    answer: Annotated[NonBlank, _no_tags("answer")]
     """The final answer as text ("18", "cba"); becomes the <answer> block."""
-    source: str | None = None
+    source: Text | None = None
     """Where the record came from ("gsm8k", "generic", …); provenance only."""
-    meta: dict[str, Any] = Field(default_factory=dict)
-    """Free-form facts about the record (category, original index, …)."""
+    meta: Annotated[dict[str, Any], AfterValidator(_clean_json)] = Field(default_factory=dict)
+    """Free-form facts about the record (category, original index, …): any JSON, with
+    real-Unicode strings and finite numbers only."""
 
     def to_record(self) -> dict[str, Any]:
         """The canonical JSON object: fields in schema order, meta keys sorted."""
@@ -103,7 +218,8 @@ def field_path(loc: tuple) -> str:
     """('steps', 2) → 'steps[2]'; ('meta', 'k') → 'meta.k'."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        part = part if isinstance(part, int) else shown(str(part))
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
     return out or "<record>"
 
 
@@ -137,12 +253,17 @@ def problems_of(exc: ValidationError, prefix: tuple = ()) -> list[tuple[str, str
     return [(field_path(prefix + tuple(e["loc"])), _reason(e)) for e in exc.errors()]
 
 
-def make_trace(**fields: Any) -> Trace:
-    """Build a Trace or raise RecordError naming every bad field."""
+def make_trace(where: dict[str, str] | None = None, **fields: Any) -> Trace:
+    """Build a Trace or raise RecordError naming every bad field.
+
+    where: the input's own name for a Trace field path, for importers whose input is shaped
+    otherwise ({"question": "prompt", "steps[0]": "steps[3].content"}): a problem found in
+    the Trace is then reported on the field the user wrote."""
     try:
         return Trace(**fields)
     except ValidationError as exc:
-        raise RecordError(problems_of(exc)) from None
+        names = where or {}
+        raise RecordError([(names.get(f, f), r) for f, r in problems_of(exc)]) from None
 
 
 def validate_trace(obj: dict[str, Any]) -> Trace:

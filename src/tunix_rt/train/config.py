@@ -7,6 +7,7 @@ file (a path, or the name of a shipped preset in configs/) plus `key=value` over
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -156,6 +157,10 @@ class TrainConfig:
     """Reward name (or module:function) -> weight, or -> {weight: w, <param>: value}."""
     dapo_max_draws: int = 4
     """dapo: draw at most this many times rl_prompts groups to find rl_prompts informative ones."""
+    reward_timeout_s: float = 10.0
+    """Most seconds one reward call may take (per completion and reward); a reward that runs
+    longer fails the run naming the reward and the record. A judge reward's requests count:
+    set this above its timeout_s x (max_retries + 1)."""
 
     def __post_init__(self) -> None:
         if self.method in ("lora", "full"):  # configs written before method meant sft|grpo
@@ -177,25 +182,7 @@ class TrainConfig:
                 self.max_steps = 100  # neither given: a short run, said in the resolved config
             else:
                 raise BadInput("config: set max_steps or epochs, not both")
-        for name in ("batch_size", "grad_accum", "max_seq_len", "lora_rank", "log_interval",
-                     "keep_checkpoints", "loss_chunk_bytes"):
-            if getattr(self, name) < 1:
-                raise BadInput(f"config: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("eval_interval", "save_interval", "warmup_steps", "weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise BadInput(f"config: {name} must be >= 0, got {getattr(self, name)}")
-        if self.eval_limit is not None and self.eval_limit < 1:
-            raise BadInput(f"config: eval_limit must be >= 1 (or null for the whole split), got {self.eval_limit}")
-        if self.limit is not None and self.limit < 1:
-            raise BadInput(f"config: limit must be >= 1 (or null for the whole split), got {self.limit}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise BadInput(f"config: max_steps must be >= 1, got {self.max_steps}")
-        if self.epochs is not None and self.epochs <= 0:
-            raise BadInput(f"config: epochs must be > 0, got {self.epochs}")
-        if not (0.0 <= self.lora_dropout < 1.0):
-            raise BadInput(f"config: lora_dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.lr <= 0:
-            raise BadInput(f"config: lr must be > 0, got {self.lr}")
+        self._check_ranges()
         unknown = set(self.lora_targets) - set(ALL_LORA_TARGETS)
         if unknown or not self.lora_targets:
             raise BadInput(f"config: lora_targets {sorted(unknown) or '[]'} not in {list(ALL_LORA_TARGETS)}")
@@ -204,26 +191,39 @@ class TrainConfig:
         if isinstance(self.mesh, str) and self.mesh != "auto":
             raise BadInput(f"config: mesh must be 'auto' or a mapping like {{fsdp: 8, tp: 1}}, got {self.mesh!r}")
         if isinstance(self.mesh, dict):
-            bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or int(v) < 1}
+            bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or not _is_int(v) or v < 1}
             if bad:
                 raise BadInput(f"config: mesh axes must be fsdp/tp with sizes >= 1, got {bad}")
 
+    def _check_ranges(self) -> None:
+        """Every numeric field: a real number of its type (no NaN, no infinity) in its RANGES."""
+        for name, rng in RANGES.items():
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL:
+                continue
+            if not _is_number(value):
+                raise BadInput(f"config: {name} must be a finite number, got {value!r}")
+            if str(self.__dataclass_fields__[name].type).startswith("int") and not _is_int(value):
+                raise BadInput(f"config: {name} must be an integer, got {value!r}")
+            if not rng.holds(value):
+                raise BadInput(f"config: {name} must be {rng}{OPTIONAL.get(name, '')}, got {value!r}")
+        if self.max_steps is not None:
+            self.check_total_steps(self.max_steps)
+
+    def check_total_steps(self, total_steps: int) -> None:
+        """warmup_steps fits in the run: with epochs, the driver calls this once the step count
+        is known (before the run directory exists)."""
+        if self.warmup_steps > total_steps:
+            raise BadInput(f"config: warmup_steps ({self.warmup_steps}) exceeds the run's {total_steps} optimizer "
+                           "steps: the learning rate would never reach lr; lower warmup_steps")
+
     def _check_rl(self) -> None:
         self._check_choice("rl_loss", ("grpo", "dr_grpo", "dapo"))
-        for name in ("group_size", "rl_prompts", "rollout_max_new_tokens", "mu", "dapo_max_draws"):
-            if getattr(self, name) < 1:
-                raise BadInput(f"config: {name} must be >= 1, got {getattr(self, name)}")
         if not rolls_out(self.method):
             return
         if self.group_size < 2:
             raise BadInput(f"config: group_size must be >= 2 (advantages compare completions of one prompt), "
                            f"got {self.group_size}")
-        if self.rollout_temperature <= 0:
-            raise BadInput(f"config: rollout_temperature must be > 0 (rollouts sample), got {self.rollout_temperature}")
-        if not 0.0 < self.rollout_top_p <= 1.0 or self.rollout_top_k < 0:
-            raise BadInput("config: rollout_top_p must be in (0, 1] and rollout_top_k >= 0")
-        if self.epsilon <= 0 or (self.epsilon_high is not None and self.epsilon_high <= 0) or self.beta < 0:
-            raise BadInput("config: epsilon and epsilon_high must be > 0, beta >= 0")
         if self.beta > 0 and self.finetune != "lora":
             raise BadInput("config: beta > 0 needs finetune=lora: the reference policy is the model with the "
                            "adapter off (no second copy of the weights); with finetune=full set beta=0")
@@ -232,6 +232,9 @@ class TrainConfig:
                            f"prompt in max_seq_len ({self.max_seq_len})")
         if not isinstance(self.rewards, dict) or not self.rewards:
             raise BadInput(f"config: rewards must be a non-empty mapping name -> weight, got {self.rewards!r}")
+        from tunix_rt.train.rewards import RewardSpec  # here, not at the top: numpy stays out of `--help`
+
+        RewardSpec.from_mapping(self.rewards, "config: rewards")  # names, weights, parameters; nothing imported
 
     @property
     def clip_high(self) -> float:
@@ -295,6 +298,56 @@ class TrainConfig:
             key, raw = item.split("=", 1)
             data[key.strip()] = yaml.safe_load(raw) if raw != "" else None
         return cls.from_dict(data, source=source)
+
+
+@dataclass(frozen=True)
+class Range:
+    """An interval of allowed values (high None: unbounded above)."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+    """low itself is excluded (> low rather than >= low)."""
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+
+
+AT_LEAST_0, AT_LEAST_1, ABOVE_0 = Range(0), Range(1), Range(0, low_open=True)
+#: every numeric field of TrainConfig and its range, checked in __post_init__ (one place)
+RANGES: dict[str, Range] = {
+    "eval_limit": AT_LEAST_1, "limit": AT_LEAST_1, "lora_rank": AT_LEAST_1, "lora_alpha": ABOVE_0,
+    "lora_dropout": Range(0, 1, high_open=True), "lr": ABOVE_0, "warmup_steps": AT_LEAST_0,
+    "min_lr_ratio": Range(0, 1), "weight_decay": AT_LEAST_0, "grad_clip": AT_LEAST_0,
+    "batch_size": AT_LEAST_1, "grad_accum": AT_LEAST_1, "max_seq_len": AT_LEAST_1, "max_steps": AT_LEAST_1,
+    "epochs": ABOVE_0, "seed": Range(0, 2 ** 32 - 1),  # every engine's and numpy's seeds take a uint32
+    "log_interval": AT_LEAST_1, "eval_interval": AT_LEAST_0, "save_interval": AT_LEAST_0,
+    "keep_checkpoints": AT_LEAST_1, "loss_chunk_bytes": AT_LEAST_1,
+    "group_size": AT_LEAST_1, "rl_prompts": AT_LEAST_1, "rollout_max_new_tokens": AT_LEAST_1,
+    "rollout_temperature": ABOVE_0, "rollout_top_p": Range(0, 1, low_open=True), "rollout_top_k": AT_LEAST_0,
+    "epsilon": Range(0, 1, low_open=True, high_open=True), "epsilon_high": ABOVE_0, "beta": AT_LEAST_0,
+    "mu": AT_LEAST_1, "dapo_max_draws": AT_LEAST_1, "reward_timeout_s": ABOVE_0,
+}
+#: the fields that may be null, and what null means
+OPTIONAL = {"eval_limit": " (or null for the whole split)", "limit": " (or null for the whole split)",
+            "max_steps": "", "epochs": "", "epsilon_high": " (or null: epsilon)"}
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float; a bool is not a number here (`lr: true` is a mistake)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def resolve_preset(config: str | Path) -> Path:

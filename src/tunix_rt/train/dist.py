@@ -22,7 +22,11 @@ The rules of a multi-process run, once:
   raises RankFailed here, or their next collective fails (JAX: a gloo connection closed), so
   process 0 leaves the run "failed" (never "running"; when process 0 itself died, JAX's
   distributed client may abort the others before they can say so);
-  `--resume` continues from the last committed checkpoint.
+  `--resume` continues from the last committed checkpoint;
+- a run that finished on every process leaves the group (`leave`: a barrier, then the group
+  torn down) before its process exits: torch's gloo group left alive into interpreter exit
+  aborts a process now and then (`terminate called without an active exception`, SIGABRT),
+  and the launcher fails a finished run.
 
 Nothing here imports torch or JAX at module load.
 """
@@ -50,6 +54,10 @@ class _Single:
     """One process: every collective is the identity."""
 
     rank, world = 0, 1
+    left = False
+
+    def close(self) -> None:
+        pass
 
     def barrier(self) -> None:
         pass
@@ -67,6 +75,8 @@ class _Single:
 class _Torch:
     """torch.distributed from torchrun's environment (gloo on CPU, NCCL for CUDA tensors).
     The collectives here carry CPU tensors, so they run on gloo either way."""
+
+    left = False
 
     def __init__(self, rank: int, world: int):
         import torch
@@ -104,6 +114,15 @@ class _Torch:
     def gather_texts(self, text: str) -> list[str]:
         return [self.broadcast(text, src) for src in range(self.world)]
 
+    def close(self) -> None:
+        """Destroy the group while the interpreter is whole: it shuts gloo's worker threads
+        and connections down, which a process exiting with them alive may abort in."""
+        import torch.distributed as td
+
+        if td.is_initialized():
+            td.destroy_process_group()
+        self.left = True
+
 
 class _Jax:
     """jax.distributed from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID. The
@@ -129,6 +148,12 @@ class _Jax:
             raise BadInput(f"JAX runs as process {jax.process_index()} of {jax.process_count()}, the environment "
                            f"says {rank} of {world}")
         atexit.register(_leave_broken)
+
+    left = False
+
+    def close(self) -> None:
+        """Nothing: JAX's own exit handler shuts jax.distributed down, at a barrier of every
+        process (a finished run reaches it on each)."""
 
     def _gather(self, payload: bytes) -> list[bytes]:
         """Every process's bytes, in rank order (two all-gathers: the sizes, the padded bytes)."""
@@ -165,7 +190,7 @@ def init(engine: str) -> None:
     """Join the process group the environment describes for `engine` (nothing to do in one
     process; idempotent). Call before the framework touches a device."""
     global _group
-    if _group.world > 1:
+    if _group.world > 1 and not _group.left:
         return
     rank, world = launcher(engine)
     if world == 1:
@@ -178,6 +203,18 @@ def init(engine: str) -> None:
         raise BadInput(f"the {engine} engine runs in one process here; multi-process training needs "
                        "--engine torch or jax")
     signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def leave() -> None:
+    """The end of a run that finished on this process: wait for every process (none tears
+    its connections down while another still reads from them), then tear the group down.
+    Only after success: a process whose peer failed exits as it is (a barrier there would
+    wait for a process that never comes). rank() and world() keep their values, so the
+    caller still knows which process reports; a later init() joins a new group."""
+    if _group.world == 1 or _group.left:
+        return
+    barrier("the end of the run")
+    _group.close()
 
 
 def launcher(engine: str) -> tuple[int, int]:

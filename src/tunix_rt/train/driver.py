@@ -1,7 +1,11 @@
 """The order of things, for every method and engine:
 
-    device check → plan → open run → setup → restore → loop of method steps
-    (eval and save at their intervals) → final eval and checkpoint → export → finish
+    device check → plan → data and rewards (the method) → open run → setup → restore →
+    loop of method steps (eval and save at their intervals) → final eval and checkpoint →
+    export → finish
+
+Everything a user's input can get wrong (config, plan, dataset, rewards) is checked before
+the run directory exists: a refused run leaves no run behind, not even a `failed` one.
 
 A method (train.sft, train.grpo) says what one step does with the engine; an engine
 (train.torch_engine, train.jax_engine) says how a step runs. Neither opens run files nor
@@ -24,6 +28,7 @@ from tunix_rt.train.method import Method, make_method
 from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, never, open_run, plot_loss
 from tunix_rt.train.schedule import lr_at
 
+
 def train(cfg: TrainConfig, home: Home, resume: str | None = None,
           should_stop: Callable[[], bool] = never) -> Path:
     """Train; returns the run directory. `resume` is a run id or directory; `should_stop` is
@@ -43,12 +48,13 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
         "model and dataset import", lambda: (ensure_model(cfg.model, home), load_dataset(cfg.dataset, home).sha256))
     identity = {"engine": name, "device_kind": facts["platform"], "model_sha256": weights_sha256(model_dir),
                 "dataset_sha256": dataset_sha, "config_digest": checkpoint.config_digest(cfg)}
+    tok = load_tokenizer(cfg.model, home)
+    method = make_method(cfg, home, tok)
+    cfg.check_total_steps(method.total_steps)  # with epochs, the step count is known only now
     run = open_run(cfg, home, resume, name)
     ckpt = checkpoint.latest(run.path)
     state = checkpoint.check_resumable(ckpt, identity) if ckpt else None  # before anything is touched
     with run.recording():
-        tok = load_tokenizer(cfg.model, home)
-        method = make_method(cfg, home, tok)
         counts = engine.setup(model_dir, tok)
         start = restore(engine, method, ckpt, state)
         info = {**counts, "method": cfg.method, "finetune": cfg.finetune, "dtype": cfg.dtype,
@@ -63,14 +69,14 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
 
         with dist.on_main(MetricsLog, run.path, start) as log:
             fit(engine, method, log, start, save, should_stop, run.run_id)
-            final = method.evaluate(engine)
-            if final:
-                log.log({"step": method.total_steps, **final})
+            final = final_eval(engine, method, log, run.path, start)
         if start < method.total_steps:
             save(method.total_steps)
+        fault_point("export")  # the final checkpoint is committed, the run not finished
         outputs = engine.export(rundir.final_dir(run.path))
         plot_loss(run.path)
         run.update(outputs=outputs, final=final_metrics(run.path, final))
+    dist.leave()  # finished on every process: the process group goes down before the interpreter
     return run.path
 
 
@@ -104,6 +110,22 @@ def fit(engine: Engine, method: Method, log: MetricsLog, start: int, save: Calla
                     save(done)
                 raise RunStopped(f"stopped at step {done} of {total} on request; checkpoint step-{done:06d} "
                                  f"kept (continue with --resume {run_id})")
+
+
+def final_eval(engine: Engine, method: Method, log: MetricsLog, run_dir: Path, start: int) -> dict[str, float]:
+    """The evaluation after the last step, logged once. It is logged before the final
+    checkpoint is saved, so a run resumed from that checkpoint holds its row already: read
+    back, not evaluated and logged again."""
+    from tunix_rt.train.run import read_jsonl
+
+    total = method.total_steps
+    if start == total:
+        rows = [r for r in read_jsonl(run_dir / rundir.METRICS) if r.get("step") == total and "loss" not in r]
+        return {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
+    final = method.evaluate(engine)
+    if final:
+        log.log({"step": total, **final})
+    return final
 
 
 def resolve_init(cfg: TrainConfig, home: Home) -> TrainConfig:

@@ -4,7 +4,8 @@ One step:
   1. rollouts: P prompts from the seeded prompt order, G completions each from the engine's
      own generator (sampling; seeded by (seed, step, draw) and the row, so a resumed run
      draws the same rollouts), prompts rendered exactly as SFT and eval render them;
-  2. rewards (train.rewards: weighted, named, a failing reward fails the run) and group
+  2. rewards (train.rewards: weighted, named, each call within reward_timeout_s; a failing or
+     overrunning reward fails the run) and group
      advantages (train.advantages); dapo drops zero-variance groups and draws more prompts;
   3. the update: prompt + completion sequences, the loss on completion tokens only, per-token
      coefficients for the whole window (train.advantages.token_coefficients), advantages as
@@ -65,7 +66,7 @@ class GRPO:
                            f"rollout_max_new_tokens = {cfg.max_seq_len - cfg.rollout_max_new_tokens}")
         self.eval_items, _ = self._prompts(list(ds.split(cfg.eval_split))[: cfg.eval_limit])
         self.order = SeededOrder(len(self.items), cfg.seed)
-        self.rewards = RewardSet.from_config(cfg.rewards)
+        self.rewards = RewardSet.from_config(cfg.rewards, timeout_s=cfg.reward_timeout_s)
         self.objective = Objective("policy", eps_low=cfg.epsilon, eps_high=cfg.clip_high, beta=cfg.beta,
                                    on_policy=cfg.mu == 1)
         per_epoch = math.ceil(len(self.items) / cfg.rl_prompts)

@@ -44,6 +44,15 @@ A reward that raises, returns a non-number or a non-finite value stops the run w
 TunixRtError naming the reward and the record; nothing is zeroed silently (a bool counts
 as the number 0 or 1).
 
+A reward call has a time limit (`RewardSet(timeout_s=…)`, a run's `reward_timeout_s`): one
+that runs longer (a sleep, a loop, a hung request) stops the run the same way. Rewards run
+in-process, so the calls run on a daemon worker thread and the caller waits for each with a
+timeout: the run fails at once, and a call that never returns is left behind (a daemon
+thread does not keep the process alive). Not a subprocess: a reward is any Python callable
+(closures of factories, a judge with its config), and crossing a process boundary would
+mean pickling it. The one thing a thread cannot bound is C code that holds the GIL and
+never checks for signals; such a reward blocks the whole process.
+
 Registration point for rewards built from parameters (the LLM judge among them):
 `register_reward(name, factory)`, where `factory(**params) -> reward`. The parameters of the
 config entry (all but `weight`) are checked against the factory's signature before the
@@ -56,6 +65,8 @@ import importlib
 import inspect
 import math
 import numbers
+import queue
+import threading
 from dataclasses import dataclass, field
 from functools import reduce
 from typing import Any, Callable, Mapping, Sequence
@@ -209,8 +220,8 @@ class RewardSpec:
     def to_mapping(self) -> dict[str, Any]:
         return {t.name: ({"weight": t.weight, **t.params} if t.params else t.weight) for t in self.terms}
 
-    def build(self) -> "RewardSet":
-        return RewardSet([(t.name, t.weight, _resolve(t)) for t in self.terms])
+    def build(self, timeout_s: float | None = None) -> "RewardSet":
+        return RewardSet([(t.name, t.weight, _resolve(t)) for t in self.terms], timeout_s)
 
 
 def _term(name: Any, value: Any, source: str) -> RewardTerm:
@@ -274,16 +285,20 @@ def _import_function(path: str) -> Reward:
 
 
 class RewardSet:
-    """Named, weighted rewards; `score` runs all of them over a batch of completions."""
+    """Named, weighted rewards; `score` runs all of them over a batch of completions, each
+    call within `timeout_s` seconds (None: no limit)."""
 
-    def __init__(self, terms: Sequence[tuple[str, float, Reward]]):
+    def __init__(self, terms: Sequence[tuple[str, float, Reward]], timeout_s: float | None = None):
         if not terms:
             raise BadInput("rewards: at least one reward is needed")
+        if timeout_s is not None and not (_is_number(timeout_s) and timeout_s > 0):
+            raise BadInput(f"rewards: timeout_s must be a number > 0 (or None), got {timeout_s!r}")
         self.terms = list(terms)
+        self.timeout_s = timeout_s
 
     @classmethod
-    def from_config(cls, data: Any, source: str = "rewards") -> "RewardSet":
-        return RewardSpec.from_mapping(data, source).build()
+    def from_config(cls, data: Any, source: str = "rewards", timeout_s: float | None = None) -> "RewardSet":
+        return RewardSpec.from_mapping(data, source).build(timeout_s)
 
     @property
     def names(self) -> list[str]:
@@ -296,22 +311,62 @@ class RewardSet:
         if len(records) != len(completions):
             raise ValueError(f"{len(records)} records for {len(completions)} completions")
         parts = {name: np.zeros(len(completions)) for name in self.names}
-        for i, (record, text) in enumerate(zip(records, completions)):
-            reasoning, answer, _ = parse_completion(text)
-            for name, _, fn in self.terms:
-                parts[name][i] = _call(name, fn, record, text, reasoning, answer)
+        worker = _Worker()  # one thread per batch: nothing is left behind once it is scored
+        try:
+            for i, (record, text) in enumerate(zip(records, completions)):
+                reasoning, answer, _ = parse_completion(text)
+                for name, _, fn in self.terms:
+                    parts[name][i] = self._call(worker, name, fn, record, text, reasoning, answer)
+        finally:
+            worker.stop()
         total = np.zeros(len(completions))
         for name, weight, _ in self.terms:
             total += weight * parts[name]
         return total, parts
 
+    def _call(self, worker: "_Worker", name: str, fn: Reward, record: Trace, text: str,
+              reasoning: str | None, answer: str | None) -> float:
+        where = f"reward {name!r} on record {record.id}"
+        try:
+            value = worker.call(fn, (record, text, reasoning, answer), self.timeout_s)
+        except TimeoutError:
+            raise TunixRtError(f"{where}: no result within reward_timeout_s={self.timeout_s:g} s (the call is "
+                               "abandoned on its daemon thread)") from None
+        except Exception as exc:
+            raise TunixRtError(f"{where}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise TunixRtError(f"{where}: returned {value!r} ({type(value).__name__}), not a finite number")
+        return float(value)
 
-def _call(name: str, fn: Reward, record: Trace, text: str, reasoning: str | None, answer: str | None) -> float:
-    where = f"reward {name!r} on record {record.id}"
-    try:
-        value = fn(record, text, reasoning, answer)
-    except Exception as exc:
-        raise TunixRtError(f"{where}: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise TunixRtError(f"{where}: returned {value!r} ({type(value).__name__}), not a finite number")
-    return float(value)
+
+class _Worker:
+    """One daemon thread that runs calls one at a time; the caller waits for each result with
+    a timeout. Daemon: a call that never returns does not keep the process alive at exit."""
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name="tunix-rt-reward", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            fn, args = call
+            try:
+                self._results.put((True, fn(*args)))
+            except BaseException as exc:  # handed to the caller, raised there
+                self._results.put((False, exc))
+
+    def call(self, fn: Callable, args: tuple, timeout_s: float | None) -> Any:
+        """fn(*args), or TimeoutError after timeout_s seconds (this worker is then busy for good)."""
+        self._calls.put((fn, args))
+        try:
+            ok, out = self._results.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError from None
+        if not ok:
+            raise out
+        return out
+
+    def stop(self) -> None:
+        """The thread ends after the call in progress (at once when idle)."""
+        self._calls.put(None)

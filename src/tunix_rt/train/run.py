@@ -39,17 +39,31 @@ from tunix_rt.evidence import RUN_FACTS, environment_snapshot, find_fact_placeho
 from tunix_rt.fence import LeaseLost
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
 from tunix_rt.home import Home
+from tunix_rt.registry.liveness import process_identity  # who writes it: `registry sync` asks
 from tunix_rt.rundir import CONFIG, DATA_ORDER, LOSS_PLOT, MANIFEST, METRICS, TENSORBOARD, reward_curves
 from tunix_rt.train import dist
 from tunix_rt.train.checkpoint import DIGEST_EXEMPT
 from tunix_rt.train.config import TrainConfig
 
 
-def new_run_id(cfg: TrainConfig) -> str:
-    """<run_name or model>-<YYYYmmdd-HHMMSS>-<4 hex>; a model path contributes its dir name."""
-    prefix = cfg.run_name or Path(cfg.model).name
+def new_run_id(cfg: TrainConfig, home: Home) -> str:
+    """<method>-<base>-<YYYYmmdd-HHMMSS>-<4 hex> (sft-gemma3-270m-20261126-012716-5c89), or
+    <run_name>-<YYYYmmdd-HHMMSS>-<4 hex> when the user named the run."""
+    prefix = cfg.run_name or f"{cfg.method}-{base_model_name(cfg, home)}"
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in prefix).strip("-.") or "run"
     return f"{safe}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def base_model_name(cfg: TrainConfig, home: Home) -> str:
+    """The model a run comes from, by name: the catalog name (a model path: its dir name);
+    for a run started from a run (init), that run's base, through any chain of such runs
+    (its own model is then a merged copy under models/init-<run>/ or <run>/final/merged/)."""
+    model, init, seen = cfg.model, cfg.init, set()
+    while init and init not in seen:
+        seen.add(init)
+        held = RunDir.open(resolve_run(init, home)).manifest.get("config", {})  # as run, not re-validated
+        model, init = held.get("model", model), held.get("init")
+    return Path(model).name
 
 
 def resolve_run(ref: str, home: Home) -> Path:
@@ -73,7 +87,7 @@ class RunDir:
     @classmethod
     def create(cls, cfg: TrainConfig, home: Home, engine: str) -> "RunDir":
         home.ensure()
-        run_id = new_run_id(cfg)
+        run_id = new_run_id(cfg, home)
         tmp = home.runs / f".tmp-{run_id}"
         tmp.mkdir(parents=True)
         write_bytes_atomic(tmp / CONFIG, cfg.to_yaml().encode())
@@ -126,7 +140,7 @@ class RunDir:
         A stopped run (RunStopped: a cancelled job, a worker shutting down) is re-raised:
         the caller decides what a stop means (a job goes back to the queue), never success."""
         self.manifest.pop("error", None)  # a resumed run starts clean
-        self.update(status="running", environment=environment_snapshot())
+        self.update(status="running", environment=environment_snapshot(), process=process_identity())
         try:
             yield self
         except RunStopped as e:  # asked to stop between steps: a checkpoint was committed

@@ -15,11 +15,12 @@ from fastapi import APIRouter, Form, HTTPException, UploadFile
 
 from tunix_rt.registry import queries, queue
 from tunix_rt.registry.jobs import NAME, UPLOADS_DIR
-from tunix_rt.service.deps import SettingsDep
+from tunix_rt.service.deps import SettingsDep, paged
 from tunix_rt.service.schemas import DatasetDetail, DatasetPublic, UploadAccepted
 
 router = APIRouter(prefix="/api/datasets", tags=["datasets"])
 MAX_ERRORS_SHOWN = 100
+RecordPage = paged(20, 500)
 
 
 @router.get("", response_model=list[DatasetPublic])
@@ -33,7 +34,7 @@ def show_dataset(name: str, version: str, settings: SettingsDep):
 
 
 @router.get("/{name}/{version}/records")
-def dataset_records(name: str, version: str, settings: SettingsDep, limit: int = 20, offset: int = 0) -> list[dict]:
+def dataset_records(name: str, version: str, settings: SettingsDep, page: RecordPage) -> list[dict]:
     """A page of data.jsonl (the file on disk is the source of truth)."""
     ds = queries.get_dataset(name, version, url=settings.database_url)
     path = Path(ds.path) / "data.jsonl"
@@ -42,9 +43,9 @@ def dataset_records(name: str, version: str, settings: SettingsDep, limit: int =
     out = []
     with path.open(encoding="utf-8") as fh:
         for i, line in enumerate(fh):
-            if i >= offset + min(limit, 500):
+            if i >= page.offset + page.limit:
                 break
-            if i >= offset:
+            if i >= page.offset:
                 out.append(json.loads(line))
     return out
 

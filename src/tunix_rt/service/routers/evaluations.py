@@ -7,21 +7,24 @@ from fastapi import APIRouter, Query
 
 from tunix_rt.eval.compare import mcnemar_exact
 from tunix_rt.registry import queries
-from tunix_rt.service.deps import SettingsDep
+from tunix_rt.service.deps import SettingsDep, limited, paged
 from tunix_rt.service.schemas import Board, Comparison, EvalDetail, EvalPublic, FlippedItem, PredictionPage, PredictionPublic
 
 router = APIRouter(prefix="/api/evaluations", tags=["evaluations"])
+EvalPage = paged(100, 1000)
+BoardLimit = limited(100, 1000)
+PredictionsPage = paged(50, 500)
 
 
 @router.get("", response_model=list[EvalPublic])
-def list_evaluations(settings: SettingsDep, run_id: str | None = None, limit: int = 100, offset: int = 0):
-    return queries.list_evals(run_id=run_id, limit=min(limit, 1000), offset=offset, url=settings.database_url)
+def list_evaluations(settings: SettingsDep, page: EvalPage, run_id: str | None = None):
+    return queries.list_evals(run_id=run_id, limit=page.limit, offset=page.offset, url=settings.database_url)
 
 
 @router.get("/leaderboard", response_model=list[EvalPublic])
-def leaderboard(settings: SettingsDep, metric: str = "accuracy", dataset: str | None = None,
-                split: str | None = None, limit: int = 100):
-    return queries.leaderboard(metric, dataset=dataset, split=split, limit=min(limit, 1000), url=settings.database_url)
+def leaderboard(settings: SettingsDep, limit: BoardLimit, metric: str = "accuracy", dataset: str | None = None,
+                split: str | None = None):
+    return queries.leaderboard(metric, dataset=dataset, split=split, limit=limit, url=settings.database_url)
 
 
 @router.get("/boards", response_model=list[Board])
@@ -57,9 +60,9 @@ def show_evaluation(eval_id: str, settings: SettingsDep):
 
 
 @router.get("/{eval_id}/predictions", response_model=PredictionPage)
-def predictions(eval_id: str, settings: SettingsDep, wrong_only: bool = False, format_violations: bool = False,
-                q: str | None = None, limit: int = 50, offset: int = 0):
+def predictions(eval_id: str, settings: SettingsDep, page: PredictionsPage, wrong_only: bool = False,
+                format_violations: bool = False, q: str | None = None):
     queries.get_eval(eval_id, url=settings.database_url)
     total, rows = queries.predictions(eval_id, wrong_only=wrong_only, format_violations=format_violations,
-                                      search=q, limit=min(limit, 500), offset=offset, url=settings.database_url)
+                                      search=q, limit=page.limit, offset=page.offset, url=settings.database_url)
     return PredictionPage(total=total, items=[PredictionPublic.model_validate(r) for r in rows])

@@ -8,5 +8,7 @@ router = APIRouter(prefix="/api", tags=["health"])
 
 
 @router.get("/health")
-def health() -> dict[str, str]:
+async def health() -> dict[str, str]:
+    """On the event loop itself: it needs no worker thread, so it answers however busy the
+    thread pool is (model loads, tokenizing, slow queries)."""
     return {"status": "ok", "version": __version__}

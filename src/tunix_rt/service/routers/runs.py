@@ -6,28 +6,37 @@ from __future__ import annotations
 from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
+from tunix_rt.errors import BadInput
 from tunix_rt.registry import queries, queue
+from tunix_rt.registry.jobs import home_run
 from tunix_rt.registry.queries import NotFound
 from tunix_rt.service.artifacts import list_artifacts, resolve_artifact, run_root
-from tunix_rt.service.deps import SettingsDep
+from tunix_rt.service.deps import Position, SettingsDep, paged
 from tunix_rt.service.routers.jobs import job_logs
 from tunix_rt.service.schemas import Artifact, JobPublic, MetricPoint, RunDetail, RunPublic, TrainSubmit
 
 router = APIRouter(prefix="/api/runs", tags=["runs"])
+RunPage = paged(100, 1000)
 
 
 @router.post("", status_code=202, response_model=JobPublic)
 def submit_run(body: TrainSubmit, settings: SettingsDep):
-    """Queue a train job; the run appears once a worker starts it (job.run_id links it)."""
+    """Queue a train job; the run appears once a worker starts it (job.run_id links it).
+    `init` must be a run of this home (422 otherwise); the worker checks it again."""
+    if body.overrides.get("init") is not None:
+        try:
+            home_run("init", body.overrides["init"], settings.home_obj)
+        except BadInput as e:
+            raise HTTPException(422, str(e)) from None
     job_id = queue.enqueue("train", body.model_dump(), max_attempts=settings.max_attempts, url=settings.database_url)
     return queue.get_job(job_id, url=settings.database_url)
 
 
 @router.get("", response_model=list[RunPublic])
-def list_runs(settings: SettingsDep, status: str | None = None, engine: str | None = None,
-              model: str | None = None, dataset: str | None = None, limit: int = 100, offset: int = 0):
+def list_runs(settings: SettingsDep, page: RunPage, status: str | None = None, engine: str | None = None,
+              model: str | None = None, dataset: str | None = None):
     return queries.list_runs(status=status, engine=engine, model=model, dataset=dataset,
-                             limit=min(limit, 1000), offset=offset, url=settings.database_url)
+                             limit=page.limit, offset=page.offset, url=settings.database_url)
 
 
 @router.get("/{run_id}", response_model=RunDetail)
@@ -48,7 +57,7 @@ def run_metrics(run_id: str, settings: SettingsDep):
 
 @router.get("/{run_id}/logs", response_class=StreamingResponse,
             responses={200: {"content": {"text/event-stream": {}}}})
-def run_logs(run_id: str, request: Request, settings: SettingsDep, after: int = 0,
+def run_logs(run_id: str, request: Request, settings: SettingsDep, after: Position = 0,
              last_event_id: str | None = Header(default=None)):
     """The live output of the job that made this run (SSE; see /api/jobs/{id}/logs)."""
     run = queries.get_run(run_id, url=settings.database_url)

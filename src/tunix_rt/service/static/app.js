@@ -22,10 +22,29 @@ function h(tag, attrs, ...children) {
   }
   return el;
 }
-const fmt = (v, d = 3) => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toFixed(d)) : v ?? "");
+// d decimals, unless they would print 0.000 (3e-5, or -1e-9 as -0.000): then fmtNum's scientific form.
+function fmt(v, d = 3) {
+  if (typeof v !== "number") return v ?? "";
+  if (Number.isInteger(v)) return String(v);  // String(-0) is "0"
+  const s = v.toFixed(d);
+  return Number(s) === 0 || Math.abs(v) >= 1e6 ? fmtNum(v) : s;
+}
 const pct = (v) => (typeof v === "number" ? (100 * v).toFixed(1) + "%" : "");
 const badge = (s) => h("span", { class: "badge " + s, "data-testid": "status" }, s);
 const when = (t) => (t ? String(t).replace("T", " ").slice(0, 19) : "");
+// A control with its visible name tied to it (<label for>), the two kept on one line.
+const labelled = (text, control) => h("span", { class: "field" }, h("label", { for: control.id }, text), control);
+
+// A model or adapter path shown as a name (the path goes in a tooltip): runs/<id>/final/adapter
+// or final/merged → the run id; any other path → its last part (models/<name> → the name).
+function pathName(p) {
+  if (!p || !p.includes("/")) return p || "";
+  const parts = p.replace(/\/+$/, "").split("/");
+  const i = parts.lastIndexOf("final");
+  return i > 0 && i === parts.length - 2 ? parts[i - 1] : parts[parts.length - 1];
+}
+const isPath = (p) => typeof p === "string" && p.includes("/");
+const nameCell = (p) => h("span", { title: isPath(p) ? p : null }, pathName(p));
 
 // ---- API -----------------------------------------------------------------------------
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
@@ -71,64 +90,28 @@ async function streamEvents(path, onEvent) {
   } catch (e) { if (e.name !== "AbortError") console.warn(e); }
 }
 
-// ---- charts: inline SVG ------------------------------------------------------------------
-function lineChart(title, series, testid) {
-  const W = 560, H = 220, L = 56, R = 12, T = 22, B = 26;
-  const all = series.flatMap((s) => s.points);
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  svg.setAttribute("class", "chart");
-  svg.setAttribute("data-testid", testid);
-  svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", title);
-  const add = (tag, attrs, text) => {
-    const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
-    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-    if (text !== undefined) el.textContent = text;
-    svg.append(el); return el;
-  };
-  add("text", { x: L, y: 14 }, title + (all.length ? "" : " (no data yet)"));
-  add("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B });
-  add("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B });
-  if (!all.length) return svg;
-  let x0 = Math.min(...all.map((p) => p.x)), x1 = Math.max(...all.map((p) => p.x));
-  let y0 = Math.min(...all.map((p) => p.y)), y1 = Math.max(...all.map((p) => p.y));
-  if (x1 === x0) x1 = x0 + 1;
-  if (y1 === y0) { y1 += Math.abs(y1) * 0.05 || 1; y0 -= Math.abs(y0) * 0.05 || 1; }
-  const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
-  const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
-  add("text", { x: 4, y: T + 8 }, fmt(y1, 4));
-  add("text", { x: 4, y: H - B }, fmt(y0, 4));
-  add("text", { x: L, y: H - 8 }, "step " + fmt(x0));
-  add("text", { x: W - R - 60, y: H - 8 }, "step " + fmt(x1));
-  for (const s of series) {
-    if (!s.points.length) continue;
-    add("polyline", { class: "series " + (s.cls || ""), points: s.points.map((p) => `${sx(p.x).toFixed(1)},${sy(p.y).toFixed(1)}`).join(" ") });
-    const last = s.points[s.points.length - 1];
-    add("circle", { cx: sx(last.x), cy: sy(last.y), r: 3, fill: "currentColor" });
-  }
-  return svg;
-}
-
+// ---- charts (charts.js draws them) ------------------------------------------------------
 function curves(metrics) {
   // train rows only (eval rows carry no "loss"): an RL run's eval rows hold eval_reward etc.
   const pts = (key) => metrics.filter((m) => typeof m.values[key] === "number" && m.step !== null).map((m) => ({ x: m.step, y: m.values[key] }));
+  const line = (key, label, cls) => ({ points: pts(key), label, cls });
   const charts = [
-    lineChart("loss (train solid, eval dashed)", [{ points: pts("loss") }, { points: pts("eval_loss"), cls: "eval" }], "loss-chart"),
-    lineChart("learning rate", [{ points: pts("lr") }], "lr-chart")];
+    lineChart("loss (train solid, eval dashed)", [line("loss", "train loss"), line("eval_loss", "eval loss", "eval")], "loss-chart", { y: "loss", log: true }),
+    lineChart("learning rate", [line("lr", "lr")], "lr-chart", { y: "lr" })];
+  if (pts("tokens_per_s").length) charts.push(lineChart("throughput", [line("tokens_per_s", "tokens/s")], "throughput-chart", { y: "tokens/s" }));
   const rewardKeys = [...new Set(metrics.flatMap((m) => Object.keys(m.values)))].filter((k) => k.startsWith("reward_")).sort();
   if (pts("reward").length) {  // an RL run: the rewards and what explains them
     charts.push(
       lineChart("reward: total (solid), " + rewardKeys.map((k) => k.slice(7)).join(", ") + " (dashed, in that order)",
-        [{ points: pts("reward") }, ...rewardKeys.map((k) => ({ points: pts(k), cls: "eval" }))], "reward-chart"),
+        [line("reward", "total"), ...rewardKeys.map((k) => line(k, k.slice(7), "eval"))], "reward-chart", { y: "reward" }),
       lineChart("rollout accuracy (solid), format rate (dashed)",
-        [{ points: pts("rollout_accuracy") }, { points: pts("rollout_format_rate"), cls: "eval" }], "rollout-chart"),
-      lineChart("zero-variance group share", [{ points: pts("zero_variance_share") }], "zero-var-chart"),
+        [line("rollout_accuracy", "accuracy"), line("rollout_format_rate", "format rate", "eval")], "rollout-chart", { y: "rate (0–1)" }),
+      lineChart("zero-variance group share", [line("zero_variance_share", "share")], "zero-var-chart", { y: "share (0–1)" }),
       lineChart("KL to the reference (solid), clip fraction (dashed)",
-        [{ points: pts("kl") }, { points: pts("clip_fraction"), cls: "eval" }], "kl-chart"),
-      lineChart("completion length, tokens", [{ points: pts("completion_tokens") }], "length-chart"),
-      lineChart("seconds: rollout (solid), update (dashed)",
-        [{ points: pts("rollout_s") }, { points: pts("update_s"), cls: "eval" }], "time-chart"));
+        [line("kl", "KL"), line("clip_fraction", "clip fraction", "eval")], "kl-chart", { y: "KL, fraction" }),
+      lineChart("completion length", [line("completion_tokens", "tokens")], "length-chart", { y: "tokens" }),
+      lineChart("time per step: rollout (solid), update (dashed)",
+        [line("rollout_s", "rollout s"), line("update_s", "update s", "eval")], "time-chart", { y: "seconds" }));
   }
   return h("div", { class: "grid" }, charts);
 }
@@ -175,16 +158,27 @@ async function leaderboardPage(params) {
   const body = rows.map((e, i) => h("tr", { "data-testid": "leaderboard-row" },
     h("td", {}, h("input", { type: "checkbox", "aria-label": "pick " + e.id, onchange: (ev) => { ev.target.checked ? picked.add(e.id) : picked.delete(e.id); compareBtn.disabled = picked.size !== 2; } })),
     h("td", {}, String(i + 1)),
-    h("td", { class: "wrap" }, h("a", { href: "#/eval/" + encodeURIComponent(e.id) }, e.id)),
-    h("td", { class: "wrap" }, e.run_id ? h("a", { href: "#/run/" + encodeURIComponent(e.run_id) }, e.run_id) : e.model || ""),
+    h("td", { class: "wrap" }, h("a", { href: "#/eval/" + encodeURIComponent(e.id), title: e.id }, evalName(e))),
+    h("td", { class: "wrap", "data-testid": "run-or-model" }, evaluated(e)),
     h("td", {}, fmt(e.n)), h("td", {}, pct(e.accuracy)), h("td", {}, pct(e.format_rate)),
     extra ? h("td", {}, fmt(e.metrics[extra])) : null));
   show(h("h1", {}, "Leaderboard"),
-    h("div", { class: "row" }, "dataset / split ", boardSelect, " sorted by ", select, compareBtn),
+    h("div", { class: "row" }, labelled("dataset / split", boardSelect), labelled("sorted by", select), compareBtn),
     h("p", { class: "muted" }, `Only evaluations of ${board.dataset} / ${board.split} rank together here.`),
     h("table", { "data-testid": "leaderboard" },
       h("thead", {}, h("tr", {}, ["pick", "#", "evaluation", "run / model", "n", "accuracy", "format", extra].filter(Boolean).map((c) => h("th", {}, c)))),
       h("tbody", {}, body)));
+}
+
+// An evaluation of a run is <run_id>.<name>: the run has its own column, so the name alone here.
+const evalName = (e) => (e.run_id && e.id.startsWith(e.run_id + ".") ? e.id.slice(e.run_id.length + 1) : e.id);
+
+// What was evaluated: the run (a link), else the adapter's run or directory name, else the
+// model's name; never a bare path (the paths are the tooltip).
+function evaluated(e) {
+  if (e.run_id) return h("a", { href: "#/run/" + encodeURIComponent(e.run_id) }, e.run_id);
+  const paths = [e.model, e.adapter].filter(isPath).join("\n");
+  return h("span", { title: paths || null }, pathName(isPath(e.adapter) ? e.adapter : e.model));
 }
 
 async function runsPage() {
@@ -215,7 +209,8 @@ async function runsPage() {
   refreshTimer = setTimeout(refresh, 3000);
   show(h("h1", {}, "Runs"),
     h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Start a training run"),
-      h("div", { class: "row" }, "preset ", preset, h("label", {}, evaluate, " evaluate on the dev split afterwards")), overrides, h("div", { class: "row" }, h("button", { type: "submit", id: "submit-run" }, "Queue run")), msg),
+      h("div", { class: "row" }, labelled("preset", preset), h("label", {}, evaluate, " evaluate on the dev split afterwards")),
+      h("div", {}, h("label", { for: "overrides", class: "muted" }, "overrides")), overrides, h("div", { class: "row" }, h("button", { type: "submit", id: "submit-run" }, "Queue run")), msg),
     h("h2", {}, "All runs"), table);
 }
 
@@ -223,7 +218,7 @@ function runsTable(runs) {
   return runs.length ? h("table", { "data-testid": "runs" },
     h("thead", {}, h("tr", {}, ["run", "status", "engine", "model", "dataset", "started", "finished"].map((c) => h("th", {}, c)))),
     h("tbody", {}, runs.map((r) => h("tr", {}, h("td", {}, h("a", { href: "#/run/" + encodeURIComponent(r.id) }, r.id)), h("td", {}, badge(r.status)),
-      h("td", {}, r.engine || ""), h("td", {}, r.model || ""), h("td", {}, r.dataset || ""), h("td", {}, when(r.started_at)), h("td", {}, when(r.finished_at))))))
+      h("td", {}, r.engine || ""), h("td", {}, nameCell(r.model)), h("td", {}, r.dataset || ""), h("td", {}, when(r.started_at)), h("td", {}, when(r.finished_at))))))
     : h("p", { class: "muted" }, "No runs yet.");
 }
 
@@ -296,7 +291,7 @@ async function runPage(id) {
     setTimeout(() => URL.revokeObjectURL(url), 10000);
   };
   show(h("h1", {}, "Run " + run.id),
-    h("div", { class: "row" }, badge(run.status), h("span", { class: "muted" }, [run.engine, run.device, run.model, run.dataset].filter(Boolean).join(" · ")),
+    h("div", { class: "row" }, badge(run.status), h("span", { class: "muted", title: isPath(run.model) ? run.model : null }, [run.engine, run.device, pathName(run.model), run.dataset].filter(Boolean).join(" · ")),
       run.job_id ? h("a", { href: "#/job/" + run.job_id }, "job #" + run.job_id) : null, cancel),
     run.error ? h("p", { class: "error" }, run.error) : null,
     chartBox,
@@ -348,7 +343,8 @@ async function evalPage(id, params) {
   search.addEventListener("input", debounce(() => load(true), 250));
   const m = ev.metrics || {};
   show(h("h1", {}, "Evaluation " + ev.id),
-    h("p", { class: "muted" }, [ev.model, ev.adapter && "adapter " + ev.adapter, ev.dataset, ev.split, ev.engine, ev.device].filter(Boolean).join(" · ")),
+    h("p", { class: "muted", title: [ev.model, ev.adapter].filter(isPath).join("\n") || null },
+      [pathName(ev.model), isPath(ev.adapter) ? "adapter " + pathName(ev.adapter) : ev.adapter, ev.dataset, ev.split, ev.engine, ev.device].filter(Boolean).join(" · ")),
     h("div", { class: "row", "data-testid": "eval-metrics" }, ["accuracy", "format_rate", "answer_found_rate", "truncated_rate"].map((k) => h("span", { class: "card" }, `${k} ${pct(m[k])}`)),
       h("span", { class: "card" }, `mean tokens ${fmt(m.mean_completion_tokens, 1)}`), h("span", { class: "card" }, `n ${fmt(m.n ?? ev.n)}`)),
     h("div", { class: "row" }, h("label", {}, wrong, " wrong only"), h("label", {}, badFmt, " format violations"), search, count),
@@ -373,7 +369,7 @@ async function comparePage(params) {
   const a = pick("cmp-a", params.get("a")), b = pick("cmp-b", params.get("b"));
   const go = h("button", { id: "compare", onclick: () => (location.hash = `#/compare?a=${encodeURIComponent(a.value)}&b=${encodeURIComponent(b.value)}`) }, "Compare");
   const out = h("div", {});
-  show(h("h1", {}, "Compare two evaluations"), h("div", { class: "row" }, "A ", a, " B ", b, go), out);
+  show(h("h1", {}, "Compare two evaluations"), h("div", { class: "row" }, labelled("A", a), labelled("B", b), go), out);
   if (!params.get("a") || !params.get("b")) return;
   const c = await api(`/api/evaluations/compare?a=${encodeURIComponent(params.get("a"))}&b=${encodeURIComponent(params.get("b"))}`);
   const metricRows = ["accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens", "truncated_rate"].map((k) =>
@@ -431,7 +427,7 @@ async function playgroundPage(params) {
   const a = pick("play-a", params.get("a") || (models[0] && models[0].id)), b = pick("play-b", params.get("b") || "", true);
   const question = h("textarea", { id: "question", rows: 3, placeholder: "Ask a question, e.g. What is 12 * 7?" });
   const system = h("input", { id: "system", size: 60, placeholder: "system prompt (default: the run's, or the training default)" });
-  const maxTokens = h("input", { id: "max-tokens", type: "number", min: 1, placeholder: "max tokens" });
+  const maxTokens = h("input", { id: "max-tokens", type: "number", min: 1, placeholder: "server default" });
   const panes = h("div", { class: "cols", "data-testid": "panes" });
   const stop = h("button", { id: "stop", disabled: true, onclick: () => playAborts.forEach((c) => c.abort()) }, "Stop");
   const ask = async (ev) => {
@@ -458,8 +454,8 @@ async function playgroundPage(params) {
   };
   show(h("h1", {}, "Playground"),
     h("form", { class: "card", onsubmit: ask },
-      h("div", { class: "row" }, "model A ", a, " model B ", b, maxTokens),
-      h("div", { class: "row" }, system), question,
+      h("div", { class: "row" }, labelled("model A", a), labelled("model B", b), labelled("max tokens", maxTokens)),
+      h("div", { class: "row" }, labelled("system prompt", system)), h("label", { for: "question" }, "question"), question,
       h("div", { class: "row" }, h("button", { type: "submit", id: "ask" }, "Ask"), stop)),
     panes);
 }
@@ -484,7 +480,7 @@ async function datasetsPage() {
     }
   };
   show(h("h1", {}, "Datasets"),
-    h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Upload a JSONL"), h("div", { class: "row" }, file, name, format, h("button", { type: "submit", id: "upload" }, "Upload")), msg),
+    h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Upload a JSONL"), h("div", { class: "row" }, labelled("file", file), labelled("name", name), labelled("format", format), h("button", { type: "submit", id: "upload" }, "Upload")), msg),
     h("table", { "data-testid": "datasets" }, h("thead", {}, h("tr", {}, ["name", "version", "records", "importer", "sha256", "created"].map((c) => h("th", {}, c)))),
       h("tbody", {}, rows.map((d) => h("tr", {}, h("td", {}, d.name), h("td", {}, d.version), h("td", {}, fmt(d.count)), h("td", {}, d.importer || ""), h("td", { class: "muted" }, (d.sha256 || "").slice(0, 12)), h("td", {}, when(d.created_at)))))));
 }

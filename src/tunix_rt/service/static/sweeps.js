@@ -1,6 +1,7 @@
 // Sweep pages (tunix_rt.sweep): the list of sweeps, and one sweep's trials table, best config
-// and a chart of the objective against each parameter. Loaded before app.js, whose helpers
-// (h, api, fmt, badge, when, show, refreshTimer) these functions use when they run.
+// and a chart of the objective against each parameter. Loaded after charts.js (scales, axes)
+// and before app.js, whose helpers (h, api, fmt, badge, when, show, refreshTimer) these
+// functions use when they run.
 "use strict";
 
 async function sweepsPage() {
@@ -45,43 +46,28 @@ async function sweepPage(name) {
   if (s.trials.some((t) => t.state === "QUEUED" || t.state === "RUNNING")) refreshTimer = setTimeout(route, 3000);
 }
 
-// One point per trial with a value: x the parameter (log10 axis for a log-scale one, the
-// choice's position for a categorical one), y the objective.
+// One point per trial with a value: x the parameter (a log10 axis for a log-scale one, the
+// choice's position for a categorical one), y the objective; round ticks on both axes.
 function scatterChart(name, spec, trials, objective) {
-  const W = 360, H = 220, L = 56, R = 14, T = 22, B = 30;
-  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
-  for (const [k, v] of Object.entries({ viewBox: `0 0 ${W} ${H}`, class: "chart", "data-testid": "sweep-chart-" + name, role: "img", "aria-label": `${objective} against ${name}` })) svg.setAttribute(k, v);
-  const add = (tag, attrs, text) => {
-    const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
-    for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-    if (text !== undefined) el.textContent = text;
-    svg.append(el); return el;
-  };
   const cat = spec.type === "categorical";
-  const xOf = (v) => (cat ? spec.choices.findIndex((c) => c === v) : spec.log ? Math.log10(v) : v);
   const pts = trials.filter((t) => typeof t.value === "number" && t.params[name] !== undefined)
-    .map((t) => ({ x: xOf(t.params[name]), y: t.value, t }));
-  add("text", { x: L, y: 14 }, `${objective} vs ${name}${spec.log ? " (log)" : ""}` + (pts.length ? "" : " (no data yet)"));
-  add("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B });
-  add("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B });
-  if (!pts.length) return svg;
-  let x0 = cat ? -0.5 : spec.log ? Math.log10(spec.low) : spec.low, x1 = cat ? spec.choices.length - 0.5 : spec.log ? Math.log10(spec.high) : spec.high;
-  let y0 = Math.min(...pts.map((p) => p.y)), y1 = Math.max(...pts.map((p) => p.y));
-  if (y1 === y0) { y1 += Math.abs(y1) * 0.05 || 1; y0 -= Math.abs(y0) * 0.05 || 1; }
-  const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
-  const sy = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
-  add("text", { x: 4, y: T + 8 }, fmt(y1, 4));
-  add("text", { x: 4, y: H - B }, fmt(y0, 4));
-  if (cat) spec.choices.forEach((c, i) => add("text", { x: sx(i) - 12, y: H - 10 }, String(c)));
-  else {
-    add("text", { x: L, y: H - 10 }, fmt(spec.low, 4));
-    add("text", { x: W - R - 44, y: H - 10 }, fmt(spec.high, 4));
-  }
+    .map((t) => ({ x: cat ? spec.choices.findIndex((c) => c === t.params[name]) : t.params[name], y: t.value, t }));
+  const xs = cat ? categoricalScale(spec.choices) : spec.log ? logScale(spec.low, spec.high) : linearScale(spec.low, spec.high, { widen: false });
+  const yv = pts.map((p) => p.y);
+  const ys = pts.length ? linearScale(Math.min(...yv), Math.max(...yv)) : linearScale(0, 1);
+  const f = chartFrame("sweep-chart-" + name, `${objective} against ${name}`, xs, ys);
+  const box = h("div", { class: "chart-box" },
+    h("div", { class: "chart-head" }, h("span", { class: "chart-title" }, `${objective} vs ${name}${spec.log ? " (log scale)" : ""}` + (pts.length ? "" : " (no data yet)"))), f.svg);
+  drawAxes(f, xs, pts.length ? ys : { ticks: [] }, name + (spec.log ? " (log scale)" : ""), objective);
   for (const p of pts) {
-    const c = add("circle", { class: "pt " + p.t.state.toLowerCase(), cx: sx(p.x).toFixed(1), cy: sy(p.y).toFixed(1), r: 4 });
-    const tip = document.createElementNS("http://www.w3.org/2000/svg", "title");
-    tip.textContent = `trial ${p.t.trial} (${p.t.state.toLowerCase()}): ${name}=${p.t.params[name]}, ${objective}=${fmt(p.y, 4)}`;
-    c.append(tip);
+    const c = svgEl(f.svg, "circle", { class: "pt " + p.t.state.toLowerCase(), cx: f.px(p.x).toFixed(1), cy: f.py(p.y).toFixed(1), r: 4 });
+    svgEl(c, "title", {}, `trial ${p.t.trial} (${p.t.state.toLowerCase()}): ${name}=${fmtNum(p.t.params[name])}, ${objective}=${fmtNum(p.y)}`);
   }
-  return svg;
+  return box;
+}
+
+// The choices of a categorical parameter at 0, 1, …, each tick labelled with its choice.
+function categoricalScale(choices) {
+  const n = choices.length;
+  return { kind: "categorical", ticks: choices.map((c, i) => ({ v: i, label: String(c) })), frac: (v) => (v + 0.5) / n };
 }
