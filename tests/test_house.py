@@ -9,12 +9,15 @@
   dependency's such as transformers' `config._attn_implementation`) unless the file itself
   defines that name (its own classes) or ALLOWED_PRIVATE says why there is no public way;
 - methods are named in one table (train.methods): no module outside a method's own file
-  compares a method name (`cfg.method == "grpo"`); it asks the table for the phases.
+  compares a method name (`cfg.method == "grpo"`); it asks the table for the phases;
+- the training path (driver, methods, the plan it checks) never imports Typer: CLIs only.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -351,3 +354,12 @@ def test_nothing_outside_a_method_branches_on_its_name():
     found = [hit for f in sorted((SRC / "tunix_rt").rglob("*.py")) if f.name not in own
              for hit in method_name_branches(f, set(METHODS))]
     assert found == []
+
+
+# --------------------------------------------------------------------------- the training path
+
+def test_the_training_path_imports_no_typer():
+    code = ("import sys, tunix_rt.train.driver, tunix_rt.train.sft, tunix_rt.train.grpo, tunix_rt.plan; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'click')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
