@@ -87,6 +87,10 @@ def test_resolve_defaults():
     tiny = resolve(DemoOptions(model="tiny-gemma3", steps=7))
     assert tiny.tiny and tiny.eval_n == 8 and tiny.cfg.max_steps == 7 and tiny.cfg.epochs is None
     assert resolve(DemoOptions(engine="jax")).cfg.engine == "jax"
+    # fewer steps than the preset's warmup (cpu-demo: 5): warmup shortened, not refused
+    short = resolve(DemoOptions(steps=3))
+    assert (short.cfg.max_steps, short.cfg.warmup_steps) == (3, 3)
+    assert resolve(DemoOptions(steps=30)).cfg.warmup_steps == 5
     with pytest.raises(BadInput):
         DemoOptions(max_new_tokens=0)
 

@@ -105,12 +105,21 @@ def resolve(opts: DemoOptions) -> DemoPlan:
     overrides = [f"engine={engines.pick(opts.engine)}"]  # resolved: the key of reusable stages
     if opts.model:
         overrides.append(f"model={opts.model}")
+    preset = opts.config or ("smoke" if tiny else "cpu-demo")
     if opts.steps:
-        overrides += [f"max_steps={opts.steps}", "epochs="]
-    cfg = TrainConfig.load(opts.config or ("smoke" if tiny else "cpu-demo"), overrides)
+        overrides += [f"max_steps={opts.steps}", "epochs=", capped_warmup(preset, opts.steps)]
+    cfg = TrainConfig.load(preset, overrides)
     tiny = tiny or bool(cfg.model in PRESETS and get_preset(cfg.model).tiny)
     cost = COST["tiny"] if tiny else COST["gemma3-270m"]
     return DemoPlan(cfg=cfg, eval_n=opts.eval_n or (8 if tiny else 32), cost=cost, tiny=tiny)
+
+
+def capped_warmup(preset: str, steps: int) -> str:
+    """The preset's warmup, at most `steps` (a config refuses more warmup than steps): the
+    demo's --steps and --rl-steps shorten a preset's run without the user restating warmup."""
+    from tunix_rt.train.config import TrainConfig
+
+    return f"warmup_steps={min(steps, TrainConfig.load(preset, []).warmup_steps)}"
 
 
 # --------------------------------------------------------------------------- stages
@@ -232,7 +241,7 @@ def rl_stages(opts: DemoOptions, plan: DemoPlan, home: Home, stages: Stages, sft
     preset, extra = RL_PRESET[kind]
     over = [*extra, f"init={sft_dir.name}", f"engine={plan.cfg.engine}", f"model={plan.cfg.model}"]
     if opts.rl_steps or not plan.tiny:
-        over.append(f"max_steps={opts.rl_steps or 20}")
+        over += [f"max_steps={opts.rl_steps or 20}", capped_warmup(preset, opts.rl_steps or 20)]
     cfg = resolve_init(TrainConfig.load(preset, over), home)
     run_dir = None if opts.fresh else find_finished_run(cfg, home)
     est = 0.0 if run_dir else cfg.max_steps * RL_STEP_S[kind] * slowdown

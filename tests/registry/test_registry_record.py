@@ -40,6 +40,16 @@ def test_record_run_reads_the_files_and_is_idempotent(home, db_url):
     assert {p.item_id for p in queries.predictions("r1.dev-1", format_violations=True)[1]} == {"q4", "q5"}
 
 
+def test_an_eval_written_elsewhere_links_the_run_its_summary_names(home, db_url):
+    record_run(write_run(home, "r3"), strict=True)
+    for name, named in (("out-known", "r3"), ("out-unknown", "no-such-run"), ("out-base", "not a run (base model)")):
+        d = write_eval(home.root / "evals" / name)
+        summary = json.loads((d / "eval_summary.json").read_text())
+        (d / "eval_summary.json").write_text(json.dumps({**summary, "run_id": named}))
+        record_eval(d, strict=True)
+    assert [queries.get_eval(n).run_id for n in ("out-known", "out-unknown", "out-base")] == ["r3", None, None]
+
+
 def test_metrics_follow_a_growing_then_rewound_file(home, db_url):
     run = write_run(home, "r2", status="running", steps=4)
     record_run(run, strict=True)

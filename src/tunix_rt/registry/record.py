@@ -289,9 +289,8 @@ def _record_eval(path: Path, url: str | None) -> str:
     metrics = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
     ds = summary.get("dataset") if isinstance(summary.get("dataset"), dict) else {}
     device = summary.get("device")
-    run_id = path.parent.parent.name if path.parent.name == rundir.EVALS else None
     values = {
-        "run_id": run_id, "path": str(path.resolve()), "model": _text(summary.get("model")),
+        "path": str(path.resolve()), "model": _text(summary.get("model")),
         "adapter": _text(summary.get("adapter")), "engine": _text(summary.get("engine")),
         "device": _text(device.get("platform") if isinstance(device, dict) else device),
         "dataset": "@".join(str(ds[k]) for k in ("name", "version") if ds.get(k)) or None,
@@ -302,11 +301,21 @@ def _record_eval(path: Path, url: str | None) -> str:
         "created_at": parse_time(summary.get("started_at")) or _mtime(path / rundir.SUMMARY),
     }
     with db.session(url) as s:
+        values["run_id"] = _eval_run(path, summary, s)
         _upsert(s, Evaluation, {"id": eval_id}, values)
         s.execute(delete(Prediction).where(Prediction.eval_id == eval_id))
         for seq, p in enumerate(read_jsonl(path / rundir.PREDICTIONS)):
             s.add(_prediction(eval_id, seq, p))
     return eval_id
+
+
+def _eval_run(path: Path, summary: dict[str, Any], s: Session) -> str | None:
+    """The run an eval scored: its folder (runs/<run_id>/eval/<name>/), else the summary's
+    `run_id` when that run is in this registry (an eval written elsewhere with --out)."""
+    if path.parent.name == rundir.EVALS:
+        return path.parent.parent.name
+    named = summary.get("run_id")
+    return named if isinstance(named, str) and s.get(Run, named) is not None else None
 
 
 def _prediction(eval_id: str, seq: int, p: dict[str, Any]) -> Prediction:
