@@ -71,7 +71,7 @@ def _mount() -> None:
     from tunix_rt.sweep.cli import app as sweep_app
 
     app.add_typer(sweep_app, name="sweep", help="Hyperparameter sweeps on the job queue; `sweep show NAME`.")
-    from tunix_rt.plan import register as register_plan
+    from tunix_rt.plan.cli import register as register_plan
 
     register_plan(app)
 

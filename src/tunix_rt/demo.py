@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunix_rt import evidence, files
+from tunix_rt import evidence, files, rundir
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
@@ -197,7 +197,7 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
                           soft_wrap=True)
 
     tuned_key = eval_key(model_dir, run_dir, ds, sample, decode, cfg.system_prompt, cfg.engine)
-    tuned_dir = run_dir / "eval" / f"demo-{tuned_key}"  # same key, same dir: reused
+    tuned_dir = run_dir / rundir.EVALS / f"demo-{tuned_key}"  # same key, same dir: reused
     tuned_cached = _eval_done(tuned_dir)
     tuned_tokens = min(opts.max_new_tokens, TUNED_TOKENS_PER_ITEM)
     tuned_est = 0.0 if tuned_cached else load_s + plan.eval_n * tuned_tokens / tok_s
@@ -253,7 +253,7 @@ def rl_stages(opts: DemoOptions, plan: DemoPlan, home: Home, stages: Stages, sft
             stages.console.print(f"reusing finished run {run_dir} (same config; --fresh trains again)", soft_wrap=True)
     key = eval_key(Path(cfg.model), run_dir, ds, _sample(ds.ref, home, plan.eval_n)[1], decode, cfg.system_prompt,
                    cfg.engine)
-    eval_dir = run_dir / "eval" / f"demo-{key}"
+    eval_dir = run_dir / rundir.EVALS / f"demo-{key}"
     cached = _eval_done(eval_dir)
     est = 0.0 if cached else plan.cost[3] + plan.eval_n * min(opts.max_new_tokens, TUNED_TOKENS_PER_ITEM) / tok_s
     with stages.stage("RL eval", f"the RL adapter on the same {plan.eval_n} items", est):
@@ -284,7 +284,7 @@ def first_timings(run_dir: Path, stages: Stages, base_dir: Path, tuned_dir: Path
     prev = {}
     if (run_dir / DEMO_STATE).is_file():
         prev = json.loads((run_dir / DEMO_STATE).read_text()).get("stage_seconds", {})
-    manifest = json.loads((run_dir / "run_manifest.json").read_text())
+    manifest = rundir.Run(run_dir).manifest
     prev["train"] = round(_seconds_between(manifest["started_at"], manifest["finished_at"]), 1)
     prev["base eval"] = _summary(base_dir)["duration_s"]
     prev["tuned eval"] = _summary(tuned_dir)["duration_s"]
@@ -336,7 +336,7 @@ def _sample(ref: str, home: Home, n: int):
 def eval_key(model_dir: Path, run_dir: Path | None, ds: Any, sample: list, decode: Any,
              system_prompt: str, engine: str) -> str:
     """What makes two evaluations the same: model, adapter, sample, decoding, prompt."""
-    adapter = run_dir / "final" / "adapter" / "adapter_model.safetensors" if run_dir else None
+    adapter = rundir.adapter_dir(run_dir) / rundir.ADAPTER_WEIGHTS if run_dir else None
     key = {"model": files.weights_sha256(model_dir), "adapter": files.sha256_file(adapter) if adapter else "",
            "dataset": ds.sha256, "ids": [r.id for r in sample], "decoding": decode.to_dict(),
            "system_prompt": system_prompt, "engine": engine}
@@ -344,11 +344,11 @@ def eval_key(model_dir: Path, run_dir: Path | None, ds: Any, sample: list, decod
 
 
 def _eval_done(eval_dir: Path) -> bool:
-    return (eval_dir / "eval_summary.json").is_file() and (eval_dir / "predictions.jsonl").is_file()
+    return (eval_dir / rundir.SUMMARY).is_file() and (eval_dir / rundir.PREDICTIONS).is_file()
 
 
 def _summary(eval_dir: Path) -> dict[str, Any]:
-    return json.loads((eval_dir / "eval_summary.json").read_text())
+    return json.loads((eval_dir / rundir.SUMMARY).read_text())
 
 
 def find_finished_run(cfg: Any, home: Home) -> Path | None:
@@ -357,14 +357,14 @@ def find_finished_run(cfg: Any, home: Home) -> Path | None:
 
     want = cfg.to_dict()
     found = []
-    for manifest in home.runs.glob("*/run_manifest.json"):
+    for manifest in home.runs.glob(f"*/{rundir.MANIFEST}"):
         run_dir = manifest.parent
         try:
             status = json.loads(manifest.read_text()).get("status")
-            same = yaml.safe_load((run_dir / "config.yaml").read_text()) == want
+            same = yaml.safe_load((run_dir / rundir.CONFIG).read_text()) == want
         except (OSError, ValueError, yaml.YAMLError):
             continue
-        if same and status == "succeeded" and (run_dir / "final" / "adapter").is_dir():
+        if same and status == "succeeded" and rundir.adapter_dir(run_dir).is_dir():
             found.append(run_dir)
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 

@@ -26,6 +26,9 @@ from typing import Any, Iterable
 from tunix_rt import __version__
 from tunix_rt.errors import TunixRtError
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
+from tunix_rt.rundir import (ADAPTER_WEIGHTS, CONFIG, ENVIRONMENT, LOSS_PLOT, MANIFEST, PREDICTIONS, REPORT, SUMMARY, Run,
+                             adapter_dir, reward_curves)
+from tunix_rt.train.methods import rolls_out
 
 # Packages whose versions change results; reported as "not installed" when absent.
 PACKAGES = (
@@ -345,11 +348,11 @@ def check_run_evidence(run_dir: Path, eval_dir: Path | None = None) -> list[str]
     fields or files. `eval_dir` (the evaluation to check) defaults to none: only the run's
     own files."""
     run_dir = Path(run_dir)
-    problems = check_file(run_dir / "run_manifest.json", RUN_FACTS, SUCCEEDED_RUN_KEYS)
-    problems += check_file(run_dir / "environment.json", ENVIRONMENT_FACTS, ("python", "packages"))
-    problems += check_file(run_dir / "config.yaml", ())
-    problems += _check_png(run_dir / "loss.png")
-    if not (run_dir / "final" / "adapter" / "adapter_model.safetensors").is_file():
+    problems = check_file(run_dir / MANIFEST, RUN_FACTS, SUCCEEDED_RUN_KEYS)
+    problems += check_file(run_dir / ENVIRONMENT, ENVIRONMENT_FACTS, ("python", "packages"))
+    problems += check_file(run_dir / CONFIG, ())
+    problems += _check_png(run_dir / LOSS_PLOT)
+    if not (adapter_dir(run_dir) / ADAPTER_WEIGHTS).is_file():
         problems.append("final/adapter/adapter_model.safetensors: missing")
     if eval_dir is not None:
         problems += check_eval_evidence(eval_dir)
@@ -358,12 +361,12 @@ def check_run_evidence(run_dir: Path, eval_dir: Path | None = None) -> list[str]
 
 def check_eval_evidence(eval_dir: Path) -> list[str]:
     """eval_summary.json and predictions.jsonl: every DESIGN.md field, real recorded facts."""
-    problems = check_file(eval_dir / "eval_summary.json", SUMMARY_FACTS, SUMMARY_KEYS)
+    problems = check_file(eval_dir / SUMMARY, SUMMARY_FACTS, SUMMARY_KEYS)
     if not problems:
-        metrics = json.loads((eval_dir / "eval_summary.json").read_text())["metrics"]
+        metrics = json.loads((eval_dir / SUMMARY).read_text())["metrics"]
         problems += [f"eval_summary.json: $.metrics.{k} missing" for k in METRIC_KEYS if k not in metrics]
-    problems += check_file(eval_dir / "predictions.jsonl", PREDICTION_FACTS, PREDICTION_KEYS)
-    return problems + _check_enums(eval_dir / "predictions.jsonl")
+    problems += check_file(eval_dir / PREDICTIONS, PREDICTION_FACTS, PREDICTION_KEYS)
+    return problems + _check_enums(eval_dir / PREDICTIONS)
 
 
 def _check_enums(path: Path) -> list[str]:
@@ -389,9 +392,9 @@ def _check_png(path: Path) -> list[str]:
 def ensure_environment(run_dir: Path) -> Path:
     """environment.json of a run: the snapshot its trainer took at start (kept in the
     manifest), else one taken now (marked with captured_at, so the reader can tell)."""
-    path = Path(run_dir) / "environment.json"
+    path = Path(run_dir) / ENVIRONMENT
     if not path.is_file():
-        manifest = json.loads((Path(run_dir) / "run_manifest.json").read_text())
+        manifest = Run(Path(run_dir)).manifest
         write_json_atomic(path, manifest.get("environment") or environment_snapshot())
     return path
 
@@ -425,17 +428,17 @@ def write_report(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None = Non
     rewards for an RL run) and the first five predictions of the evaluation (the first
     five, not the best five)."""
     run_dir, eval_dir = Path(run_dir), Path(eval_dir)
-    manifest = json.loads((run_dir / "run_manifest.json").read_text())
-    tuned = json.loads((eval_dir / "eval_summary.json").read_text())
-    base = json.loads((Path(base_eval_dir) / "eval_summary.json").read_text()) if base_eval_dir else None
-    sft = json.loads((Path(sft_eval_dir) / "eval_summary.json").read_text()) if sft_eval_dir else None
-    preds = [json.loads(x) for x in (eval_dir / "predictions.jsonl").read_text().splitlines() if x.strip()]
+    manifest = Run(run_dir).manifest
+    tuned = json.loads((eval_dir / SUMMARY).read_text())
+    base = json.loads((Path(base_eval_dir) / SUMMARY).read_text()) if base_eval_dir else None
+    sft = json.loads((Path(sft_eval_dir) / SUMMARY).read_text()) if sft_eval_dir else None
+    preds = [json.loads(x) for x in (eval_dir / PREDICTIONS).read_text().splitlines() if x.strip()]
     parts = [_report_head(run_dir, manifest, tuned), _report_table(tuned, base, sft),
              _report_loss(run_dir), _report_examples(preds[:N_EXAMPLES])]
     if stage_seconds:
         parts.append(_report_stages(stage_seconds))
     parts.append(_report_files(run_dir, eval_dir, base_eval_dir))
-    return write_bytes_atomic(run_dir / "REPORT.md", "\n".join(parts).encode("utf-8"))
+    return write_bytes_atomic(run_dir / REPORT, "\n".join(parts).encode("utf-8"))
 
 
 def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
@@ -445,7 +448,7 @@ def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
            + (f" (rank {cfg['lora_rank']}, alpha {cfg['lora_alpha']})" if cfg.get("finetune", "lora") == "lora" else ""))
     rl = (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
           f"beta {cfg['beta']}, rewards {json.dumps(cfg['rewards'], sort_keys=True)}"
-          + (f", from run `{cfg['init']}`" if cfg.get("init") else "")) if cfg.get("method") == "grpo" else None
+          + (f", from run `{cfg['init']}`" if cfg.get("init") else "")) if rolls_out(cfg.get("method", "sft")) else None
     return "\n".join([line for line in [
         f"# tunix-rt run `{run_dir.name}`", "",
         f"- model: `{cfg['model']}`, {how} on `{cfg['dataset']}` split `{cfg['split']}`",
@@ -480,10 +483,7 @@ def _report_table(tuned: dict, base: dict | None, sft: dict | None = None) -> st
 
 
 def _report_loss(run_dir: Path) -> str:
-    from tunix_rt.train.run import reward_curves
-
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-        if (run_dir / "metrics.jsonl").is_file() else []
+    rows = Run(run_dir).metrics()
     losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
     rewards = reward_curves(rows)
     text = ["## Training curves" if rewards else "## Training loss", "", "![loss](loss.png)", ""]

@@ -91,7 +91,7 @@ def guard(what: str) -> None:
 
 def owner_tag() -> str:
     """`<host>@<pid>@<token>`: who writes a temp dir (token 0 outside a job)."""
-    return SEP.join((_host(), str(os.getpid()), _token))
+    return SEP.join((host_name(), str(os.getpid()), _token))
 
 
 def tmp_name(target: str) -> str:
@@ -108,12 +108,13 @@ def may_delete(tmp_dir_name: str) -> bool:
     if not tmp_dir_name.startswith(TMP_PREFIX) or len(parts) != 4 or not parts[2].isdigit():
         return False
     host, pid = parts[1], int(parts[2])
-    if host != _host():
+    if host != host_name():
         return False
-    return pid == os.getpid() or not _alive(pid)
+    return pid == os.getpid() or not pid_alive(pid)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (liveness asks too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -123,7 +124,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This host's name, safe in a tag and a file name (the registry's liveness records it)."""
     return _safe(socket.gethostname())
 
 

@@ -34,16 +34,16 @@ from typing import IO, Annotated, Iterable, Iterator, Optional
 
 import typer
 
-from tunix_rt import evidence, files
+from tunix_rt import evidence, files, rundir
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.home import Home
 
 MANIFEST = "MANIFEST.sha256"
 SUBMISSION_JSON = "submission.json"
 # Files every package must hold (the adapter is checked as a folder with weights in it).
-REQUIRED = ("README.md", "REPORT.md", "loss.png", "run_manifest.json", "config.yaml",
-            "environment.json", "eval/eval_summary.json", "eval/predictions.jsonl",
-            "adapter/adapter_config.json", "adapter/adapter_model.safetensors", SUBMISSION_JSON)
+REQUIRED = ("README.md", rundir.REPORT, rundir.LOSS_PLOT, rundir.MANIFEST, rundir.CONFIG,
+            rundir.ENVIRONMENT, f"{rundir.EVALS}/{rundir.SUMMARY}", f"{rundir.EVALS}/{rundir.PREDICTIONS}",
+            f"{rundir.ADAPTER}/{rundir.ADAPTER_CONFIG}", f"{rundir.ADAPTER}/{rundir.ADAPTER_WEIGHTS}", SUBMISSION_JSON)
 # Already-compressed or huge binary files are stored, not deflated (deflating 1 GB of fp32
 # weights costs a minute and saves ~7%).
 STORED_SUFFIXES = (".safetensors", ".png", ".zip")
@@ -67,13 +67,12 @@ def resolve_run(ref: str | os.PathLike, home: Home | None = None) -> Path:
 
 def latest_eval(run_dir: Path) -> Path:
     """The run's newest evaluation (by finished_at in its summary)."""
-    evals = [p.parent for p in (run_dir / "eval").glob("*/eval_summary.json")
-             if (p.parent / "predictions.jsonl").is_file()]
+    evals = [p for p in rundir.Run(run_dir).evals() if (p / rundir.PREDICTIONS).is_file()]
     if not evals:
         raise BadInput(f"{run_dir}: no evaluation yet; run `tunix-rt eval --adapter {run_dir}` first")
 
     def finished(p: Path) -> str:
-        return str(json.loads((p / "eval_summary.json").read_text()).get("finished_at", ""))
+        return str(json.loads((p / rundir.SUMMARY).read_text()).get("finished_at", ""))
 
     return max(evals, key=lambda p: (finished(p), p.name))
 
@@ -83,7 +82,7 @@ def complete_evidence(run_dir: Path, eval_dir: Path, baseline: Path | None) -> N
     trained and evaluated by hand, not by `tunix-rt demo`); a baseline evaluation adds the
     before/after table."""
     evidence.ensure_environment(run_dir)
-    if baseline is not None or not (run_dir / "REPORT.md").is_file():
+    if baseline is not None or not (run_dir / rundir.REPORT).is_file():
         evidence.write_report(run_dir, eval_dir, baseline)
 
 
@@ -94,17 +93,17 @@ def collect(run_dir: Path, eval_dir: Path, merged: bool) -> list[Member]:
         raise TunixRtError(f"{run_dir}: evidence is incomplete, not packaging it:\n  "
                            + "\n  ".join(problems))
     members = [Member(run_dir / n, n) for n in
-               ("REPORT.md", "loss.png", "run_manifest.json", "config.yaml", "environment.json")]
-    members += [Member(eval_dir / n, f"eval/{n}") for n in ("eval_summary.json", "predictions.jsonl")]
-    members += _tree(run_dir / "final" / "adapter", "adapter")
+               (rundir.REPORT, rundir.LOSS_PLOT, rundir.MANIFEST, rundir.CONFIG, rundir.ENVIRONMENT)]
+    members += [Member(eval_dir / n, f"{rundir.EVALS}/{n}") for n in (rundir.SUMMARY, rundir.PREDICTIONS)]
+    members += _tree(rundir.adapter_dir(run_dir), rundir.ADAPTER)
     if merged:
-        members += _tree(run_dir / "final" / "merged", "merged")
+        members += _tree(rundir.merged_dir(run_dir), rundir.MERGED)
     return members
 
 
 def _tree(src: Path, prefix: str) -> list[Member]:
     if not src.is_dir():
-        hint = " (train with merge=true, or merge the adapter first)" if prefix == "merged" else ""
+        hint = " (train with merge=true, or merge the adapter first)" if prefix == rundir.MERGED else ""
         raise BadInput(f"{src}: missing{hint}")
     return [Member(p, f"{prefix}/{p.relative_to(src).as_posix()}")
             for p in sorted(src.rglob("*")) if p.is_file()]
@@ -121,8 +120,8 @@ def build(run_ref: str | os.PathLike, out: str | os.PathLike, merged: bool = Fal
     base_dir = _baseline_dir(baseline) if baseline else None
     complete_evidence(run_dir, eval_dir, base_dir)
     members = collect(run_dir, eval_dir, merged)
-    manifest = json.loads((run_dir / "run_manifest.json").read_text())
-    summary = json.loads((eval_dir / "eval_summary.json").read_text())
+    manifest = rundir.Run(run_dir).manifest
+    summary = json.loads((eval_dir / rundir.SUMMARY).read_text())
     members.append(Member(None, "README.md", readme(run_dir, manifest, summary, merged).encode()))
     members.append(Member(None, SUBMISSION_JSON, json.dumps(
         submission_info(run_dir, manifest, summary, members, merged), indent=2).encode()))
@@ -134,9 +133,9 @@ def build(run_ref: str | os.PathLike, out: str | os.PathLike, merged: bool = Fal
 def _baseline_dir(ref: str | os.PathLike) -> Path:
     """An evaluation directory (with eval_summary.json), or a run whose latest one to use."""
     path = Path(ref)
-    if (path / "eval_summary.json").is_file():
+    if (path / rundir.SUMMARY).is_file():
         return path
-    if (path / "run_manifest.json").is_file():
+    if (path / rundir.MANIFEST).is_file():
         return latest_eval(path)
     raise BadInput(f"--baseline {ref}: not an evaluation directory (no eval_summary.json) nor a run")
 

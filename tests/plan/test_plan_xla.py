@@ -62,7 +62,7 @@ def test_headline_gemma_2b_full_fsdp_over_eight_v5e_fits_and_estimators_agree(re
     README's headline): both estimators under the chip's 15.75 GiB and within 15% of each
     other, with remat (measured: analytic 8.64 GiB, XLA 9.39) and without (10.12, 9.41).
     Without remat the bf16 step used to compile to 14.42 GiB: XLA:CPU's f32 copies of bf16
-    dot operands (plan_xla._sixteen_bit), which a TPU does not make. XLA's figure is the real
+    dot operands (plan.xla._sixteen_bit), which a TPU does not make. XLA's figure is the real
     step compiled for 8 fake devices: 63 s on 2 idle cores, 125-135 s shared, 320-340 s on a
     machine loaded 7x."""
     plan, analytic, xla, took = both(model="gemma-2b", method="full", seq=512, batch=8, devices=8,

@@ -100,7 +100,7 @@ def upload(home: Home, n: int = 3, tag: str = "x") -> str:
     """A valid trace JSONL stored as the API stores uploads: <home>/uploads/<sha256>.jsonl."""
     import hashlib
 
-    from tunix_rt.registry.handlers import UPLOADS_DIR
+    from tunix_rt.registry.jobs import UPLOADS_DIR
 
     up = home.root / UPLOADS_DIR
     up.mkdir(exist_ok=True)
@@ -131,7 +131,7 @@ def seed_home(home: Home) -> dict[str, str]:
 def start_worker(home: Home, log: Path, *args: str, fault: str | None = None) -> subprocess.Popen:
     """A real `tunix-rt worker` process on the home (DATABASE_URL inherited), output to `log`;
     one torch thread, so its training is bit-exact with an in-process run. `fault`: a
-    TUNIX_RT_FAULT spec (train/run.py fault_point)."""
+    TUNIX_RT_FAULT spec (train/faults.py fault_point)."""
     env = dict(os.environ, TUNIX_RT_HOME=str(home.root), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop("TUNIX_RT_FAULT", None)
     if fault:

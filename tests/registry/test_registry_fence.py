@@ -21,7 +21,7 @@ from sqlalchemy import func, select, update
 from registry_testlib import import_tiny_dataset, start_worker, upload as _upload, wait_for
 from tunix_rt import fence
 from tunix_rt.registry import db, queue
-from tunix_rt.registry.handlers import JobContext
+from tunix_rt.registry.jobs import JobContext
 from tunix_rt.registry.models import Checkpoint, Job, JobLogChunk, Metric, Run
 from tunix_rt.registry.worker import LogSink, Worker, WorkerConfig, _Heartbeat
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from registry_testlib import import_tiny_dataset, start_worker
 from tunix_rt.registry import queue
-from tunix_rt.registry.handlers import TrainParams
+from tunix_rt.registry.jobs import TrainParams
 from tunix_rt.registry.worker import Worker, WorkerConfig
 from tunix_rt.train import checkpoint
 from tunix_rt.train.run import read_jsonl

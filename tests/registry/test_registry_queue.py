@@ -11,7 +11,8 @@ from sqlalchemy import update
 from registry_testlib import upload as _upload
 from tunix_rt.errors import BadInput
 from tunix_rt.registry import db, queries, queue
-from tunix_rt.registry.handlers import JobContext, run_job
+from tunix_rt.registry.handlers import run_job
+from tunix_rt.registry.jobs import JobContext
 from tunix_rt.registry.models import Job, utcnow
 from tunix_rt.registry.worker import Worker, WorkerConfig
 

@@ -133,7 +133,7 @@ def test_gsm8k_upload_and_data_import_of_one_file_give_the_same_ids_and_split(ho
 
 def test_an_upload_name_is_a_bare_name():
     from tunix_rt.errors import BadInput
-    from tunix_rt.registry.handlers import validate_params
+    from tunix_rt.registry.jobs import validate_params
     from tunix_rt.traces.dataset import ImportRequest
 
     with pytest.raises(BadInput, match="filename"):

@@ -2,7 +2,7 @@
 refuses anything else with 422 before a job exists, and a worker handed a job row written
 straight into the database refuses it as bad input (dead at its first attempt) without
 reading the other home's run. The rule is the one `model` and `dataset` follow
-(registry.handlers.HOME_NAMES)."""
+(registry.jobs.HOME_NAMES)."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ def test_optunas_tables_beside_the_registry_leave_its_migrations_alone(swept):
 
 def test_a_finished_trials_job_run_again_only_reports_it(swept):
     from tunix_rt.registry import queue
-    from tunix_rt.registry.handlers import JobContext, TrialParams
+    from tunix_rt.registry.jobs import JobContext, TrialParams
     from tunix_rt.sweep.trial import run_trial
 
     home, jobs = swept

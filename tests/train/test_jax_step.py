@@ -5,13 +5,12 @@
 - gradient accumulation 8 x 1 equals 1 x 8 (SFT, full fine-tuning; GRPO on the same rollouts);
 - torch and JAX give the same policy loss and log-probabilities on the same rollouts (1e-4);
 - GRPO through the driver on the JAX engine leaves a complete run with reward rows and
-  committed checkpoints;
-- nothing in src/ touches a private name of tunix, qwix, flax or optax.
+  committed checkpoints.
+(That nothing in src/ touches a private name of tunix, qwix, flax or optax: tests/test_house.py.)
 """
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
@@ -26,7 +25,6 @@ pytestmark = pytest.mark.jax
 require_module("jax")
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parents[1] / "src" / "tunix_rt"
 
 
 @pytest.fixture(autouse=True)
@@ -163,51 +161,3 @@ def test_torch_and_jax_give_the_same_policy_loss_on_the_same_rollouts(home, tmp_
     assert abs(j_loss - t_loss) < 1e-4, (j_loss, t_loss)
     assert stats[3] == sum(int((b.labels != -100).sum()) for b in batches)  # every labelled token
     assert abs(t_loss) > 0 or any(np.abs(b.aux["adv"]).sum() > 0 for b in batches)
-
-
-# --------------------------------------------------------------------------- private names
-
-LIBS = ("tunix", "qwix", "flax", "optax", "orbax")
-#: attributes of library objects the old engine reached into (by name, whatever the object)
-KNOWN = {"_lora_enabled", "_run_eval", "_pbar", "_restored_custom_metadata", "_get_key_and_transform_mapping",
-         "_make_preprocess_fn", "_model_class", "_jitted_train_step_fn", "_shard_optimizer"}
-
-
-def private_uses(path: Path) -> list[str]:
-    """`from lib... import _x`, `lib_alias._x`, and the known private attributes, in one file."""
-    tree = ast.parse(path.read_text(), str(path))
-    aliases, found = set(), []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.split(".")[0] in LIBS:
-                    aliases.add((a.asname or a.name).split(".")[0])
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in LIBS:
-            for a in node.names:
-                if a.name.startswith("_"):
-                    found.append(f"{path.name}:{node.lineno} from {node.module} import {a.name}")
-                aliases.add(a.asname or a.name)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-            base = node.value
-            if (isinstance(base, ast.Name) and base.id in aliases) or node.attr in KNOWN:
-                found.append(f"{path.name}:{node.lineno} .{node.attr}")
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "setattr", "hasattr") \
-                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant) \
-                and str(node.args[1].value) in KNOWN:
-            found.append(f"{path.name}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
-    return found
-
-
-def test_the_scan_finds_what_it_looks_for(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("from tunix.models.gemma3 import params_safetensors as ps\n"
-                   "from qwix._src.providers import _x\n"
-                   "k = ps._get_key_and_transform_mapping\n"
-                   "trainer._lora_enabled = True\n")
-    assert len(private_uses(bad)) == 3
-
-
-def test_no_private_name_of_the_libraries_in_src():
-    found = [hit for f in sorted(SRC.rglob("*.py")) for hit in private_uses(f)]
-    assert not found, found

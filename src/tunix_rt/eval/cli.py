@@ -39,7 +39,8 @@ def eval_cmd(
 ) -> None:
     """Evaluate a base model, a run's LoRA adapter or a merged model on a dataset split:
     writes predictions.jsonl and eval_summary.json."""
-    from tunix_rt.eval.runner import SUMMARY, EvalRequest, run_eval
+    from tunix_rt.eval.runner import EvalRequest, run_eval
+    from tunix_rt.rundir import SUMMARY
 
     decode = DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                           top_k=top_k, seed=seed, batch_size=batch_size)

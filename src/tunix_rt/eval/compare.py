@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.eval.runner import NO_RUN, PREDICTIONS, SUMMARY
+from tunix_rt.eval.runner import NO_RUN
 from tunix_rt.home import Home
+from tunix_rt.rundir import EVALS, PREDICTIONS, SUMMARY
 
 METRICS = ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy",
            "mean_completion_tokens", "truncated_rate", "arith_accuracy", "arith_reward", "n")
@@ -48,8 +49,8 @@ def find_eval_dir(ref: str, home: Home) -> Path:
         return path
     if (home.root / "evals" / ref / SUMMARY).is_file():
         return home.root / "evals" / ref
-    run = path if (path / "eval").is_dir() else home.runs / ref
-    evals = [d for d in (run / "eval").glob("*") if (d / SUMMARY).is_file()] if run.is_dir() else []
+    run = path if (path / EVALS).is_dir() else home.runs / ref
+    evals = [d for d in (run / EVALS).glob("*") if (d / SUMMARY).is_file()] if run.is_dir() else []
     if not evals:
         raise BadInput(f"{ref!r}: not an eval dir, an eval_summary.json, or a run with an eval under eval/")
     return max(evals, key=lambda d: (_read_json(d / SUMMARY).get("finished_at", ""), d.name))

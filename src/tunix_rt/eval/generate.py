@@ -183,7 +183,7 @@ class TorchGenerator:
         ids, mask = left_pad([list(p) for p in first], self.tok.pad_id, dev)
         pos = position_ids(mask)
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, mask, pos, cache)
+        logits = self.last_logits(ids, mask, pos, cache)
         if len(first) < len(prompts):
             rows = torch.tensor(src, device=dev)
             cache.batch_select_indices(rows)
@@ -221,13 +221,13 @@ class TorchGenerator:
                 nxt = self.lean.step_pick(nxt, state, cfg, noise(step + 1))  # int8-screened head, same ids
                 continue
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            logits = self._forward(nxt[:, None], mask, next_pos[:, None], cache)
+            logits = self.last_logits(nxt[:, None], mask, next_pos[:, None], cache)
             next_pos = next_pos + 1
             nxt = pick(logits, cfg, noise(step + 1))
         return outs
 
-    def _forward(self, ids, mask, pos, cache):
-        """Last-position logits only, fp32."""
+    def last_logits(self, ids, mask, pos, cache):
+        """Last-position logits only, fp32 (the decode step the serving scheduler runs too)."""
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos,
             past_key_values=cache, use_cache=True, logits_to_keep=1,

@@ -35,7 +35,7 @@ def load_generator(model_dir: Path, adapter_dir: Path | None, tok, device: str =
     import jax
 
     from tunix_rt.models.jax_loader import load_model, make_mesh
-    from tunix_rt.train.jax_engine import select_devices
+    from tunix_rt.jax_devices import select_devices
 
     devices = select_devices(device if device in ("cpu", "gpu", "tpu", "cuda") else "auto")
     mesh = make_mesh({"fsdp": 1, "tp": 1}, devices)

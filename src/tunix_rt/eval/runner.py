@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 import yaml
 
 from tunix_rt import fence
+from tunix_rt.rundir import CONFIG, EVALS, FINAL, PREDICTIONS, SUMMARY, Run
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.generate import DecodeConfig, Generation, Generator
 from tunix_rt.eval.scoring import by_category, category_of, metrics, score_completion
@@ -37,8 +38,6 @@ from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
 if TYPE_CHECKING:
     from tunix_rt.eval.judge import JudgeConfig
 
-PREDICTIONS = "predictions.jsonl"
-SUMMARY = "eval_summary.json"
 NO_ADAPTER = "base model (no adapter)"
 NO_RUN = "not a run (base model)"
 DEVICES = {"torch": ("auto", "cpu", "cuda"), "jax": ("auto", "cpu", "gpu", "tpu")}
@@ -102,7 +101,7 @@ class Target:
 def run_of_adapter(adapter_dir: Path) -> Path | None:
     """runs/<id>/final/adapter → runs/<id> (when it holds config.yaml)."""
     run = adapter_dir.resolve().parent.parent
-    return run if adapter_dir.resolve().parent.name == "final" and (run / "config.yaml").is_file() else None
+    return run if adapter_dir.resolve().parent.name == FINAL and (run / CONFIG).is_file() else None
 
 
 def resolve_adapter(ref: str, home: Home) -> tuple[Path | None, Path | None, Path]:
@@ -111,19 +110,19 @@ def resolve_adapter(ref: str, home: Home) -> tuple[Path | None, Path | None, Pat
     path = Path(ref)
     if (path / "adapter_config.json").is_file():
         return path, None, run_of_adapter(path) or path
-    run = path if (path / "final").is_dir() or (path / "config.yaml").is_file() else home.runs / ref
+    run = path if (path / FINAL).is_dir() or (path / CONFIG).is_file() else home.runs / ref
     if not run.is_dir():
         raise BadInput(f"--adapter {ref!r}: not an adapter dir, a run dir, or a run id under {home.runs}")
-    if (run / "final" / "adapter" / "adapter_config.json").is_file():
-        return run / "final" / "adapter", None, run
-    if (run / "final" / "merged" / "config.json").is_file():
-        return None, run / "final" / "merged", run
+    if Run(run).adapter is not None:
+        return Run(run).adapter, None, run
+    if Run(run).merged is not None:
+        return None, Run(run).merged, run
     raise BadInput(f"run {run.name}: no final/adapter/ or final/merged/ (did training finish?)")
 
 
 def run_config(run_dir: Path) -> dict:
     """The run's resolved TrainConfig as a mapping (model and system_prompt are read)."""
-    path = run_dir / "config.yaml"
+    path = run_dir / CONFIG
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as e:
@@ -141,7 +140,7 @@ def resolve_target(req: EvalRequest, home: Home) -> Target:
     adapter_dir, merged_dir, run_dir = (None, None, None)
     if req.adapter:
         adapter_dir, merged_dir, run_dir = resolve_adapter(req.adapter, home)
-        if not (run_dir / "config.yaml").is_file():
+        if not (run_dir / CONFIG).is_file():
             run_dir = None  # a bare adapter dir: no run, no config
     elif req.model and Path(req.model).is_dir():
         run_dir = run_of_adapter(Path(req.model))  # runs/<id>/final/merged
@@ -288,7 +287,7 @@ def eval_dest(req: EvalRequest, target: Target, home: Home, dataset: str, split:
     if req.out is not None:
         dest = Path(req.out)
     else:
-        root = target.run_dir / "eval" if target.run_dir else home.root / "evals"
+        root = target.run_dir / EVALS if target.run_dir else home.root / "evals"
         dest = root / new_eval_id(dataset, split)
     if dest.exists():
         raise BadInput(f"{dest} already exists; choose another --out")

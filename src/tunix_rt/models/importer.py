@@ -39,7 +39,7 @@ from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.files import fsync_dir, sha256_file
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import Preset, get_preset
-from tunix_rt.models.store import MODEL_MANIFEST, installed_dir
+from tunix_rt.models.layout import MODEL_MANIFEST, installed_dir
 from tunix_rt.models.tokenizer import ChatTokenizer
 
 #: what a model directory may bring along; pickled weights (*.bin, *.pt) never enter the home

@@ -12,14 +12,8 @@ from pathlib import Path
 from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import PRESETS, get_preset
+from tunix_rt.models.layout import MODEL_MANIFEST, TINY_TOKENIZER, installed_dir
 from tunix_rt.models.tokenizer import ChatTokenizer
-
-TINY_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "tiny_tokenizer.json"
-MODEL_MANIFEST = "tunix_rt_model.json"
-
-
-def installed_dir(name: str, home: Home) -> Path:
-    return home.models / name
 
 
 def load_tokenizer(model: str, home: Home | None = None) -> ChatTokenizer:

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from tunix_rt.models.catalog import Preset
-from tunix_rt.models.store import TINY_TOKENIZER
+from tunix_rt.models.layout import TINY_TOKENIZER
 
 
 def hf_config(preset: Preset):

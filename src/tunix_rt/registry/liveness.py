@@ -25,8 +25,8 @@ from typing import Any
 
 from tunix_rt import fence
 from tunix_rt.files import write_json_atomic
+from tunix_rt.rundir import CHECKPOINTS, MANIFEST
 
-MANIFEST = "run_manifest.json"
 LIVE = ("created", "running")
 """Manifest statuses that only the run's own process leaves."""
 STALE_AFTER_S = 3600.0
@@ -38,7 +38,7 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 def process_identity() -> dict[str, Any]:
     """This process, as a run manifest records its writer."""
     pid = os.getpid()
-    return {"host": fence._host(), "pid": pid, "start": _start_ticks(pid), "pidns": _pid_namespace()}
+    return {"host": fence.host_name(), "pid": pid, "start": _start_ticks(pid), "pidns": _pid_namespace()}
 
 
 def _pid_namespace() -> str | None:
@@ -69,7 +69,7 @@ def _stat(pid: int) -> list[str] | None:
 def gone_reason(run_dir: Path, manifest: dict[str, Any], stale_after_s: float = STALE_AFTER_S) -> str | None:
     """Why the writer of this `created`/`running` run is gone, or None while it may live."""
     proc = manifest.get("process") if isinstance(manifest.get("process"), dict) else {}
-    if (proc.get("host"), proc.get("pidns")) == (fence._host(), _pid_namespace()) and isinstance(proc.get("pid"), int):
+    if (proc.get("host"), proc.get("pidns")) == (fence.host_name(), _pid_namespace()) and isinstance(proc.get("pid"), int):
         return _pid_gone(proc)
     silent = time.time() - last_sign_of_life(run_dir)
     if silent <= stale_after_s:
@@ -81,7 +81,7 @@ def gone_reason(run_dir: Path, manifest: dict[str, Any], stale_after_s: float = 
 def _pid_gone(proc: dict[str, Any]) -> str | None:
     pid, start = proc["pid"], proc.get("start")
     stat = _stat(pid)
-    if not fence._alive(pid) or (stat and stat[0] == "Z"):  # a zombie waits only for its parent
+    if not fence.pid_alive(pid) or (stat and stat[0] == "Z"):  # a zombie waits only for its parent
         return f"its process {pid} on {proc['host']} is gone (killed?)"
     if start is not None and stat and int(stat[19]) != start:
         return f"its process {pid} on {proc['host']} is gone (that pid is another process now)"
@@ -90,7 +90,7 @@ def _pid_gone(proc: dict[str, Any]) -> str | None:
 
 def last_sign_of_life(run_dir: Path) -> float:
     """The newest modification time of the run's files and checkpoint directories."""
-    paths = [run_dir, *run_dir.iterdir(), *(run_dir / "checkpoints").glob("*")]
+    paths = [run_dir, *run_dir.iterdir(), *(run_dir / CHECKPOINTS).glob("*")]
     return max(_mtime(p) for p in paths)
 
 

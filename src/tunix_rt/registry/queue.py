@@ -56,7 +56,7 @@ class Claim:
 
 def enqueue(kind: str, params: dict[str, Any], *, max_attempts: int = 3, url: str | None = None) -> int:
     """Insert a validated job; returns its id. Parameters are checked by the kind's model."""
-    from tunix_rt.registry.handlers import validate_params
+    from tunix_rt.registry.jobs import validate_params
 
     clean = validate_params(kind, params)
     if not 1 <= max_attempts <= 20:

@@ -24,15 +24,15 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from tunix_rt import fence
+from tunix_rt import fence, rundir
 from tunix_rt.errors import BadInput
+from tunix_rt.files import MODEL_MANIFEST
 from tunix_rt.registry import db
 from tunix_rt.registry.liveness import STALE_AFTER_S, STEP_DIR, mark_if_gone
 from tunix_rt.registry.models import Checkpoint, Dataset, Evaluation, Metric, ModelVersion, Prediction, Run
 
 log = logging.getLogger("tunix_rt.registry")
 T = TypeVar("T")
-MODEL_MANIFEST = "tunix_rt_model.json"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -200,7 +200,7 @@ def _record_model(path: Path, url: str | None) -> str:
 def _record_run(path: Path, url: str | None, job_id: int | None) -> str:
     if not path.is_dir():
         raise BadInput(f"{path}: no such run directory")
-    manifest = read_json(path / "run_manifest.json") if (path / "run_manifest.json").is_file() else {}
+    manifest = read_json(path / rundir.MANIFEST) if (path / rundir.MANIFEST).is_file() else {}
     config = _read_config(path)
     run_id = path.name
     with db.session(url) as s:
@@ -214,15 +214,15 @@ def _record_run(path: Path, url: str | None, job_id: int | None) -> str:
             for k, v in values.items():
                 setattr(row, k, v)
         s.flush()
-        _sync_metrics(s, run_id, read_jsonl(path / "metrics.jsonl"))
-        _sync_checkpoints(s, run_id, path / "checkpoints")
-    for eval_dir in sorted((path / "eval").glob("*/eval_summary.json")):
+        _sync_metrics(s, run_id, read_jsonl(path / rundir.METRICS))
+        _sync_checkpoints(s, run_id, path / rundir.CHECKPOINTS)
+    for eval_dir in sorted((path / rundir.EVALS).glob(f"*/{rundir.SUMMARY}")):
         _record_eval(eval_dir.parent, url)
     return run_id
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    cfg = path / "config.yaml"
+    cfg = path / rundir.CONFIG
     if not cfg.is_file():
         return {}
     data = yaml.safe_load(cfg.read_text(encoding="utf-8"))
@@ -234,7 +234,7 @@ def _run_values(path: Path, m: dict[str, Any], config: dict[str, Any]) -> dict[s
     device = m.get("device")
     if isinstance(device, dict):
         device = " ".join(str(device[k]) for k in ("platform", "count") if device.get(k) is not None)
-    status = m.get("status") or ("running" if (path / "metrics.jsonl").exists() else "created")
+    status = m.get("status") or ("running" if (path / rundir.METRICS).exists() else "created")
     return {
         "status": str(status), "engine": m.get("engine") or cfg.get("engine"),
         "device": _text(device), "model": _text(cfg.get("model")), "dataset": _text(cfg.get("dataset")),
@@ -278,13 +278,13 @@ def _sync_checkpoints(s: Session, run_id: str, ckpt_root: Path) -> None:
 
 def eval_id_for(path: Path) -> str:
     """`<run_id>.<eval_name>` for runs/<run_id>/eval/<eval_name>/, else the directory name."""
-    if path.parent.name == "eval":
+    if path.parent.name == rundir.EVALS:
         return f"{path.parent.parent.name}.{path.name}"
     return path.name
 
 
 def _record_eval(path: Path, url: str | None) -> str:
-    summary = read_json(path / "eval_summary.json")
+    summary = read_json(path / rundir.SUMMARY)
     eval_id = eval_id_for(path)
     metrics = summary.get("metrics") if isinstance(summary.get("metrics"), dict) else {}
     ds = summary.get("dataset") if isinstance(summary.get("dataset"), dict) else {}
@@ -298,13 +298,13 @@ def _record_eval(path: Path, url: str | None) -> str:
         "accuracy": _num(metrics.get("accuracy"), float), "format_rate": _num(metrics.get("format_rate"), float),
         "metrics": metrics, "summary": summary,
         "finished_at": parse_time(summary.get("finished_at")),
-        "created_at": parse_time(summary.get("started_at")) or _mtime(path / "eval_summary.json"),
+        "created_at": parse_time(summary.get("started_at")) or _mtime(path / rundir.SUMMARY),
     }
     with db.session(url) as s:
         values["run_id"] = _eval_run(path, summary, s)
         _upsert(s, Evaluation, {"id": eval_id}, values)
         s.execute(delete(Prediction).where(Prediction.eval_id == eval_id))
-        for seq, p in enumerate(read_jsonl(path / "predictions.jsonl")):
+        for seq, p in enumerate(read_jsonl(path / rundir.PREDICTIONS)):
             s.add(_prediction(eval_id, seq, p))
     return eval_id
 
@@ -312,7 +312,7 @@ def _record_eval(path: Path, url: str | None) -> str:
 def _eval_run(path: Path, summary: dict[str, Any], s: Session) -> str | None:
     """The run an eval scored: its folder (runs/<run_id>/eval/<name>/), else the summary's
     `run_id` when that run is in this registry (an eval written elsewhere with --out)."""
-    if path.parent.name == "eval":
+    if path.parent.name == rundir.EVALS:
         return path.parent.parent.name
     named = summary.get("run_id")
     return named if isinstance(named, str) and s.get(Run, named) is not None else None
@@ -354,8 +354,8 @@ def sync_home(home, url: str | None = None, progress: Callable[[str], None] | No
             tell(f"run {run_dir.name}: marked interrupted: {gone}")
         _record_run(run_dir, url, None)
         counts["runs"] += 1
-        counts["evaluations"] += len(list((run_dir / "eval").glob("*/eval_summary.json")))
-    for summary in sorted((home.root / "evals").glob("*/eval_summary.json")):
+        counts["evaluations"] += len(list((run_dir / rundir.EVALS).glob(f"*/{rundir.SUMMARY}")))
+    for summary in sorted((home.root / "evals").glob(f"*/{rundir.SUMMARY}")):
         note(f"evaluation {summary.parent}")
         _record_eval(summary.parent, url)
         counts["evaluations"] += 1

@@ -28,7 +28,8 @@ from tunix_rt import fence
 from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.registry import queue
-from tunix_rt.registry.handlers import JobContext, run_job
+from tunix_rt.registry.handlers import run_job
+from tunix_rt.registry.jobs import JobContext
 
 log = logging.getLogger("tunix_rt.worker")
 LOST = "lost"

@@ -17,6 +17,7 @@ from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import PRESETS
 from tunix_rt.models.store import MODEL_MANIFEST, installed_dir
+from tunix_rt.rundir import Run
 from tunix_rt.serving.scheduler import Scheduler
 
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,199}$")
@@ -69,8 +70,7 @@ class ServedModel:
 
 
 def run_has_weights(run_dir: Path) -> bool:
-    return (run_dir / "final" / "adapter" / "adapter_config.json").is_file() or \
-        (run_dir / "final" / "merged" / "config.json").is_file()
+    return Run(run_dir).adapter is not None or Run(run_dir).merged is not None
 
 
 def available(home: Home) -> list[dict]:

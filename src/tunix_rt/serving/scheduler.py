@@ -142,7 +142,7 @@ class _LeanBatch:
         ids, mask = left_pad(prompts, self.gen.tok.pad_id, self.gen.device)
         pos = position_ids(mask)
         cache = DynamicCache(config=self.gen.model.config)
-        logits = self.gen._forward(ids, mask, pos, cache)
+        logits = self.gen.last_logits(ids, mask, pos, cache)
         new = self.lean.start(cache, mask, pos[:, -1] + 1, room)
         self.state = new if self.state is None else merge_states([self.state, new], room)
         self.lean.rope_tables(int(self.state.pos.max()) + room + 1)
@@ -176,13 +176,13 @@ class _HFBatch:
         ids, self.mask = left_pad(prompts, self.gen.tok.pad_id, self.gen.device)
         pos = position_ids(self.mask)
         self.cache = DynamicCache(config=self.gen.model.config)
-        logits = self.gen._forward(ids, self.mask, pos, self.cache)
+        logits = self.gen.last_logits(ids, self.mask, pos, self.cache)
         self.next_pos = pos[:, -1] + 1
         return logits
 
     def step(self, tokens: "torch.Tensor", greedy: bool) -> "torch.Tensor":
         self.mask = _extend(self.mask)
-        logits = self.gen._forward(tokens[:, None], self.mask, self.next_pos[:, None], self.cache)
+        logits = self.gen.last_logits(tokens[:, None], self.mask, self.next_pos[:, None], self.cache)
         self.next_pos = self.next_pos + 1
         return logits.argmax(-1) if greedy else logits
 

@@ -40,7 +40,7 @@ def sweep_cmd(
         return
     if not (config and space and trials is not None):
         raise BadInput("give --config BASE --space SPACE.yaml --trials N (or: sweep show NAME, sweep list)")
-    from tunix_rt.registry.handlers import NAME
+    from tunix_rt.registry.jobs import NAME
     from tunix_rt.sweep.space import load_space
     from tunix_rt.sweep.study import create_sweep
     from tunix_rt.train.config import TrainConfig

@@ -184,7 +184,7 @@ def trial_config(base: dict[str, Any], values: dict[str, Any], run_name: str | N
                  source: str = "trial"):
     """The TrainConfig of a trial: the sweep's base with the trial's values (model and dataset
     names from the home, as every job's)."""
-    from tunix_rt.registry.handlers import check_home_names
+    from tunix_rt.registry.jobs import check_home_names
     from tunix_rt.train.config import TrainConfig
 
     cfg = TrainConfig.from_dict({**base, **values, "run_name": run_name}, source=source)

@@ -119,7 +119,7 @@ def create_sweep(name: str, base: dict[str, Any], space: SweepSpace, trials: int
     import optuna
 
     from tunix_rt.registry import queue
-    from tunix_rt.registry.handlers import TrialParams
+    from tunix_rt.registry.jobs import TrialParams
 
     if not 1 <= trials <= 10_000:
         raise BadInput(f"--trials must be in 1..10000, got {trials}")

@@ -28,9 +28,11 @@ from typing import Any
 
 from tunix_rt import fence
 from tunix_rt.errors import BadInput
-from tunix_rt.registry.handlers import JobContext, TrialParams, require_succeeded, train_for_job
+from tunix_rt.registry.jobs import JobContext, TrialParams
+from tunix_rt.registry.train_job import require_succeeded, train_for_job
+from tunix_rt.rundir import METRICS, Run
 from tunix_rt.sweep.study import JOB_ATTR, OBJECTIVE, RUN_ATTR, Sweep, load, opened
-from tunix_rt.train.run import METRICS, RunDir, RunStopped
+from tunix_rt.train.run import RunDir, RunStopped
 
 
 def run_trial(ctx: JobContext, p: TrialParams) -> dict[str, Any]:
@@ -102,7 +104,7 @@ def _run(sweep: Sweep, frozen, ctx: JobContext) -> dict[str, Any]:
         raise
     require_succeeded(run_dir)
     _record(run_dir, ctx)
-    final = json.loads((run_dir / "run_manifest.json").read_text()).get("final", {})
+    final = Run(run_dir).manifest.get("final", {})
     _set_run(trial, run_dir, frozen.user_attrs)
     if OBJECTIVE not in final:
         _fail(sweep, trial, f"run {run_dir.name} has no final {OBJECTIVE} (empty or non-finite)")

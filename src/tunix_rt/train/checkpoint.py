@@ -41,9 +41,10 @@ import numpy as np
 from tunix_rt import fence
 from tunix_rt.errors import BadInput
 from tunix_rt.files import fsync_dir, fsync_tree, write_text_synced
+from tunix_rt.rundir import CHECKPOINTS, CONFIG
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.run import fault_point
+from tunix_rt.train.faults import fault_point
 
 COMMIT = "COMMIT"
 PREFIX = "step-"
@@ -55,12 +56,12 @@ DIGEST_EXEMPT = ("force", "merge", "log_interval", "engine", "device")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
-    return run_dir / "checkpoints" / f"{PREFIX}{step:06d}"
+    return run_dir / CHECKPOINTS / f"{PREFIX}{step:06d}"
 
 
 def committed(run_dir: Path) -> list[Path]:
     """Committed checkpoints, oldest first (temp dirs and dirs without COMMIT ignored)."""
-    root = run_dir / "checkpoints"
+    root = run_dir / CHECKPOINTS
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.name.startswith(PREFIX) and (p / COMMIT).is_file()]
@@ -93,7 +94,7 @@ def save(run_dir: Path, step: int, write_payload: Callable[[Path], dict[str, Any
             "rng": {"python": _python_rng(), "numpy": _numpy_rng(), **engine_facts.pop("rng", {})},
             **engine_facts, "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     write_text_synced(tmp / STATE, json.dumps(full, indent=2))
-    write_text_synced(tmp / "config.yaml", cfg.to_yaml())
+    write_text_synced(tmp / CONFIG, cfg.to_yaml())
     fsync_tree(tmp)
     fault_point("ckpt-write")
     try:

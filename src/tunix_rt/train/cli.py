@@ -39,9 +39,10 @@ def train_cmd(
         if config or items:
             raise BadInput("--resume continues a run with its own config; drop --config and key=value overrides "
                            "(--engine and --device must resolve to what its checkpoint was trained with)")
+        from tunix_rt.rundir import CONFIG
         from tunix_rt.train.run import resolve_run
 
-        config = str(resolve_run(resume, home) / "config.yaml")
+        config = str(resolve_run(resume, home) / CONFIG)
     for flag, value, allowed in (("engine", engine, engines.CHOICES), ("device", device, engines.DEVICES)):
         if value is not None:
             if value not in allowed:

@@ -18,6 +18,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
 from tunix_rt.train import engines
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
+from tunix_rt.train.methods import METHODS, rolls_out
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -164,7 +165,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.method in ("lora", "full"):  # configs written before method meant sft|grpo
             self.method, self.finetune = "sft", self.method
-        self._check_choice("method", ("sft", "grpo"))
+        self._check_choice("method", tuple(METHODS))
         self._check_choice("finetune", ("lora", "full"))
         self._check_choice("optimizer", ("adamw", "adafactor"))
         self._check_choice("schedule", ("cosine", "linear", "constant"))
@@ -218,7 +219,7 @@ class TrainConfig:
 
     def _check_rl(self) -> None:
         self._check_choice("rl_loss", ("grpo", "dr_grpo", "dapo"))
-        if self.method != "grpo":
+        if not rolls_out(self.method):
             return
         if self.group_size < 2:
             raise BadInput(f"config: group_size must be >= 2 (advantages compare completions of one prompt), "

@@ -73,6 +73,18 @@ def weighted(batches: list[Batch], norm: float | None = None) -> list[Batch]:
     return batches
 
 
+def weighted_spans(batch: Batch, spans: list[tuple[int, slice, Any, float]]) -> Batch:
+    """The RL counterpart of `weighted`: coefficients computed for the whole window elsewhere
+    (train.advantages.token_coefficients) written at each sequence's predicting positions
+    (row, span), with the sequence's advantage there (aux "adv"); 0 at every other position."""
+    batch.coef = np.zeros(batch.labels.shape, np.float32)
+    batch.aux = {"adv": np.zeros(batch.labels.shape, np.float32)}
+    for row, at, coef, adv in spans:
+        batch.coef[row, at] = coef
+        batch.aux["adv"][row, at] = adv
+    return batch
+
+
 def coef_of(batch: Batch) -> np.ndarray:
     """The batch's coefficients; an unweighted batch counts each labelled position once."""
     return batch.coef if batch.coef is not None else (batch.labels != IGNORE).astype(np.float32)

@@ -14,20 +14,19 @@ decides when to save: that is here, once.
 
 from __future__ import annotations
 
-import importlib
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from tunix_rt import rundir
 from tunix_rt.home import Home
 from tunix_rt.train import checkpoint, dist, engines
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import Engine
-from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, fault_point, never, open_run, plot_loss
+from tunix_rt.train.faults import fault_point
+from tunix_rt.train.method import Method, make_method
+from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, never, open_run, plot_loss
 from tunix_rt.train.schedule import lr_at
-
-#: method name -> "module:class"
-METHODS = {"sft": "tunix_rt.train.sft:SFT", "grpo": "tunix_rt.train.grpo:GRPO"}
 
 
 def train(cfg: TrainConfig, home: Home, resume: str | None = None,
@@ -74,14 +73,14 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
         if start < method.total_steps:
             save(method.total_steps)
         fault_point("export")  # the final checkpoint is committed, the run not finished
-        outputs = engine.export(run.path / "final")
+        outputs = engine.export(rundir.final_dir(run.path))
         plot_loss(run.path)
         run.update(outputs=outputs, final=final_metrics(run.path, final))
     dist.leave()  # finished on every process: the process group goes down before the interpreter
     return run.path
 
 
-def fit(engine: Engine, method, log: MetricsLog, start: int, save: Callable[[int], None],
+def fit(engine: Engine, method: Method, log: MetricsLog, start: int, save: Callable[[int], None],
         should_stop: Callable[[], bool], run_id: str) -> None:
     """Steps start+1 .. total, with logging, eval and checkpoints at their intervals."""
     from tunix_rt.train.progress import TrainProgress
@@ -113,15 +112,15 @@ def fit(engine: Engine, method, log: MetricsLog, start: int, save: Callable[[int
                                  f"kept (continue with --resume {run_id})")
 
 
-def final_eval(engine: Engine, method, log: MetricsLog, run_dir: Path, start: int) -> dict[str, float]:
+def final_eval(engine: Engine, method: Method, log: MetricsLog, run_dir: Path, start: int) -> dict[str, float]:
     """The evaluation after the last step, logged once. It is logged before the final
     checkpoint is saved, so a run resumed from that checkpoint holds its row already: read
     back, not evaluated and logged again."""
-    from tunix_rt.train.run import METRICS, read_jsonl
+    from tunix_rt.train.run import read_jsonl
 
     total = method.total_steps
     if start == total:
-        rows = [r for r in read_jsonl(run_dir / METRICS) if r.get("step") == total and "loss" not in r]
+        rows = [r for r in read_jsonl(run_dir / rundir.METRICS) if r.get("step") == total and "loss" not in r]
         return {k: v for k, v in rows[-1].items() if k != "step"} if rows else {}
     final = method.evaluate(engine)
     if final:
@@ -137,17 +136,18 @@ def resolve_init(cfg: TrainConfig, home: Home) -> TrainConfig:
     import dataclasses
 
     from tunix_rt.errors import BadInput
+    from tunix_rt.files import MODEL_MANIFEST
     from tunix_rt.train.run import RunDir, resolve_run
 
     if not cfg.init:
         return cfg
     src = RunDir.open(resolve_run(cfg.init, home))
-    merged = src.path / "final" / "merged"
+    merged = rundir.merged_dir(src.path)
     if list(merged.glob("*.safetensors")):
         target = merged
-    elif (src.path / "final" / "adapter" / "adapter_model.safetensors").is_file():
+    elif (rundir.adapter_dir(src.path) / rundir.ADAPTER_WEIGHTS).is_file():
         target = home.models / f"init-{src.run_id}"
-        if not (target / "tunix_rt_model.json").is_file():
+        if not (target / MODEL_MANIFEST).is_file():
             install_merged_adapter(src, target, home)
     else:
         raise BadInput(f"init: run {src.run_id} has no final/adapter or final/merged (status "
@@ -167,12 +167,12 @@ def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:
 
     from safetensors.numpy import load_file, save_file
 
-    from tunix_rt.files import atomic_dir, sha256_file
+    from tunix_rt.files import MODEL_MANIFEST, atomic_dir, sha256_file
     from tunix_rt.models.store import ensure_model
     from tunix_rt.train.export import copy_side_files, merge_lora
 
     base_dir = ensure_model(src.config().model, home)
-    adapter = src.path / "final" / "adapter"
+    adapter = rundir.adapter_dir(src.path)
     conf = json.loads((adapter / "adapter_config.json").read_text())
     lora = load_file(str(adapter / "adapter_model.safetensors"))
 
@@ -181,7 +181,7 @@ def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:
                   str(tmp / "model.safetensors"), metadata={"format": "pt"})
         copy_side_files(base_dir, tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / "tunix_rt_model.json").write_text(json.dumps({
+        (tmp / MODEL_MANIFEST).write_text(json.dumps({
             "name": target.name, "source": {"kind": "run", "run_id": src.run_id, "base": str(base_dir),
                                             "adapter_sha256": sha256_file(adapter / "adapter_model.safetensors")},
             "files": files}, indent=2))
@@ -190,12 +190,7 @@ def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:
     atomic_dir(target, write)
 
 
-def make_method(cfg: TrainConfig, home: Home, tok):
-    module, cls = METHODS[cfg.method].split(":")
-    return getattr(importlib.import_module(module), cls)(cfg, home, tok)
-
-
-def restore(engine: Engine, method, ckpt: Path | None, state: dict[str, Any] | None) -> int:
+def restore(engine: Engine, method: Method, ckpt: Path | None, state: dict[str, Any] | None) -> int:
     """Continue from the newest committed checkpoint (0 when there is none)."""
     if ckpt is None:
         return 0
@@ -221,9 +216,9 @@ def check_plan(cfg: TrainConfig, engine: str, facts: dict[str, Any]) -> dict[str
 
 
 def final_metrics(run_dir: Path, final: dict[str, float]) -> dict[str, Any]:
-    from tunix_rt.train.run import METRICS, read_jsonl
+    from tunix_rt.train.run import read_jsonl
 
-    rows = [r for r in read_jsonl(run_dir / METRICS) if "loss" in r]
+    rows = [r for r in read_jsonl(run_dir / rundir.METRICS) if "loss" in r]
     out: dict[str, Any] = dict(final)
     if rows:
         out.update({"steps": rows[-1]["step"], "first_loss": rows[0]["loss"], "last_loss": rows[-1]["loss"],

@@ -11,12 +11,8 @@ install never touches torch).
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
 
 from tunix_rt.errors import BadInput
-
-if TYPE_CHECKING:
-    from tunix_rt.train.engine import Engine
 
 #: engine name -> (module, class, the package it needs, how to install it)
 ENGINES: dict[str, tuple[str, str, str, str]] = {
@@ -62,7 +58,9 @@ def require(name: str) -> None:
         raise BadInput(f"the {name} engine needs {package}, which is not installed here: {how}{alt}")
 
 
-def engine_class(name: str) -> "type[Engine]":
+def engine_class(name: str) -> type:
+    """The class of the named engine (it implements train.engine.Engine, which takes a
+    TrainConfig: config.py reads this module's names, so it names neither)."""
     require(name)
     module, cls, _package, _how = ENGINES[name]
     return getattr(importlib.import_module(module), cls)

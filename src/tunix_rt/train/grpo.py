@@ -28,9 +28,9 @@ from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import DataPosition, SeededOrder, collate
+from tunix_rt.train.data import DataPosition, SeededOrder, collate, weighted_spans
 from tunix_rt.train.engine import Engine, Objective
-from tunix_rt.train.run import fault_point
+from tunix_rt.train.faults import fault_point
 
 
 @dataclass
@@ -170,14 +170,10 @@ class GRPO:
                 continue
             rows = [[Rendered(f"r{s + k}", list(p) + list(ids), [0] * len(p) + [1] * len(ids), len(p), "", "")]
                     for k, (p, ids, _a, _t) in enumerate(part)]
-            b = collate(rows, self.tok.pad_id)
-            b.coef = np.zeros(b.labels.shape, np.float32)
-            b.aux = {"adv": np.zeros(b.labels.shape, np.float32)}
-            for k, (p, ids, a, _t) in enumerate(part):
-                at = slice(len(p) - 1, len(p) - 1 + len(ids))  # position t predicts token t + 1
-                b.coef[k, at] = coef[s + k, :len(ids)]
-                b.aux["adv"][k, at] = a
-            batches.append(b)
+            # position t predicts token t + 1
+            spans = [(k, slice(len(p) - 1, len(p) - 1 + len(ids)), coef[s + k, :len(ids)], a)
+                     for k, (p, ids, a, _t) in enumerate(part)]
+            batches.append(weighted_spans(collate(rows, self.tok.pad_id), spans))
         return batches
 
     def _shared_batch(self, part: list, owner: list[int], coef: np.ndarray):
@@ -192,13 +188,8 @@ class GRPO:
             rows[-1][1].append(ids)
             where.append((len(rows) - 1, len(rows[-1][1]) - 1))
         b, starts = collate_shared(rows, self.tok.pad_id)
-        b.coef = np.zeros(b.labels.shape, np.float32)
-        b.aux = {"adv": np.zeros(b.labels.shape, np.float32)}
-        for k, ((_p, ids, a, _t), (r, j)) in enumerate(zip(part, where)):
-            at = slice(starts[r][j], starts[r][j] + len(ids))
-            b.coef[r, at] = coef[k, :len(ids)]
-            b.aux["adv"][r, at] = a
-        return b
+        return weighted_spans(b, [(r, slice(starts[r][j], starts[r][j] + len(ids)), coef[k, :len(ids)], a)
+                                  for k, ((_p, ids, a, _t), (r, j)) in enumerate(zip(part, where))])
 
     def metrics(self, groups: list[Group], drawn: int, results: list, batches: list) -> dict[str, Any]:
         """The step's row: loss and gradient norm of the last update, rewards (total and each),

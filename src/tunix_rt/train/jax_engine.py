@@ -30,134 +30,24 @@ the same files as one process. GRPO (rollouts) runs in one process only.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.jax_devices import (check_mesh_spans_processes, device_facts, maybe_init_distributed,
+                                  peak_memory_bytes, select_devices)
 from tunix_rt.models.jax_loader import place
+from tunix_rt.rundir import ADAPTER, MERGED
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
+from tunix_rt.train.methods import rolls_out
 
-PLATFORMS = {"auto": None, "cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}
-HOW_TO_GET = {
-    "tpu": "on Kaggle set Accelerator to TPU v3-8 / v5e-8 (Notebook options); elsewhere run on a "
-           "TPU VM with `pip install jax[tpu]`",
-    "gpu": "install a CUDA build of jaxlib (`pip install jax[cuda12]`) on a machine where "
-           "`nvidia-smi` lists a GPU",
-    "cpu": "the CPU backend is always built in; check JAX_PLATFORMS",
-}
 #: batch widths are rounded up to a multiple of this (one compilation per width)
 WIDTH_BUCKET = 64
 WEIGHTS, OPTIMIZER, RNG = "weights.safetensors", "optimizer.safetensors", "rng.safetensors"
-
-
-# --------------------------------------------------------------------------- devices
-
-def maybe_init_distributed() -> bool:
-    """Join a multi-host run when the environment describes one (a coordinator address, or
-    a TPU pod slice with several workers). Must run before JAX touches a backend."""
-    import jax
-
-    pod = len([h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
-    if not (os.environ.get("JAX_COORDINATOR_ADDRESS") or pod):
-        return False
-    if jax.distributed.is_initialized():
-        return True
-    jax.distributed.initialize()
-    return True
-
-
-def select_devices(device: str) -> list:
-    """The devices of the asked platform; a clear error saying what exists when it is absent."""
-    import jax
-
-    want = PLATFORMS[device]
-    if want is None:
-        return jax.devices()
-    try:
-        found = jax.devices(want)
-    except RuntimeError:
-        found = []
-    if not found:
-        have = jax.devices()
-        names = ", ".join(sorted({str(d.device_kind) for d in have}))
-        raise BadInput(
-            f"--device {device}: JAX found no {want.upper()} device; it sees {len(have)} "
-            f"{have[0].platform} device(s) ({names}). To get one: {HOW_TO_GET[want]}"
-        )
-    return found
-
-
-def check_mesh_spans_processes(shape, devices) -> None:
-    """Several processes: the mesh must hold devices of every one of them (a process without
-    a device in it would have nothing to run)."""
-    import jax
-
-    from tunix_rt.models.jax_loader import make_mesh
-
-    mesh = make_mesh(shape, devices)
-    held = {d.process_index for d in mesh.devices.flat}
-    if len(held) < jax.process_count():
-        raise BadInput(f"mesh {dict(mesh.shape)} holds devices of {len(held)} of the {jax.process_count()} processes; "
-                       f"with several processes the mesh must span them all (fsdp x tp = {len(devices)}, "
-                       "or mesh=auto)")
-
-
-def device_facts(devices) -> dict[str, Any]:
-    """The devices of the run (every process's: `count` is global); several processes add
-    `processes`."""
-    import jax
-
-    facts = {
-        "platform": devices[0].platform,
-        "count": len(devices),
-        "process_count": jax.process_count(),
-        "names": [f"{d.platform}:{d.id} {d.device_kind}" for d in devices],
-        "memory_bytes": [_device_limit(d) for d in devices],
-    }
-    if jax.process_count() > 1:
-        facts["processes"] = jax.process_count()
-    return facts
-
-
-def _device_limit(d) -> int:
-    try:
-        stats = (d.memory_stats() if d.process_index == _process_index() else None) or {}
-    except Exception:  # the CPU backend has no memory stats
-        stats = {}
-    if stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
-    import psutil
-
-    return int(psutil.virtual_memory().total)
-
-
-def _process_index() -> int:
-    import jax
-
-    return jax.process_index()
-
-
-def peak_memory_bytes(devices) -> int:
-    """Accelerators: the largest peak bytes in use of any device; CPU: peak RSS. (Several
-    processes: of this process's devices, and its RSS.)"""
-    from tunix_rt.files import peak_rss_bytes
-
-    peaks = []
-    for d in devices:
-        if d.process_index != _process_index():
-            continue
-        try:
-            peaks.append(int((d.memory_stats() or {}).get("peak_bytes_in_use", 0)))
-        except Exception:
-            peaks.append(0)
-    if max(peaks, default=0) > 0:
-        return max(peaks)
-    return peak_rss_bytes()
 
 
 # --------------------------------------------------------------------------- model, LoRA, optimizer
@@ -260,7 +150,7 @@ class JaxEngine:
         from tunix_rt.train.common import check_dtype, tune_cpu_allocator
 
         maybe_init_distributed()
-        if dist.world() > 1 and self.cfg.method != "sft":
+        if dist.world() > 1 and rolls_out(self.cfg.method):
             raise BadInput(f"method={self.cfg.method} on the JAX engine runs in one process; multi-process JAX "
                            "training supports method=sft (or use --engine torch under torchrun)")
         self.devs = select_devices(self.cfg.device)
@@ -372,7 +262,7 @@ class JaxEngine:
         import jax
         import jax.numpy as jnp
 
-        from tunix_rt.train.run import fault_point
+        from tunix_rt.train.faults import fault_point
 
         grad_fn = self._fn(("grad", objective), lambda: self._grad_fn(objective))
         add = self._fn("add", lambda: jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,)))
@@ -539,12 +429,12 @@ class JaxEngine:
                 return out
             model = nnx.merge(self.eval_graph, params, self.rngs, self.rest)  # export reads only the params
         if cfg.finetune == "lora":
-            out["adapter"] = str(export.publish(final_dir / "adapter", lambda d: export.export_adapter(
+            out[ADAPTER] = str(export.publish(final_dir / ADAPTER, lambda d: export.export_adapter(
                 model, self.model_dir, d, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets,
                 weight_qtype=cfg.lora_weight_qtype)))
         if cfg.finetune == "full" or cfg.merge:
             scale = cfg.lora_alpha / cfg.lora_rank if cfg.finetune == "lora" else None
-            out["merged"] = str(export.publish(final_dir / "merged", lambda d: export.export_merged(
+            out[MERGED] = str(export.publish(final_dir / MERGED, lambda d: export.export_merged(
                 model, self.family, self.model_dir, d, scale)))
         return out
 

@@ -197,9 +197,11 @@ class ObjectiveModule(torch.nn.Module):
     in DDP or sharded with FSDP2 when several processes train), so every trainable parameter,
     the tied head included, is used inside one forward, where FSDP2 has gathered it."""
 
-    def __init__(self, model: torch.nn.Module, loss_impl: str = "chunked", chunk_bytes: int = DEFAULT_CHUNK_BYTES):
+    def __init__(self, model: torch.nn.Module, loss_impl: str = "chunked", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 *, attn: str):
         super().__init__()
         self.model, self.loss_impl, self.chunk_bytes = model, loss_impl, chunk_bytes
+        self.attn = attn  # the attention implementation the model was loaded with (its masks differ)
 
     def base(self) -> torch.nn.Module:
         """The transformers model (under a PEFT wrapper, when LoRA is applied)."""
@@ -214,8 +216,8 @@ class ObjectiveModule(torch.nn.Module):
     def forward(self, t: dict[str, torch.Tensor], objective: Objective = NLL, logprobs: bool = False):
         inputs = {"input_ids": t["input_ids"], "position_ids": t["position_ids"], "use_cache": False}
         if "segments" in t:
-            inputs["attention_mask"] = shared_prefix_masks(self.base().config, t["segments"], t["position_ids"],
-                                                           self.head().dtype)
+            inputs["attention_mask"] = shared_prefix_masks(self.base().config, self.attn, t["segments"],
+                                                           t["position_ids"], self.head().dtype)
         if self.loss_impl == "plain" and not logprobs:
             logits = self.model(**inputs).logits
             return plain_objective(logits, t["labels"], t["coef"], policy_aux(t, objective), objective), \
@@ -241,7 +243,7 @@ def policy_aux(t: dict[str, torch.Tensor], objective: Objective) -> torch.Tensor
 SHARED_PREFIX_ATTENTION = ("sdpa", "eager")
 
 
-def shared_prefix_masks(config, segments: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+def shared_prefix_masks(config, attn: str, segments: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
     """The 4D masks of rows that share a prefix (data.collate_shared): a query attends to the
     earlier keys of its own segment and, outside the padding, to the whole prefix (segment 0);
     sliding-window layers also drop keys `sliding_window` positions or more behind, measured
@@ -260,9 +262,9 @@ def shared_prefix_masks(config, segments: torch.Tensor, positions: torch.Tensor,
         if kind == "sliding_attention" and window:
             m = m & ((positions[:, :, None] - positions[:, None, :]) < window)
         m = m[:, None]
-        if config._attn_implementation == "eager":
+        if attn == "eager":
             m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
-        elif config._attn_implementation != "sdpa":
-            raise ValueError(f"no shared-prefix mask for attention {config._attn_implementation!r}")
+        elif attn != "sdpa":
+            raise ValueError(f"no shared-prefix mask for attention {attn!r}")
         out[kind] = m
     return out if types else out["full_attention"]

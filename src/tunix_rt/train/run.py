@@ -40,31 +40,10 @@ from tunix_rt.fence import LeaseLost
 from tunix_rt.files import write_bytes_atomic, write_json_atomic
 from tunix_rt.home import Home
 from tunix_rt.registry.liveness import process_identity  # who writes it: `registry sync` asks
+from tunix_rt.rundir import CONFIG, DATA_ORDER, LOSS_PLOT, MANIFEST, METRICS, TENSORBOARD, reward_curves
 from tunix_rt.train import dist
+from tunix_rt.train.checkpoint import DIGEST_EXEMPT
 from tunix_rt.train.config import TrainConfig
-
-MANIFEST = "run_manifest.json"
-METRICS = "metrics.jsonl"
-DATA_ORDER = "data_order.jsonl"
-
-_FAULT_COUNTS: dict[str, int] = {}
-
-
-def fault_point(name: str) -> None:
-    """Test hook for crash safety: with TUNIX_RT_FAULT=<name>@<n>, the n-th time this process
-    reaches the point named <name> it kills itself with SIGKILL (no cleanup can run);
-    <name>@<n>:SIGSTOP freezes it there instead (a worker paused past its lease).
-    TUNIX_RT_FAULT_RANK=<r> limits it to process r of a multi-process run."""
-    spec = os.environ.get("TUNIX_RT_FAULT")
-    if not spec or not spec.startswith(name + "@"):
-        return
-    only = os.environ.get("TUNIX_RT_FAULT_RANK")
-    if only is not None and int(only) != dist.rank():
-        return
-    count, _, sig = spec.split("@", 1)[1].partition(":")
-    _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1
-    if _FAULT_COUNTS[name] == int(count):
-        os.kill(os.getpid(), getattr(signal, sig or "SIGKILL"))
 
 
 def new_run_id(cfg: TrainConfig, home: Home) -> str:
@@ -111,7 +90,7 @@ class RunDir:
         run_id = new_run_id(cfg, home)
         tmp = home.runs / f".tmp-{run_id}"
         tmp.mkdir(parents=True)
-        write_bytes_atomic(tmp / "config.yaml", cfg.to_yaml().encode())
+        write_bytes_atomic(tmp / CONFIG, cfg.to_yaml().encode())
         run = cls(home.runs / run_id, {
             "run_id": run_id,
             "command": " ".join(sys.argv) if sys.argv and sys.argv[0] else "python api: tunix_rt.train",
@@ -143,7 +122,7 @@ class RunDir:
             write_json_atomic(self.path / MANIFEST, self.manifest)
 
     def config(self) -> TrainConfig:
-        return TrainConfig.load(self.path / "config.yaml")
+        return TrainConfig.load(self.path / CONFIG)
 
     @staticmethod
     def _clean(obj: Any) -> Any:
@@ -242,7 +221,7 @@ class MetricsLog:
         self.order_path = run_dir / DATA_ORDER
         for p in (self.path, self.order_path):
             _truncate_after(p, resume_step)
-        self.tb = summary_writer(run_dir / "tensorboard", resume_step + 1 if resume_step else None)
+        self.tb = summary_writer(run_dir / TENSORBOARD, resume_step + 1 if resume_step else None)
         self._indexed_at = float("-inf")
 
     def log(self, record: dict[str, Any]) -> None:
@@ -366,23 +345,11 @@ def plot_loss(run_dir: Path) -> Path:
         rx.grid(alpha=0.3)
         rx.legend(fontsize=8)
     fig.tight_layout()
-    out = run_dir / "loss.png"
-    tmp = run_dir / ".loss.png.tmp"
+    out = run_dir / LOSS_PLOT
+    tmp = run_dir / f".{LOSS_PLOT}.tmp"
     fig.savefig(tmp, format="png")
     plt.close(fig)
     os.replace(tmp, out)
-    return out
-
-
-def reward_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """{"reward": [(step, mean total)], "reward_<name>": [...]} of an RL run's rows ({} for SFT)."""
-    out: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if "loss" not in r:
-            continue
-        for key, value in r.items():
-            if key == "reward" or key.startswith("reward_"):
-                out.setdefault(key, []).append((r["step"], value))
     return out
 
 
@@ -399,8 +366,6 @@ def open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "
 
 
 def _open_run(cfg: TrainConfig, home: Home, resume: str | None, engine: str) -> "RunDir":
-    from tunix_rt.train.checkpoint import DIGEST_EXEMPT
-
     if not resume:
         return RunDir.create(cfg, home, engine)
     run = RunDir.open(resolve_run(resume, home))

@@ -30,10 +30,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.rundir import ADAPTER, MERGED
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
-from tunix_rt.train.run import fault_point
+from tunix_rt.train.faults import fault_point
 
 
 class TorchEngine:
@@ -78,8 +79,9 @@ class TorchEngine:
         from tunix_rt.train.loss import ObjectiveModule
 
         self.model_dir, self.tok = Path(model_dir), tok
-        self.model = load_model(self.cfg, self.model_dir, self.device)
-        self.module = ObjectiveModule(self.model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes)
+        attn = attention_of(self.model_dir)
+        self.model = load_model(self.cfg, self.model_dir, self.device, attn)
+        self.module = ObjectiveModule(self.model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes, attn=attn)
         self.step_module = parallelize(self.module, self.cfg, self.device)
         self.trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad}  # FSDP2: shards
         params = list(self.trainable.values())
@@ -95,7 +97,7 @@ class TorchEngine:
         and a shared-prefix row holds a whole group, so several processes would idle."""
         from tunix_rt.train.loss import SHARED_PREFIX_ATTENTION
 
-        return dist.world() == 1 and self.module.base().config._attn_implementation in SHARED_PREFIX_ATTENTION
+        return dist.world() == 1 and self.module.attn in SHARED_PREFIX_ATTENTION
 
     @property
     def head_weight(self):
@@ -262,12 +264,12 @@ class TorchEngine:
         if not dist.is_main():
             return out
         if self.cfg.finetune == "lora":
-            out["adapter"] = str(export.publish(final_dir / "adapter",
-                                                lambda d: self.model.save_pretrained(d, safe_serialization=True)))
+            out[ADAPTER] = str(export.publish(final_dir / ADAPTER,
+                                              lambda d: self.model.save_pretrained(d, safe_serialization=True)))
         if self.cfg.finetune == "full" or self.cfg.merge:
             model = self.model.merge_and_unload() if self.cfg.finetune == "lora" else self.model
-            out["merged"] = str(export.publish(final_dir / "merged",
-                                               lambda d: export.save_hf(model, self.model_dir, d)))
+            out[MERGED] = str(export.publish(final_dir / MERGED,
+                                             lambda d: export.save_hf(model, self.model_dir, d)))
         return out
 
     def _export_sharded(self, final_dir: Path) -> dict[str, str]:
@@ -283,8 +285,8 @@ class TorchEngine:
         tied = ({n for n, _ in self.model.named_parameters(remove_duplicate=False)}
                 - {n for n, _ in self.model.named_parameters()})  # the head, when tied to the embedding
         full = {k: v for k, v in full.items() if k not in tied}
-        return {"merged": str(export.publish(final_dir / "merged",
-                                             lambda d: export.save_hf(self.model, self.model_dir, d, full)))}
+        return {MERGED: str(export.publish(final_dir / MERGED,
+                                           lambda d: export.save_hf(self.model, self.model_dir, d, full)))}
 
     def peak_memory_bytes(self) -> int:
         import torch
@@ -463,16 +465,22 @@ def resolve_device(cfg: TrainConfig):
     return torch.device("cpu")
 
 
-def load_model(cfg: TrainConfig, model_dir: Path, device):
-    """The HF causal LM, with a LoRA adapter (PEFT) or every weight trainable."""
-    import torch
+def attention_of(model_dir: Path) -> str:
+    """The attention implementation the model is trained with: sdpa cannot soft-cap attention
+    logits (Gemma 2), so eager there, sdpa otherwise."""
     from transformers import AutoConfig
+
+    hf_cfg = AutoConfig.from_pretrained(model_dir)
+    return "eager" if getattr(hf_cfg, "attn_logit_softcapping", None) else "sdpa"
+
+
+def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
+    """The HF causal LM, with a LoRA adapter (PEFT) or every weight trainable, loaded with
+    the attention implementation `attn` (attention_of)."""
+    import torch
 
     from tunix_rt.models.hf import load_causal_lm
 
-    hf_cfg = AutoConfig.from_pretrained(model_dir)
-    # sdpa cannot soft-cap attention logits (Gemma 2): eager there, sdpa otherwise.
-    attn = "eager" if getattr(hf_cfg, "attn_logit_softcapping", None) else "sdpa"
     model = load_causal_lm(model_dir, dtype=cfg.dtype, device=str(device.type), attn=attn)
     torch.manual_seed(cfg.seed)  # LoRA initialisation is seeded
     if cfg.finetune == "lora":

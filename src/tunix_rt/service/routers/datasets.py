@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, HTTPException, UploadFile
 
 from tunix_rt.registry import queries, queue
-from tunix_rt.registry.handlers import NAME, UPLOADS_DIR
+from tunix_rt.registry.jobs import NAME, UPLOADS_DIR
 from tunix_rt.service.deps import SettingsDep, paged
 from tunix_rt.service.schemas import DatasetDetail, DatasetPublic, UploadAccepted
 

@@ -8,7 +8,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 
 from tunix_rt.errors import BadInput
 from tunix_rt.registry import queries, queue
-from tunix_rt.registry.handlers import home_run
+from tunix_rt.registry.jobs import home_run
 from tunix_rt.registry.queries import NotFound
 from tunix_rt.service.artifacts import list_artifacts, resolve_artifact, run_root
 from tunix_rt.service.deps import Position, SettingsDep, paged

@@ -4,7 +4,7 @@ The system we replace lost weeks to "Used 28.59G of 15.75G hbm" (Gemma 2B, full 
 one 16 GB v5e chip). A plan answers that before compiling: an analytic estimate of every
 item that lives on a device at the peak of a training step, itemised, and, for the JAX
 engine, XLA's own figure for the real train step lowered with abstract shapes
-(`tunix_rt.plan_xla`, run in a subprocess because it fakes devices).
+(`tunix_rt.plan.xla`, run in a subprocess because it fakes devices).
 
 What the analytic model counts (bytes per device). Several devices: the JAX engine shards
 weights, gradients and optimizer state over its (fsdp, tp) mesh; the torch engine runs as
@@ -73,13 +73,12 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field, replace
-from typing import Annotated, Any, Optional
-
-import typer
+from typing import Any
 
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.models.catalog import PRESETS, Preset, get_preset
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
+from tunix_rt.train.methods import rolls_out
 
 GiB = 1024**3
 MiB = 1024**2
@@ -540,7 +539,7 @@ def _workspace_parts(inp: PlanInputs, f: _Facts, device: DeviceSpec) -> dict[str
     """Per device, beyond the model's own state:
     - JAX FSDP all-gathers each weight where it is used. XLA merges the forward's gather with
       the backward's (same sharded input), so each layer's gathered weights live from its
-      forward to its backward, remat or not: measured with XLA's CPU compiler (plan_xla),
+      forward to its backward, remat or not: measured with XLA's CPU compiler (plan.xla),
       the whole model unsharded at the peak. A TPU's scheduler may do better; we plan for it.
     - torch FSDP2 (`fully_shard` on each decoder layer and on the root, which holds the tied
       embedding): the root's weights stay gathered from forward to backward (FSDP2 does not
@@ -889,8 +888,10 @@ def resolve_preset(model: str) -> Preset:
         return PRESETS[model]
     from pathlib import Path
 
+    from tunix_rt.files import MODEL_MANIFEST
+
     path = Path(model)
-    manifest = path / "tunix_rt_model.json"
+    manifest = path / MODEL_MANIFEST
     if manifest.is_file():
         name = json.loads(manifest.read_text(encoding="utf-8")).get("preset")
         if name in PRESETS:
@@ -997,7 +998,7 @@ def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None
         grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip, loss_impl=cfg.loss_impl,
         loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
         **({"rl_prompts": cfg.rl_prompts, "group_size": cfg.group_size,
-            "rollout_tokens": cfg.rollout_max_new_tokens} if cfg.method == "grpo" else {}),
+            "rollout_tokens": cfg.rollout_max_new_tokens} if rolls_out(cfg.method) else {}),
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
 
@@ -1011,7 +1012,7 @@ def xla_estimate(inp: PlanInputs, timeout: float = 300.0) -> dict[str, Any]:
     env["JAX_PLATFORMS"] = "cpu"
     payload = json.dumps({**asdict(inp), "lora_targets": list(inp.lora_targets)})
     try:
-        proc = subprocess.run([sys.executable, "-m", "tunix_rt.plan_xla", payload], env=env,
+        proc = subprocess.run([sys.executable, "-m", "tunix_rt.plan.xla", payload], env=env,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise TunixRtError(f"the XLA estimate took longer than {timeout:.0f} s") from None
@@ -1020,73 +1021,3 @@ def xla_estimate(inp: PlanInputs, timeout: float = 300.0) -> dict[str, Any]:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise TunixRtError("the XLA estimate failed:\n" + "\n".join(tail))
     return json.loads(lines[-1])
-
-
-# --------------------------------------------------------------------------- CLI
-
-def plan_command(xla: bool | None, as_json: bool, **fields) -> None:
-    """`tunix-rt plan`: print the plan (rich table, verdict, suggestions) or its JSON.
-    `fields` are PlanInputs' with engine and dtype possibly "auto"."""
-    fields["engine"] = resolve_engine(fields["engine"], fields["device"])
-    if fields["dtype"] == "auto":  # what a run on that device would use: bf16 where it is native
-        spec = resolve_device(fields["device"])
-        fields["dtype"] = "bf16" if spec.bf16 and spec.kind != "cpu" else "fp32"
-    inp = PlanInputs(**fields)
-    run_xla = inp.engine == "jax" if xla is None else xla
-    if run_xla and inp.engine != "jax":
-        raise BadInput("--xla needs --engine jax (it compiles the JAX train step)")
-    if as_json:
-        plan = make_plan(inp, xla=run_xla)
-        print(json.dumps(plan.to_json()))
-        return
-    from rich.console import Console
-
-    console = Console()
-    if run_xla:
-        with console.status(f"compiling the JAX train step on {inp.devices} fake CPU device(s) for XLA's estimate…"):
-            plan = make_plan(inp, xla=True)
-    else:
-        plan = make_plan(inp)
-    console.print(plan.renderable())
-
-
-def plan_cmd(
-    model: Annotated[str, typer.Option("--model", help="Catalog preset or model directory.")],
-    method: Annotated[str, typer.Option("--method", help="lora or full.")] = "lora",
-    seq: Annotated[int, typer.Option("--seq", help="Sequence length (tokens).")] = 512,
-    batch: Annotated[int, typer.Option("--batch", help="Sequences per micro-batch, over all devices.")] = 4,
-    device: Annotated[str, typer.Option("--device", help="cpu, cuda, or a named kind: " + ", ".join(DEVICES))] = "cpu",
-    devices: Annotated[int, typer.Option("--devices", help="Devices (JAX: the fsdp x tp mesh; torch: torchrun ranks).")] = 1,
-    strategy: Annotated[str, typer.Option("--strategy", help="Several devices: fsdp (shard weights, gradients, optimizer) or ddp (torch: replicas); auto: fsdp for JAX and full fine-tuning, ddp for torch LoRA.")] = "auto",
-    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw or adafactor.")] = "adamw",
-    dtype: Annotated[str, typer.Option("--dtype", help="Parameter dtype: fp32, bf16 or auto (bf16 on TPUs and bf16 GPUs).")] = "auto",
-    engine: Annotated[str, typer.Option("--engine", help="torch, jax or auto (train's rule: jax on TPUs, torch where it is installed).")] = "auto",
-    remat: Annotated[bool, typer.Option("--remat/--no-remat", help="Rematerialise layer activations in backward.")] = False,
-    donate: Annotated[bool, typer.Option("--donate/--no-donate", help="JAX: the step donates the model, as our engine does (--no-donate: Tunix's PeftTrainer, old and new weights both live).")] = True,
-    lora_rank: Annotated[int, typer.Option("--lora-rank", help="LoRA rank.")] = 16,
-    weight_qtype: Annotated[Optional[str], typer.Option("--weight-qtype", help="QLoRA base weights: nf4 or int8 (JAX).")] = None,
-    grad_accum: Annotated[int, typer.Option("--grad-accum", help="Micro-batches per optimizer step.")] = 1,
-    grad_clip: Annotated[float, typer.Option("--grad-clip", help="Global-norm clip (0: none; JAX then streams gradients into the update).")] = 1.0,
-    loss_chunk_bytes: Annotated[int, typer.Option("--loss-chunk-bytes", help="Bytes of one chunk's fp32 logits in the chunked loss (train config loss_chunk_bytes).")] = DEFAULT_CHUNK_BYTES,
-    rl_prompts: Annotated[Optional[int], typer.Option("--rl-prompts", help="RL step (GRPO): prompts per step (rl_prompts); with --group-size and --rollout-tokens.")] = None,
-    group_size: Annotated[Optional[int], typer.Option("--group-size", help="RL step: completions sampled per prompt (group_size).")] = None,
-    rollout_tokens: Annotated[Optional[int], typer.Option("--rollout-tokens", help="RL step: most new tokens per completion (rollout_max_new_tokens); prompts get --seq minus these.")] = None,
-    xla: Annotated[Optional[bool], typer.Option("--xla/--no-xla", help="Also ask XLA (JAX engine only; on by default there).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-) -> None:
-    """Predict peak bytes per device of a training step (SFT, or with --rl-prompts,
-    --group-size and --rollout-tokens an RL step: rollouts, then the update), say whether it
-    fits and what would."""
-    rl = (rl_prompts, group_size, rollout_tokens)
-    if any(v is not None for v in rl) and any(v is None for v in rl):
-        raise BadInput("plan: an RL step needs --rl-prompts, --group-size and --rollout-tokens together")
-    plan_command(xla, as_json, model=model, method=method, seq=seq, batch=batch, device=device,
-                 devices=devices, strategy=strategy, optimizer=optimizer, dtype=dtype, engine=engine,
-                 remat=remat, donate=donate, lora_rank=lora_rank, weight_qtype=weight_qtype,
-                 grad_accum=grad_accum, grad_clip=grad_clip, loss_chunk_bytes=loss_chunk_bytes,
-                 rl_prompts=rl_prompts or 0, group_size=group_size or 0, rollout_tokens=rollout_tokens or 0)
-
-
-def register(app) -> None:
-    """Mount `plan` on the root Typer app (one line in cli._mount)."""
-    app.command("plan")(plan_cmd)

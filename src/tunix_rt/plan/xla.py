@@ -1,6 +1,6 @@
 """XLA's own memory estimate of the JAX engine's train step, with no weight allocated.
 
-    python -m tunix_rt.plan_xla '<PlanInputs as JSON>'   # prints one JSON line
+    python -m tunix_rt.plan.xla '<PlanInputs as JSON>'   # prints one JSON line
 
 The step is the engine's: Tunix's Gemma (`models.jax_loader`: the config built from the
 preset's config.json fields, hidden states without the vocabulary head), qwix LoRA/QLoRA
@@ -19,7 +19,7 @@ What the CPU compiler does differently from a TPU's: Tunix skips its activation 
 constraints on CPU, so we apply them (`_force_activation_sharding`), and we ask for XLA's
 memory-optimised CPU scheduler. It still keeps more all-gathered FSDP weights alive at once
 than a TPU's memory-aware scheduler would, so on many devices this estimate is an upper
-bound (see plan.py and the tests for measured agreement). bf16 has no matmul on most CPUs:
+bound (see tunix_rt.plan and the tests for measured agreement). bf16 has no matmul on most CPUs:
 a bf16 plan for an accelerator is compiled in f16 with XLA:CPU's dot upcast off
 (`_sixteen_bit`). Without donation XLA:CPU computes each new weight into its output buffer
 in place of the gradient's temporary, so its figure barely grows (Gemma 2B fp32 Adafactor
@@ -250,7 +250,7 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tunix_rt.plan_xla '<PlanInputs JSON>'", file=sys.stderr)
+        print("usage: python -m tunix_rt.plan.xla '<PlanInputs JSON>'", file=sys.stderr)
         return 2
     spec = json.loads(argv[0])
     _setup_env(spec)
