@@ -169,3 +169,10 @@ def test_resume_ignores_uncommitted_and_refuses_what_cannot_continue(home, tmp_p
             train(cfg, home, resume=run.name)
         assert {f: (run / f).read_bytes() for f in before} == before, key
     assert yaml.safe_load((run / "config.yaml").read_text())["max_steps"] == 3
+
+
+def test_the_config_digest_ignores_what_a_resume_may_change():
+    base = TrainConfig.load("smoke", [])
+    assert checkpoint.config_digest(base) == checkpoint.config_digest(
+        TrainConfig.load("smoke", ["reward_timeout_s=3", "log_interval=7"]))
+    assert checkpoint.config_digest(base) != checkpoint.config_digest(TrainConfig.load("smoke", ["lr=0.01"]))

@@ -52,7 +52,9 @@ STATE = "state.json"
 #: config fields that may differ between a checkpoint and the run resuming it: how a run is
 #: watched or exported, and engine/device as asked (what they resolve to is checked apart:
 #: state.json's engine and device_kind must match the resuming process's)
-DIGEST_EXEMPT = ("force", "merge", "log_interval", "engine", "device")
+# fields a resume may change: they do not change what is trained (reward_timeout_s came after
+# runs whose digests hold no such field, so it must stay out for them to resume)
+DIGEST_EXEMPT = ("force", "merge", "log_interval", "engine", "device", "reward_timeout_s")
 
 
 def step_dir(run_dir: Path, step: int) -> Path:
