@@ -53,6 +53,15 @@ def test_bad_values_exit_2_naming_the_field_and_leave_no_run_directory(home, tmp
         assert sorted(p.name for p in home.runs.iterdir()) == [], overrides  # no .tmp-*, no failed run
 
 
+def test_jax_lora_targets_that_split_a_fused_projection_leave_no_run_directory(home, tmp_path, capsys, monkeypatch):
+    code, err = _train([f"dataset={write_traces(tmp_path / 'traces.jsonl', 8)}", "split=all", "eval_split=all",
+                        "batch_size=2", "max_steps=2", "device=cpu", "engine=jax", "lora_targets=[q_proj,k_proj]"],
+                       capsys, monkeypatch)
+    said = " ".join(err.split())
+    assert code == 2 and "Tunix's Gemma fuses ['k_proj', 'v_proj'] into kv_einsum" in said, err[-2000:]
+    assert sorted(p.name for p in home.runs.iterdir()) == []
+
+
 def test_a_failure_once_the_run_is_under_way_is_recorded_failed(home, tmp_path):
     from tunix_rt.train.config import TrainConfig
     from tunix_rt.train.driver import train

@@ -48,6 +48,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
         "model and dataset import", lambda: (ensure_model(cfg.model, home), load_dataset(cfg.dataset, home).sha256))
     identity = {"engine": name, "device_kind": facts["platform"], "model_sha256": weights_sha256(model_dir),
                 "dataset_sha256": dataset_sha, "config_digest": checkpoint.config_digest(cfg)}
+    engine.check_model(model_dir)
     tok = load_tokenizer(cfg.model, home)
     method = make_method(cfg, home, tok)
     cfg.check_total_steps(method.total_steps)  # with epochs, the step count is known only now

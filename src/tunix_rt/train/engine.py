@@ -75,7 +75,7 @@ class Engine(Protocol):
     """What the driver and the methods use of an engine.
 
     Lifecycle: `Engine(cfg)` → `devices()` (resolve and check the device; facts for the
-    manifest) → `setup(model_dir, tok)` → [`restore(dir, state)`] → `train_step` ... →
+    manifest) → `check_model(model_dir)` → `setup(model_dir, tok)` → [`restore(dir, state)`] → `train_step` ... →
     `save(dir)` at intervals → `export(final_dir)`.
     """
 
@@ -84,6 +84,10 @@ class Engine(Protocol):
     def devices(self) -> dict[str, Any]:
         """Resolve cfg.device to this engine's devices and refuse what cannot run (bf16 on a
         CPU, a device that is absent): platform, count, names, memory_bytes."""
+
+    def check_model(self, model_dir: Path) -> None:
+        """Refuse, before a run directory exists, what this engine cannot train on this model
+        under cfg (read from config.json; nothing is loaded)."""
 
     def setup(self, model_dir: Path, tok: "ChatTokenizer") -> dict[str, Any]:
         """Load the model (LoRA applied or every weight trainable) and the optimizer. Returns

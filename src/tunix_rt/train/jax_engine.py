@@ -163,6 +163,14 @@ class JaxEngine:
         return facts
 
     # ------------------------------------------------------------------ setup
+    def check_model(self, model_dir: Path) -> None:
+        """LoRA targets that Tunix's Gemma fuses (k and v, or q, k and v) go together."""
+        from tunix_rt.models.jax_loader import read_hf_config
+
+        if self.cfg.finetune == "lora":
+            hf = read_hf_config(model_dir)
+            lora_module_path(self.cfg, int(hf["num_attention_heads"]), int(hf["num_key_value_heads"]))
+
     def setup(self, model_dir: Path, tok) -> dict[str, Any]:
         import jax
         from flax import nnx

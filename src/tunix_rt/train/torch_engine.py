@@ -51,6 +51,10 @@ class TorchEngine:
         self.model_dir: Path | None = None
         self.tok = None
 
+    def check_model(self, model_dir: Path) -> None:
+        """Nothing to refuse here: PEFT targets any subset of the projections, and the plan
+        has checked the LoRA rank."""
+
     # ------------------------------------------------------------------ devices
     def devices(self) -> dict[str, Any]:
         import torch
