@@ -7,7 +7,8 @@ from dataclasses import fields
 import pytest
 
 from tunix_rt.errors import BadInput
-from tunix_rt.train.config import PRESET_DIR, RANGES, TrainConfig
+from tunix_rt.eval.generate import DECODE_RANGES, DecodeConfig
+from tunix_rt.train.config import PRESET_DIR, RANGES, ROLLOUT, TrainConfig
 
 
 @pytest.mark.parametrize("preset", sorted(p.stem for p in PRESET_DIR.glob("*.yaml")))
@@ -75,7 +76,10 @@ FLOATS = [f.name for f in fields(TrainConfig) if str(f.type).startswith("float")
 
 
 def test_every_numeric_field_has_a_range():
-    assert set(NUMERIC) == set(RANGES), set(NUMERIC) ^ set(RANGES)
+    # the rollout_* decoding settings have DecodeConfig's ranges (one place), the rest RANGES
+    assert set(RANGES).isdisjoint(ROLLOUT)
+    assert set(NUMERIC) == set(RANGES) | set(ROLLOUT), set(NUMERIC) ^ (set(RANGES) | set(ROLLOUT))
+    assert set(ROLLOUT.values()) <= set(DECODE_RANGES)
     assert {"lr", "weight_decay", "grad_clip", "lora_alpha", "reward_timeout_s"} <= set(FLOATS)
 
 
@@ -101,6 +105,9 @@ def test_nan_and_infinity_are_refused_in_every_float_field(name, value):
     (["epsilon_high=0"], r"epsilon_high must be > 0 \(or null: epsilon\)"),
     (["rollout_top_p=0"], r"rollout_top_p must be in \(0, 1\]"),
     (["rollout_top_k=-1"], "rollout_top_k must be >= 0"),
+    (["rollout_max_new_tokens=0"], "config: rollout_max_new_tokens must be >= 1, got 0"),
+    (["rollout_temperature=0"], "config: rollout_temperature must be > 0, got 0.0"),
+    (["rollout_temperature=-1"], "config: rollout_temperature must be > 0, got -1.0"),
     (["reward_timeout_s=0"], "reward_timeout_s must be > 0"),
     (["mu=0"], "mu must be >= 1"),
     (["eval_interval=-1"], "eval_interval must be >= 0"),
@@ -120,6 +127,24 @@ def test_an_int_field_set_in_code_must_be_an_integer():
         TrainConfig(dataset="x", batch_size=2.5)
     with pytest.raises(BadInput, match="seed must be a finite number, got True"):
         TrainConfig(dataset="x", seed=True)
+
+
+def test_the_rollout_settings_are_one_decode_config_checked_by_it():
+    cfg = TrainConfig.load("smoke", ["method=grpo", "rollout_max_new_tokens=24", "rollout_temperature=0.7",
+                                     "rollout_top_p=0.9", "rollout_top_k=5"])
+    decode = cfg.rollout_decode(seed=7, batch_size=8)
+    assert decode == DecodeConfig(max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=5, seed=7, batch_size=8)
+    assert cfg.rollout_decode() == DecodeConfig(max_new_tokens=24, temperature=0.7, top_p=0.9, top_k=5,
+                                                seed=0, batch_size=1)
+    # DecodeConfig's own check names the config's keys; it refuses what TrainConfig refuses
+    assert DecodeConfig.problem({"top_p": 0}, prefix="rollout_") == "rollout_top_p must be in (0, 1], got 0"
+    with pytest.raises(BadInput, match="config: rollout_max_new_tokens must be an integer, got 2.5"):
+        TrainConfig(dataset="x", rollout_max_new_tokens=2.5)
+    for bad, needle in [({"temperature": float("nan")}, "temperature must be a finite number, got nan"),
+                        ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer, got 2.5"),
+                        ({"top_k": -1}, "top_k must be >= 0, got -1"), ({"batch_size": 0}, "batch_size must be >= 1")]:
+        with pytest.raises(BadInput, match=needle):
+            DecodeConfig(**bad)
 
 
 def test_the_edges_of_each_range_are_accepted():

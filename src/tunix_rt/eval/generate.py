@@ -37,10 +37,11 @@ transformers forward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.sampling import Key, check_keys, gumbel, row_seed, sample_full
+from tunix_rt.ranges import AT_LEAST_0, AT_LEAST_1, Range, number_problem
 
 if TYPE_CHECKING:  # torch stays out of `tunix-rt --help`
     import torch
@@ -49,6 +50,10 @@ if TYPE_CHECKING:  # torch stays out of `tunix-rt --help`
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+#: every decoding number's range, checked by DecodeConfig (the seed takes any integer)
+DECODE_RANGES: dict[str, Range] = {"max_new_tokens": AT_LEAST_1, "temperature": AT_LEAST_0,
+                                   "top_p": Range(0, 1, low_open=True), "top_k": AT_LEAST_0,
+                                   "batch_size": AT_LEAST_1}
 
 
 @dataclass(frozen=True)
@@ -69,16 +74,21 @@ class DecodeConfig:
     """Prompts decoded together."""
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise BadInput(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.batch_size < 1:
-            raise BadInput(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.temperature < 0:
-            raise BadInput(f"temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise BadInput(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise BadInput(f"top_k must be >= 0, got {self.top_k}")
+        problem = self.problem({name: getattr(self, name) for name in DECODE_RANGES})
+        if problem:
+            raise BadInput(problem)
+
+    @classmethod
+    def problem(cls, values: Mapping[str, Any], prefix: str = "") -> str | None:
+        """The first of `values` (field name -> value) that is not a finite number of its
+        field's type inside its DECODE_RANGES, named `prefix` + field (None: all fine). The
+        training config checks its rollout_* settings here, with prefix "rollout_"."""
+        for name, value in values.items():
+            integer = str(cls.__dataclass_fields__[name].type) == "int"
+            problem = number_problem(prefix + name, value, DECODE_RANGES[name], integer)
+            if problem:
+                return problem
+        return None
 
     @property
     def greedy(self) -> bool:

@@ -7,7 +7,6 @@ file (a path, or the name of a shipped preset in configs/) plus `key=value` over
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -15,6 +14,8 @@ from typing import Any, get_type_hints
 import yaml
 
 from tunix_rt.errors import BadInput
+from tunix_rt.eval.generate import DecodeConfig
+from tunix_rt.ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, Range, is_int, is_number, number_problem
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
 from tunix_rt.train import engines
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
@@ -191,7 +192,7 @@ class TrainConfig:
         if isinstance(self.mesh, str) and self.mesh != "auto":
             raise BadInput(f"config: mesh must be 'auto' or a mapping like {{fsdp: 8, tp: 1}}, got {self.mesh!r}")
         if isinstance(self.mesh, dict):
-            bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or not _is_int(v) or v < 1}
+            bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or not is_int(v) or v < 1}
             if bad:
                 raise BadInput(f"config: mesh axes must be fsdp/tp with sizes >= 1, got {bad}")
 
@@ -201,14 +202,29 @@ class TrainConfig:
             value = getattr(self, name)
             if value is None and name in OPTIONAL:
                 continue
-            if not _is_number(value):
-                raise BadInput(f"config: {name} must be a finite number, got {value!r}")
-            if str(self.__dataclass_fields__[name].type).startswith("int") and not _is_int(value):
-                raise BadInput(f"config: {name} must be an integer, got {value!r}")
-            if not rng.holds(value):
-                raise BadInput(f"config: {name} must be {rng}{OPTIONAL.get(name, '')}, got {value!r}")
+            integer = str(self.__dataclass_fields__[name].type).startswith("int")
+            problem = number_problem(name, value, rng, integer, OPTIONAL.get(name, ""))
+            if problem:
+                raise BadInput(f"config: {problem}")
+        self._check_rollout()
         if self.max_steps is not None:
             self.check_total_steps(self.max_steps)
+
+    def _check_rollout(self) -> None:
+        """The rollout_* settings are a DecodeConfig's and checked by it (named as this config
+        spells them); rollouts also sample, so greedy (temperature 0) is refused: every
+        completion of a group would be the same and no advantage could be learnt."""
+        t = self.rollout_temperature
+        if is_number(t) and not ABOVE_0.holds(t):
+            raise BadInput(f"config: rollout_temperature must be {ABOVE_0}, got {t!r}")
+        problem = DecodeConfig.problem({d: getattr(self, t) for t, d in ROLLOUT.items()}, prefix="rollout_")
+        if problem:
+            raise BadInput(f"config: {problem}")
+
+    def rollout_decode(self, seed: int = 0, batch_size: int = 1) -> DecodeConfig:
+        """The rollouts' decoding: the rollout_* settings, with one generate call's seed and
+        batch size."""
+        return DecodeConfig(seed=seed, batch_size=batch_size, **{d: getattr(self, t) for t, d in ROLLOUT.items()})
 
     def check_total_steps(self, total_steps: int) -> None:
         """warmup_steps fits in the run: with epochs, the driver calls this once the step count
@@ -300,29 +316,8 @@ class TrainConfig:
         return cls.from_dict(data, source=source)
 
 
-@dataclass(frozen=True)
-class Range:
-    """An interval of allowed values (high None: unbounded above)."""
-
-    low: float
-    high: float | None = None
-    low_open: bool = False
-    """low itself is excluded (> low rather than >= low)."""
-    high_open: bool = False
-
-    def holds(self, value: float) -> bool:
-        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
-        return above and below
-
-    def __str__(self) -> str:
-        if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low}"
-        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
-
-
-AT_LEAST_0, AT_LEAST_1, ABOVE_0 = Range(0), Range(1), Range(0, low_open=True)
-#: every numeric field of TrainConfig and its range, checked in __post_init__ (one place)
+#: every numeric field of TrainConfig and its range, checked in __post_init__ (one place);
+#: the rollout_* decoding settings are DecodeConfig's (ROLLOUT) and checked by it
 RANGES: dict[str, Range] = {
     "eval_limit": AT_LEAST_1, "limit": AT_LEAST_1, "lora_rank": AT_LEAST_1, "lora_alpha": ABOVE_0,
     "lora_dropout": Range(0, 1, high_open=True), "lr": ABOVE_0, "warmup_steps": AT_LEAST_0,
@@ -331,23 +326,16 @@ RANGES: dict[str, Range] = {
     "epochs": ABOVE_0, "seed": Range(0, 2 ** 32 - 1),  # every engine's and numpy's seeds take a uint32
     "log_interval": AT_LEAST_1, "eval_interval": AT_LEAST_0, "save_interval": AT_LEAST_0,
     "keep_checkpoints": AT_LEAST_1, "loss_chunk_bytes": AT_LEAST_1,
-    "group_size": AT_LEAST_1, "rl_prompts": AT_LEAST_1, "rollout_max_new_tokens": AT_LEAST_1,
-    "rollout_temperature": ABOVE_0, "rollout_top_p": Range(0, 1, low_open=True), "rollout_top_k": AT_LEAST_0,
+    "group_size": AT_LEAST_1, "rl_prompts": AT_LEAST_1,
     "epsilon": Range(0, 1, low_open=True, high_open=True), "epsilon_high": ABOVE_0, "beta": AT_LEAST_0,
     "mu": AT_LEAST_1, "dapo_max_draws": AT_LEAST_1, "reward_timeout_s": ABOVE_0,
 }
+#: the rollout decoding settings: TrainConfig field -> the DecodeConfig field it sets
+ROLLOUT = {"rollout_max_new_tokens": "max_new_tokens", "rollout_temperature": "temperature",
+           "rollout_top_p": "top_p", "rollout_top_k": "top_k"}
 #: the fields that may be null, and what null means
 OPTIONAL = {"eval_limit": " (or null for the whole split)", "limit": " (or null for the whole split)",
             "max_steps": "", "epochs": "", "epsilon_high": " (or null: epsilon)"}
-
-
-def _is_number(value: Any) -> bool:
-    """A finite int or float; a bool is not a number here (`lr: true` is a mistake)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def resolve_preset(config: str | Path) -> Path:

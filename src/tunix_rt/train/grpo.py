@@ -121,13 +121,9 @@ class GRPO:
         return kept.groups, kept.drawn
 
     def _draw(self, gen, step: int, draw: int, n: int) -> list[Group]:
-        from tunix_rt.eval.generate import DecodeConfig
-
         cfg, size = self.cfg, self.cfg.group_size
         picked = [self.items[self.order.take()] for _ in range(n)]
-        decode = DecodeConfig(max_new_tokens=cfg.rollout_max_new_tokens, temperature=cfg.rollout_temperature,
-                              top_p=cfg.rollout_top_p, top_k=cfg.rollout_top_k,
-                              seed=rollout_seed(cfg.seed, step, draw), batch_size=n * size)
+        decode = cfg.rollout_decode(seed=rollout_seed(cfg.seed, step, draw), batch_size=n * size)
         outs = gen.generate([p for _, p in picked for _ in range(size)], decode)
         return [self._score(rec, prompt, outs[i * size:(i + 1) * size]) for i, (rec, prompt) in enumerate(picked)]
 
