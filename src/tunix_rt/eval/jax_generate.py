@@ -17,7 +17,6 @@ An adapter (PEFT format, from either engine) is merged into the weights before l
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
@@ -44,28 +43,19 @@ def load_generator(model_dir: Path, adapter_dir: Path | None, tok, device: str =
             model, _ = load_model(model_dir, mesh, "fp32")
         else:
             with tempfile.TemporaryDirectory(prefix="tunix-rt-merged-") as tmp:
-                merge_adapter(Path(model_dir), Path(adapter_dir), Path(tmp))
+                write_merged(Path(model_dir), Path(adapter_dir), Path(tmp))
                 model, _ = load_model(tmp, mesh, "fp32")
     return JaxGenerator(model, tok, mesh)
 
 
-def merge_adapter(model_dir: Path, adapter_dir: Path, out: Path) -> Path:
-    """An HF-layout copy of model_dir with a PEFT LoRA adapter merged into its weights."""
-    from safetensors.numpy import load_file, save_file
+def write_merged(model_dir: Path, adapter_dir: Path, out: Path) -> Path:
+    """An HF-layout copy of model_dir in `out` with a PEFT LoRA adapter merged into its
+    weights (models.lora)."""
+    from safetensors.numpy import save_file
 
-    from tunix_rt.train.export import merge_lora
+    from tunix_rt.models.lora import merge_adapter
 
-    conf_path = adapter_dir / "adapter_config.json"
-    if not conf_path.is_file():
-        raise BadInput(f"{adapter_dir}: no adapter_config.json (not a PEFT adapter)")
-    conf = json.loads(conf_path.read_text())
-    if conf.get("peft_type") != "LORA" or conf.get("use_rslora"):
-        raise BadInput(f"{adapter_dir}: only plain LoRA adapters can be merged (got {conf.get('peft_type')})")
-    lora = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    lora = {k.replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B."): v.astype(np.float32)
-            for k, v in lora.items()}
-    tensors = merge_lora(model_dir, lora, float(conf["lora_alpha"]) / float(conf["r"]))
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(merge_adapter(model_dir, adapter_dir), str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_bytes((model_dir / "config.json").read_bytes())
     return out
 

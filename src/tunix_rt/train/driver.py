@@ -166,25 +166,24 @@ def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:
     safetensors, model manifest with every file's sha256), written atomically."""
     import json
 
-    from safetensors.numpy import load_file, save_file
+    from safetensors.numpy import save_file
 
     from tunix_rt.files import MODEL_MANIFEST, atomic_dir, sha256_file
+    from tunix_rt.models.lora import merge_adapter
     from tunix_rt.models.store import ensure_model
-    from tunix_rt.train.export import copy_side_files, merge_lora
+    from tunix_rt.train.export import copy_side_files
 
     base_dir = ensure_model(src.config().model, home)
     adapter = rundir.adapter_dir(src.path)
-    conf = json.loads((adapter / "adapter_config.json").read_text())
-    lora = load_file(str(adapter / "adapter_model.safetensors"))
+    tensors = merge_adapter(base_dir, adapter)
 
     def write(tmp: Path) -> None:
-        save_file(merge_lora(base_dir, lora, float(conf["lora_alpha"]) / float(conf["r"])),
-                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         copy_side_files(base_dir, tmp)
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
         (tmp / MODEL_MANIFEST).write_text(json.dumps({
             "name": target.name, "source": {"kind": "run", "run_id": src.run_id, "base": str(base_dir),
-                                            "adapter_sha256": sha256_file(adapter / "adapter_model.safetensors")},
+                                            "adapter_sha256": sha256_file(adapter / rundir.ADAPTER_WEIGHTS)},
             "files": files}, indent=2))
 
     home.models.mkdir(parents=True, exist_ok=True)

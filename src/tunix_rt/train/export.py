@@ -146,6 +146,7 @@ def export_merged(model, family: str, model_dir: Path, target: Path, lora_scale:
     from safetensors.numpy import save_file
 
     from tunix_rt.models.jax_loader import hf_state
+    from tunix_rt.models.lora import merge_lora
 
     model_dir = Path(model_dir)
     if lora_scale is not None:
@@ -154,19 +155,3 @@ def export_merged(model, family: str, model_dir: Path, target: Path, lora_scale:
         tensors = hf_state(model, family)
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     copy_side_files(model_dir, target)
-
-
-def merge_lora(model_dir: Path, lora: dict[str, np.ndarray], scale: float) -> dict[str, np.ndarray]:
-    """The directory's HF tensors with W += scale * B @ A for every adapted projection."""
-    from safetensors.numpy import load_file
-
-    base: dict[str, np.ndarray] = {}
-    for f in sorted(model_dir.glob("*.safetensors")):
-        base.update({k: v.astype(np.float32) for k, v in load_file(str(f)).items()})
-    for key in [k for k in lora if k.endswith("lora_A.weight")]:
-        name = key[len("base_model.model."):-len(".lora_A.weight")] + ".weight"
-        A, B = lora[key], lora[key.replace("lora_A", "lora_B")]
-        base[name] = base[name] + scale * (B @ A)
-    return base
-
-
