@@ -154,6 +154,33 @@ def test_submit_train_cancel_and_bad_params(seeded):
     assert [j["id"] for j in client.get("/api/jobs", params={"status": "cancelled"}).json()] == [job_id]
 
 
+def test_the_rest_train_body_is_the_train_jobs_parameter_model(seeded):
+    from pydantic import BaseModel, create_model
+
+    from tunix_rt.registry.jobs import TrainParams, request_fields
+    from tunix_rt.service.schemas import TrainSubmit
+
+    def names_and_defaults(model: type[BaseModel]) -> dict:
+        return {n: f.get_default(call_default_factory=True) for n, f in model.model_fields.items()}
+
+    assert names_and_defaults(TrainSubmit) == names_and_defaults(TrainParams)
+    assert names_and_defaults(TrainSubmit) == {"preset": "smoke", "overrides": {}, "evaluate": True,
+                                               "eval_limit": 32, "max_new_tokens": 256}
+
+    class MoreParams(TrainParams):  # a field added to the job's model is in the body
+        note: str = "x"
+
+    assert create_model("Body", **request_fields(MoreParams)).model_fields["note"].default == "x"
+    client, _ = seeded
+    # a malformed body is the door's 422; a well-formed one with bad values the queue's 400
+    assert client.post("/api/runs", json={"preset": "smoke", "nosuch": 1}).status_code == 422
+    assert client.post("/api/runs", json={"evaluate": "maybe"}).status_code == 422
+    assert client.post("/api/runs", json={"eval_limit": "many"}).status_code == 422
+    for bad in ({"eval_limit": 0}, {"max_new_tokens": 5000}, {"overrides": {"rewards": {"format": 1}}}):
+        r = client.post("/api/runs", json={"preset": "smoke", **bad})
+        assert r.status_code == 400 and "train job parameters" in r.text, (bad, r.text)
+
+
 def _sse(client, path: str, headers=None) -> list[dict]:
     events, current = [], {}
     with client.stream("GET", path, headers=headers or {}) as r:

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -145,6 +145,20 @@ class EvalParams(BaseModel):
         if not self.model and not self.adapter_run:
             raise ValueError("give model, adapter_run, or both")
         return self
+
+
+def request_fields(model: type[BaseModel]) -> dict[str, Any]:
+    """A parameter model's fields as a request body declares them (`pydantic.create_model`
+    arguments): the same names, types and defaults, so a field added to the model is in the
+    body. The model's limits (pattern, ge/le), its mappings' value types and its validators
+    are left to the model, which checks the parameters when the job is queued: a malformed
+    body is refused at the door (422), a well-formed one with bad values by the queue (400)."""
+    out: dict[str, Any] = {}
+    for name, f in model.model_fields.items():
+        annotation = dict[str, Any] if get_origin(f.annotation) is dict else f.annotation
+        default = Field(default_factory=f.default_factory) if f.default_factory else f.default
+        out[name] = (annotation, default)
+    return out
 
 
 def _yaml_scalar(v: Scalar) -> str:

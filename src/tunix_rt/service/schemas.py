@@ -9,9 +9,9 @@ from typing import Any
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from tunix_rt.eval.generate import DecodeConfig
+from tunix_rt.registry.jobs import TrainParams, request_fields
 from tunix_rt.traces.schema import json_problems
 
 
@@ -203,15 +203,18 @@ class JobCreate(RealUnicode):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
-class TrainSubmit(RealUnicode):
-    """POST /api/runs: a shipped preset plus overrides (see TrainConfig); becomes a train job."""
+class StrictBody(RealUnicode):
+    """A request body with no fields but its own (422 on any other)."""
 
     model_config = ConfigDict(extra="forbid")
-    preset: str = "smoke"
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    evaluate: bool = True
-    eval_limit: int = 32
-    max_new_tokens: int = DecodeConfig.max_new_tokens
+
+
+#: POST /api/runs: the train job's parameter model (TrainParams: a shipped preset plus
+#: overrides of TrainConfig) as a body; the queue checks it as the job's (400 on bad values)
+TrainSubmit = create_model("TrainSubmit", __base__=StrictBody, __module__=__name__,
+                           __doc__="POST /api/runs: a shipped preset plus overrides (see TrainConfig); "
+                                   "becomes a train job.",
+                           **request_fields(TrainParams))
 
 
 class Artifact(BaseModel):
