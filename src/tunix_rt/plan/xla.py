@@ -41,7 +41,7 @@ UPCAST_PASS = "change-op-data-type"
 
 
 def _target_is_cpu(spec: dict[str, Any]) -> bool:
-    from tunix_rt.plan import DEVICES
+    from tunix_rt.plan.devices import DEVICES
 
     name = spec["device"]
     return DEVICES[name].kind == "cpu" if name in DEVICES else name == "cpu"
@@ -106,7 +106,7 @@ def _abstract_model(spec: dict[str, Any], mesh):
     from flax import nnx
 
     from tunix_rt.models import jax_loader
-    from tunix_rt.plan import resolve_preset
+    from tunix_rt.plan.inputs import resolve_preset
     from tunix_rt.train.jax_engine import apply_lora
 
     hf = dict(resolve_preset(spec["model"]).hf_config)

@@ -1,0 +1,126 @@
+"""What a plan is asked: the model and how it is trained (`PlanInputs`), and the model's
+preset (`resolve_preset`: a catalog name or a model directory)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tunix_rt.errors import BadInput
+from tunix_rt.models.catalog import PRESETS, Preset, get_preset
+from tunix_rt.models.jax_loader import FAMILIES
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
+
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: bytes per weight of a QLoRA-quantised projection: 4 or 8 bits plus an fp32 scale per 64
+QBYTES = {"nf4": 0.5 + 4 / 64, "int8": 1.0 + 4 / 64}
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What a plan needs to know; `plan_train` derives it from a TrainConfig."""
+
+    model: str
+    method: str = "lora"
+    seq: int = 512
+    batch: int = 4
+    """Sequences per micro-batch, over all devices (the JAX engine splits it over fsdp)."""
+    device: str = "cpu"
+    devices: int = 1
+    optimizer: str = "adamw"
+    dtype: str = "fp32"
+    engine: str = "torch"
+    remat: bool = False
+    lora_rank: int = 16
+    lora_targets: tuple[str, ...] = ALL_TARGETS
+    weight_qtype: str | None = None
+    grad_accum: int = 1
+    grad_clip: float = 1.0
+    loss_impl: str = "chunked"
+    loss_chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    tp: int = 1
+    donate: bool = True
+    """The JAX step donates the model (our engine does): new weights overwrite the old.
+    False: Tunix's own PeftTrainer (it donates only the optimizer); the step writes the new
+    model state beside the old one, both live at the peak."""
+    strategy: str = "auto"
+    """How several devices split the work: fsdp (weights, gradients and optimizer state
+    sharded; the JAX engine's only way) or ddp (torch engine: every rank a replica). auto:
+    fsdp for the JAX engine and for full fine-tuning, ddp for LoRA on torch."""
+    rl_prompts: int = 0
+    """RL (method grpo): P prompts per step; 0 (with group_size and rollout_tokens): an SFT step."""
+    group_size: int = 0
+    """RL: G completions sampled per prompt."""
+    rollout_tokens: int = 0
+    """RL: most new tokens per completion (rollout_max_new_tokens); prompts take the rest of seq."""
+
+    def __post_init__(self) -> None:
+        for name, choices in (("method", ("lora", "full")), ("optimizer", ("adamw", "adafactor")),
+                              ("dtype", ("fp32", "bf16")), ("engine", ("torch", "jax")),
+                              ("loss_impl", ("chunked", "plain")), ("strategy", ("auto", "ddp", "fsdp"))):
+            if getattr(self, name) not in choices:
+                raise BadInput(f"plan: {name} must be one of {'|'.join(choices)}, got {getattr(self, name)!r}")
+        for name in ("seq", "batch", "devices", "lora_rank", "grad_accum", "loss_chunk_bytes", "tp"):
+            if getattr(self, name) < 1:
+                raise BadInput(f"plan: {name} must be >= 1, got {getattr(self, name)}")
+        if self.weight_qtype is not None:
+            if self.weight_qtype not in QBYTES:
+                raise BadInput(f"plan: weight_qtype must be one of {'|'.join(QBYTES)}, got {self.weight_qtype!r}")
+            if self.method != "lora" or self.engine != "jax":
+                raise BadInput("plan: weight_qtype (QLoRA) needs --method lora and the JAX engine")
+        if self.strategy == "auto":  # frozen: the one place the default is resolved
+            auto = "fsdp" if self.engine == "jax" or self.method == "full" else "ddp"
+            object.__setattr__(self, "strategy", auto)
+        if self.engine == "jax" and self.strategy != "fsdp":
+            raise BadInput("plan: the JAX engine shards over its (fsdp, tp) mesh; --strategy ddp is for --engine torch")
+        if self.engine == "torch" and self.tp > 1:
+            raise BadInput("plan: tensor parallelism (tp) is the JAX engine's; the torch engine runs ddp or fsdp")
+        if self.engine == "torch" and not self.donate:
+            raise BadInput("plan: --no-donate is the JAX step's; the torch engine updates weights in place")
+        if self.devices % self.tp:
+            raise BadInput(f"plan: devices ({self.devices}) must be a multiple of tp ({self.tp})")
+        self._check_rl()
+
+    def _check_rl(self) -> None:
+        rl = (self.rl_prompts, self.group_size, self.rollout_tokens)
+        if any(v < 0 for v in rl) or (any(rl) and not all(rl)):
+            raise BadInput("plan: an RL step needs rl_prompts, group_size and rollout_tokens, each >= 1 "
+                           "(--rl-prompts, --group-size, --rollout-tokens together)")
+        if self.rl and self.rollout_tokens >= self.seq:
+            raise BadInput(f"plan: rollout_tokens ({self.rollout_tokens}) must leave room for the prompt "
+                           f"in seq ({self.seq})")
+
+    @property
+    def rl(self) -> bool:
+        """An RL step (rollouts, then the update), not an SFT step."""
+        return self.rl_prompts > 0
+
+    @property
+    def fsdp(self) -> int:
+        """Data-parallel ranks: each holds batch / fsdp sequences (ddp ranks too)."""
+        return self.devices // self.tp
+
+
+def resolve_preset(model: str) -> Preset:
+    """A catalog name, or a model directory whose manifest or config.json names a preset."""
+    if model in PRESETS:
+        return PRESETS[model]
+    from pathlib import Path
+
+    from tunix_rt.files import MODEL_MANIFEST
+
+    path = Path(model)
+    manifest = path / MODEL_MANIFEST
+    if manifest.is_file():
+        name = json.loads(manifest.read_text(encoding="utf-8")).get("preset")
+        if name in PRESETS:
+            return PRESETS[name]
+    config = path / "config.json"
+    if config.is_file():
+        hf = json.loads(config.read_text(encoding="utf-8"))
+        family = FAMILIES.get(hf.get("model_type"))  # the loader's map: one source
+        if family is None:
+            raise BadInput(f"{config}: model_type {hf.get('model_type')!r} is not a Gemma the plan knows")
+        return Preset(name=path.name, family=family, hf_config=hf, description=f"from {config}")
+    get_preset(model)  # raises BadInput with the known names
+    raise AssertionError("unreachable")

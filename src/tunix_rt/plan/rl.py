@@ -1,0 +1,173 @@
+"""The analytic estimate of an RL step, and `analytic`, the estimate of any step.
+
+An RL step (method grpo: `rl_prompts` P, `group_size` G, `rollout_tokens` T) has two phases
+that never overlap, and peaks in the larger (`details.phases`, `details.peak_phase`):
+- update: the training step above over the P x G rollout sequences (prompt + completion, at
+  most seq tokens) in micro-batches of `batch`, all accumulated into one optimizer step,
+  plus rl_aux (the per-token coef, advantage, old and reference log-prob arrays; the
+  reference is the adapter-off model, no second copy);
+- rollout: the resident weights and optimizer state, merged_view (torch LoRA: W + scale B@A
+  of every adapted projection, held for the whole rollout), rollout_cache (the KV cache of
+  every row: P x G rollouts of the longest prompt, seq - T, plus T new tokens, in the
+  weights' dtype, with the generator's transient copies) and rollout_workspace (the
+  prefill's one-layer intermediates or a decode step's logits and sampler buffers); the
+  held-out greedy decode of a GRPO run (eval's batch of prompts, the int8 screen of the head
+  on a CPU) is planned the same way and counted when it is the larger.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from tunix_rt.models.catalog import Preset
+from tunix_rt.plan.devices import DeviceSpec
+from tunix_rt.plan.inputs import PlanInputs
+from tunix_rt.plan.step import SLACK, Facts, facts, proj_elems, step_analytic, workspace_parts
+
+#: fp32 [rows, vocab] buffers a sampled decode step holds at once: the step's logits and the
+#: sampler's (eval.generate.filtered_probs, its worst path, top-k and top-p: the tempered
+#: logits, the top-k mask, the sorted logits and their int64 order, the softmax and its
+#: cumulative sum); the JAX sampler makes the same float64 copies on the host
+SAMPLER_BUFFERS = 8
+#: the same for a greedy step (the logits, the argmax's and the screen's int32 sums)
+GREEDY_BUFFERS = 3
+
+
+def update_inputs(inp: PlanInputs) -> PlanInputs:
+    """The update of an RL step as a training step: the P x G rollout sequences (prompt +
+    completion, at most seq tokens) in micro-batches of `batch` (all of them when fewer),
+    every micro-batch accumulated into one optimizer step (train.grpo: grad_accum plays no
+    part there)."""
+    rows = inp.rl_prompts * inp.group_size
+    batch = min(inp.batch, rows)
+    return replace(inp, batch=batch, grad_accum=math.ceil(rows / batch), rl_prompts=0, group_size=0,
+                   rollout_tokens=0)
+
+
+def _rl_aux_bytes(inp: PlanInputs, upd: PlanInputs, f: Facts, device: DeviceSpec) -> float:
+    """The update's per-token fp32 arrays: coef, adv, old and reference log-probs of every
+    rollout sequence (host arrays: on a CPU, the device's memory), and one micro-batch's
+    device copy of them with the loss's stacked [B, L, 3] aux."""
+    host = 4 * inp.rl_prompts * inp.group_size * inp.seq * 4 if device.kind == "cpu" else 0
+    return host + 7 * math.ceil(upd.batch / f.ranks) * upd.seq * 4
+
+
+def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, greedy: bool) -> dict[str, float]:
+    """KV cache and workspace of one generate call of `rows` prompts (the longest prompt
+    `seq - rollout_tokens` tokens, then rollout_tokens new ones), per device. Every device
+    decodes every row: the JAX generator's cache and batch are not sharded, and each torch
+    rank runs the method's rollouts itself.
+    - torch (eval.generate + fast_gemma.LeanGemma): a cache of prompt + new slots per layer,
+      preallocated in the model dtype, beside the prefill's own cache while it is copied in;
+      later, when a row finishes, the new keys are built before the old are dropped (half a
+      cache more). The larger of the two transients is counted.
+    - JAX (eval.jax_generate): the prompt padded to a BUCKET multiple, and the jitted step's
+      input and output caches both live (the step does not donate its cache).
+    - workspace: the larger of the prefill (one layer's inference intermediates on every
+      prompt token: residual and normed input, q/k/v, the attention scores and
+      probabilities, the MLP's gate/up/product; and the last position's logits) and a
+      decode step (the logits and the sampler's buffers); a decode of the torch engine on a
+      CPU in fp32, greedy or sampled (Gumbel-max through the screen), also holds the int8
+      copy of the head (eval.screened_head) and its permutation, built one group of rows
+      at a time (once per head version: decoders share it)."""
+    from tunix_rt.eval.jax_generate import BUCKET
+    from tunix_rt.eval.screened_head import GROUPS as SCREEN_GROUPS
+    from tunix_rt.eval.screened_head import PAD_COLS
+
+    p, new = f.p, inp.rollout_tokens
+    prompt = inp.seq - new
+    per_token = 2 * p.num_layers * p.num_kv_heads * p.head_dim * f.wb  # K and V, every layer
+    if f.jax:
+        slots = -(-prompt // BUCKET) * BUCKET + new
+        cache = 2 * rows * slots * per_token
+    else:
+        slots = inp.seq
+        cache = rows * slots * per_token + max(rows * prompt * per_token, (rows - 1) * slots * per_token / 2)
+    h, i = p.hidden_size, p.intermediate_size
+    q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
+    keys = slots if f.jax else prompt  # JAX attends over the whole cache in the prefill
+    layer = 2 * h + q + 2 * kv + 3 * i + 2 * p.num_heads * keys
+    logits = rows * p.vocab_size * 4
+    prefill = rows * prompt * layer * f.wb + logits
+    step = (GREEDY_BUFFERS if greedy else SAMPLER_BUFFERS) * logits
+    screen = build = 0
+    if not f.jax and device.kind == "cpu" and f.wb == 4 and p.vocab_size >= 4 * PAD_COLS:
+        screen = p.vocab_size * (p.hidden_size + 8)  # int8 rows, int64 permutation
+        per = -(-p.vocab_size // SCREEN_GROUPS)  # built one group of rows at a time:
+        build = screen + per * p.hidden_size * 32  # fp32 rows and codes, fp64 rows, codes, error
+    return {"rows": rows, "slots": slots, "kv_bytes_per_token": per_token, "cache": cache,
+            "workspace": max(max(prefill, step) + screen, build), "prefill": prefill, "step": step,
+            "screen": screen, "screen_build": build}
+
+
+def _rollout_phase(inp: PlanInputs, f: Facts, device: DeviceSpec, weights: float,
+                   optimizer: float) -> dict[str, Any]:
+    """Bytes per device while the method decodes: the resident weights and optimizer state
+    (no gradients, no activations: the last step freed them), on the torch engine with LoRA
+    the merged view (W + scale B@A of every adapted projection, a second copy of those
+    weights for the whole rollout: torch_engine.merged_lora_view), and the larger of the two
+    decodes a GRPO run makes: the rollouts (P x G rows, sampled) and the held-out
+    evaluation (greedy, eval's default batch of prompts)."""
+    from tunix_rt.eval.generate import DecodeConfig
+
+    merged = 0.0
+    if not f.jax and not f.full:
+        merged = proj_elems(f.p, inp.lora_targets) * f.wb / f.shard
+    rows = {"rollouts": (inp.rl_prompts * inp.group_size, False), "held-out eval": (DecodeConfig().batch_size, True)}
+    resident = weights if inp.donate else weights / 2  # no step in flight: no undonated copy
+    gather = workspace_parts(inp, f, device)  # the forward's FSDP gathers, as in training
+    decodes = {}
+    for name, (n, greedy) in rows.items():
+        d = _decode_bytes(inp, f, device, n, greedy)
+        core = resident + optimizer + merged + d["cache"] + d["workspace"]
+        parts = {"process_or_context": gather["process_or_context"], "fsdp_gather": gather["fsdp_gather"]}
+        parts["allocator_slack"] = SLACK[device.kind] * (core + parts["fsdp_gather"])
+        decodes[name] = {**d, "workspace_parts": parts, "peak": core + sum(parts.values())}
+    which = max(decodes, key=lambda k: decodes[k]["peak"])
+    d = decodes[which]
+    return {"merged_view": merged, "rollout_cache": d["cache"], "rollout_workspace": d["workspace"],
+            "workspace": sum(d["workspace_parts"].values()), "workspace_parts": d["workspace_parts"],
+            "decode": which, "peak": d["peak"],
+            "decodes": {k: _ints({n: x for n, x in v.items() if n != "workspace_parts"}) for k, v in decodes.items()}}
+
+
+def _ints(d: dict[str, float]) -> dict[str, int]:
+    return {k: int(v) for k, v in d.items()}
+
+
+def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[str, int], dict[str, Any], int]:
+    """An RL step peaks in one of its two phases: peak = max(update, rollout), where the
+    update is a training step over the rollout sequences plus the RL per-token arrays, and
+    the rollout holds the weights, optimizer state, merged view, KV cache and decode
+    workspace (see `_rollout_phase`)."""
+    upd = update_inputs(inp)
+    items, details, update_peak = step_analytic(upd, preset, device)
+    f = facts(upd, preset)
+    aux = _rl_aux_bytes(inp, upd, f, device)
+    update_peak += aux * (1 + SLACK[device.kind])
+    update_ws = items["workspace"] + aux * SLACK[device.kind]
+    roll = _rollout_phase(inp, f, device, items["weights"], items["optimizer"])
+    phase = "rollout" if roll["peak"] > update_peak else "update"
+    items = {**{k: v for k, v in items.items() if k != "workspace"}, "rl_aux": aux,
+             "merged_view": roll["merged_view"], "rollout_cache": roll["rollout_cache"],
+             "rollout_workspace": roll["rollout_workspace"],
+             "workspace": roll["workspace"] if phase == "rollout" else update_ws}
+    details.update({
+        "peak_phase": phase, "phases": {"update": int(update_peak), "rollout": int(roll["peak"])},
+        "update_batch": upd.batch, "update_micro_batches": upd.grad_accum, "rollout_decode": roll["decode"],
+        "decodes": roll["decodes"], "rollout_workspace_parts": _ints(roll["workspace_parts"]),
+        "update_workspace_parts": details.pop("workspace_parts"),
+        "peak_formula": "max(update: weights + optimizer + max(activations + loss_head, gradients) + rl_aux "
+                        "+ workspace, rollout: weights + optimizer + merged_view + rollout_cache "
+                        "+ rollout_workspace + workspace)",
+    })
+    return {k: int(v) for k, v in items.items()}, details, int(max(update_peak, roll["peak"]))
+
+
+def analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[str, int], dict[str, Any], int]:
+    """(items, details, peak) in bytes per device; see this module's and `plan.step`'s docstrings."""
+    if inp.rl:
+        return _rl_analytic(inp, preset, device)
+    return step_analytic(inp, preset, device)
