@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 import yaml
 
 from tunix_rt import fence
+from tunix_rt.devices import resolve_device  # "auto" made concrete: the summary names the device that ran
 from tunix_rt.rundir import CONFIG, EVALS, FINAL, PREDICTIONS, SUMMARY, Run
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.generate import DecodeConfig, Generation, Generator
@@ -163,19 +164,6 @@ def _tokenizer_of(model_dir: Path, cfg: dict | None) -> str:
     if (model_dir / "tokenizer.json").is_file() or cfg is None:
         return str(model_dir)
     return cfg["model"]  # a merged model saved without its tokenizer: the base model's
-
-
-def resolve_device(engine: str, device: str) -> str:
-    """"auto" made concrete, so the summary names the device that ran."""
-    if device != "auto":
-        return device
-    if engine == "jax":
-        import jax
-
-        return jax.default_backend()  # cpu | gpu | tpu
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # ---------------------------------------------------------------------------------------

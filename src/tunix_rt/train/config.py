@@ -13,6 +13,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from tunix_rt import devices
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, Range, is_int, is_number, number_problem
@@ -113,7 +114,7 @@ class TrainConfig:
     engine: str = "auto"
     """auto, torch or jax."""
     device: str = "auto"
-    """auto, cpu, cuda (torch), gpu or tpu (jax)."""
+    """auto, cpu, cuda (torch), gpu or tpu (jax): tunix_rt.devices."""
     mesh: dict[str, int] | str = "auto"
     """JAX engine: {fsdp: N, tp: M} or auto (all devices on fsdp)."""
     merge: bool = False
@@ -173,7 +174,7 @@ class TrainConfig:
         self._check_choice("dtype", ("fp32", "bf16"))
         self._check_choice("loss_impl", ("chunked", "plain"))
         self._check_choice("engine", engines.CHOICES)
-        self._check_choice("device", engines.DEVICES)
+        self._check_choice("device", devices.NAMES)
         self._check_choice("split", ("train", "dev", "all"))
         self._check_choice("eval_split", ("train", "dev", "all"))
         if not self.dataset:

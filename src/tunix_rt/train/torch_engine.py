@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from tunix_rt.devices import torch_device
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.rundir import ADAPTER, MERGED
 from tunix_rt.train import dist
@@ -452,21 +453,8 @@ def gathered(module):
 
 
 def resolve_device(cfg: TrainConfig):
-    """The torch device for cfg.device; a clear error naming what was asked and what exists."""
-    import torch
-
-    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    have = "cpu" + (f", cuda ({n_cuda} device{'s' if n_cuda > 1 else ''})" if n_cuda else "")
-    if cfg.device in ("gpu", "tpu"):
-        raise BadInput(f"device {cfg.device!r} is a JAX device name; the torch engine runs on cpu or cuda "
-                       f"(available here: {have}); use --engine jax for {cfg.device}")
-    if cfg.device == "cuda" and not n_cuda:
-        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-        raise BadInput(f"device 'cuda' was asked, but torch {torch.__version__} ({build}) sees no CUDA "
-                       f"device; available here: {have}")
-    if cfg.device == "cuda" or (cfg.device == "auto" and n_cuda):
-        return torch.device("cuda", dist.local_rank())  # torchrun: one GPU per process
-    return torch.device("cpu")
+    """The torch device for cfg.device (devices.torch_device; torchrun: one GPU per process)."""
+    return torch_device(cfg.device, dist.local_rank())
 
 
 def attention_of(model_dir: Path) -> str:
