@@ -7,6 +7,7 @@ evidence writer import it, and so does a torch-free JAX install.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -92,12 +93,14 @@ def write_text_synced(path: Path, text: str) -> None:
 
 
 def atomic_dir(target: Path, write: Callable[[Path], Any], tmp_name: str | None = None,
-               before_publish: Callable[[], None] | None = None) -> Path:
+               before_publish: Callable[[], None] | None = None, replace: bool = True) -> Path:
     """Build a directory with write(tmp) in a sibling temp dir, fsync it, then rename it to
     target. An older target is replaced only after the new one is complete (renamed aside,
-    then removed), so a crash leaves the old or the new directory, never neither.
-    `before_publish()` runs between the two and may refuse (the fence: the temp dir is
-    removed and nothing is published)."""
+    then removed), so a crash leaves the old or the new directory, never neither; with
+    `replace=False` an existing target (even an empty one, which a plain rename would take)
+    is refused with FileExistsError instead. `before_publish()` runs between the two and may
+    refuse (the fence). Whatever fails before the rename removes the temp dir: nothing is
+    published and nothing is left behind."""
     target = Path(target)
     tmp = target.parent / (tmp_name or f".tmp-{target.name}-{os.getpid()}")
     if tmp.exists():
@@ -108,18 +111,39 @@ def atomic_dir(target: Path, write: Callable[[Path], Any], tmp_name: str | None 
         fsync_tree(tmp)
         if before_publish is not None:
             before_publish()
+        if not replace:
+            _rename_new(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    old = _rename_over(tmp, target) if replace else None
+    fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _rename_new(tmp: Path, target: Path) -> None:
+    """Rename tmp to a target that must not exist yet (a writer that lost a race is told so)."""
+    if target.exists():
+        raise FileExistsError(errno.EEXIST, "already exists", str(target))
+    try:
+        os.rename(tmp, target)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise FileExistsError(errno.EEXIST, "already exists", str(target)) from None
+        raise
+
+
+def _rename_over(tmp: Path, target: Path) -> Path | None:
+    """Rename tmp to target; an older target is moved aside first (returned: the caller
+    removes it once the rename is durable)."""
     old = None
     if target.exists():
         old = target.parent / f".old-{target.name}-{os.getpid()}"
         os.rename(target, old)
     os.rename(tmp, target)
-    fsync_dir(target.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return target
+    return old
 
 
 def weight_files(model_dir: Path) -> list[Path]:

@@ -73,6 +73,25 @@ def test_a_failure_midway_leaves_no_directory(home, monkeypatch):
     assert (importer.import_preset("tiny-gemma3", home) / MODEL_MANIFEST).is_file()
 
 
+def test_an_import_never_takes_a_directory_that_appeared_meanwhile(home, monkeypatch):
+    """files.atomic_dir(replace=False): a plain rename would quietly take an empty directory
+    made under the model's name while the import ran; the import refuses instead and leaves
+    that directory as it was, with no temp dir behind."""
+    import tunix_rt.models.tiny as tiny
+
+    real = tiny.build_tiny
+    target = installed_dir("tiny-gemma3", home)
+
+    def build_then_someone_makes_the_dir(preset, out, seed=0):
+        real(preset, out, seed)
+        target.mkdir()
+
+    monkeypatch.setattr(tiny, "build_tiny", build_then_someone_makes_the_dir)
+    with pytest.raises(FileExistsError):
+        importer.import_preset("tiny-gemma3", home)
+    assert _model_entries(home) == ["tiny-gemma3"] and not any(target.iterdir())
+
+
 def test_presets_without_an_offline_source_say_what_to_do(home):
     with pytest.raises(BadInput, match="--from-dir") as e:
         importer.import_preset("gemma3-1b", home)

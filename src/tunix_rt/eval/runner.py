@@ -16,9 +16,7 @@ completion without reasoning or answer has "" there.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,6 +29,7 @@ from tunix_rt import fence
 from tunix_rt.devices import resolve_device  # "auto" made concrete: the summary names the device that ran
 from tunix_rt.rundir import CONFIG, EVALS, FINAL, PREDICTIONS, SUMMARY, Run
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.files import atomic_dir
 from tunix_rt.eval.generate import DecodeConfig, Generation, Generator
 from tunix_rt.eval.scoring import by_category, category_of, metrics, score_completion
 from tunix_rt.home import Home
@@ -309,21 +308,17 @@ def prediction(record, prompt: list[int], out: Generation) -> dict:
 
 
 def write_eval_dir(dest: Path, preds: list[dict], summary: dict) -> Path:
-    """Write both files into a temp dir beside dest, then rename: all or nothing."""
+    """Write both files into a temp dir beside dest, then publish it (files.atomic_dir):
+    all or nothing, never over an existing directory."""
     if dest.exists():
         raise BadInput(f"{dest} already exists; choose another --out")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+
+    def write(tmp: Path) -> None:
         with (tmp / PREDICTIONS).open("w", encoding="utf-8") as f:
             for p in preds:
                 f.write(json.dumps(p, ensure_ascii=False) + "\n")
         (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        fence.guard(f"evaluation {dest}")  # in a job: only while its worker holds the lease
-        os.rename(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+
+    # in a job: published only while its worker holds the lease
+    return atomic_dir(dest, write, before_publish=lambda: fence.guard(f"evaluation {dest}"), replace=False)

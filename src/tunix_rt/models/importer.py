@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.files import fsync_dir, sha256_file
+from tunix_rt.files import atomic_dir, sha256_file
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import Preset, get_preset
 from tunix_rt.models.layout import MODEL_MANIFEST, installed_dir
@@ -174,25 +174,20 @@ class _Built:
 
 
 def _install(target: Path, build: Callable[[Path], _Built], say: Say) -> Path:
-    """Run `build` in a temp dir beside `target`, write the manifest, fsync, rename."""
+    """Run `build` in a temp dir beside `target`, write the manifest, then publish it
+    (files.atomic_dir: fsynced, renamed, never over an existing directory)."""
     if target.exists():
         raise BadInput(f"{target} exists but holds no complete import ({MODEL_MANIFEST} missing); remove it first")
     target.parent.mkdir(parents=True, exist_ok=True)
     for stale in target.parent.glob(f".{target.name}.tmp-*"):  # a killed import's leftovers;
         shutil.rmtree(stale, ignore_errors=True)  # safe: the caller holds the name's lock
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-    try:
+
+    def write(tmp: Path) -> None:
         built = build(tmp)
         say("hashing files")
         _write_manifest(tmp, built, target.name)
-        _fsync_tree(tmp)
-        os.chmod(tmp, 0o755)  # mkdtemp made it private
-        os.rename(tmp, target)
-        fsync_dir(target.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+
+    return atomic_dir(target, write, tmp_name=f".{target.name}.tmp-{os.getpid()}", replace=False)
 
 
 def _write_manifest(tmp: Path, built: _Built, name: str) -> None:
@@ -226,14 +221,6 @@ def _name_lock(home: Home, name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _fsync_tree(root: Path) -> None:
-    for p in root.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    fsync_dir(root)
 
 
 def _version(dist: str) -> str | None:

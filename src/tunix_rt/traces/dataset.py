@@ -13,8 +13,8 @@ the same bytes and the same sha256; created_at lives only in the manifest.
 The split is a pure function of the record id: `sha256(id) mod 10000 < dev_fraction *
 10000` → dev. A record never moves between train and dev when the dataset grows.
 
-An import is written to a temp dir beside the datasets, fsynced, and renamed into place
-last: on any error nothing is left behind.
+An import is written to a temp dir beside its version, fsynced, and renamed into place
+last (files.atomic_dir): on any error nothing is left behind.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from typing import Any, Callable
 
 import tunix_rt
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.files import fsync_dir
+from tunix_rt.files import atomic_dir
 from tunix_rt.home import Home
 from tunix_rt.traces.importers import FORMATS, get_importer, gsm8k_split_name
 from tunix_rt.traces.reader import DEFAULT_MAX_LINE_BYTES, Scan, scan
@@ -352,13 +353,14 @@ def _reusable(req: ImportRequest, existing: list[dict[str, Any]], digest: str) -
 
 def import_dataset(req: ImportRequest, home: Home | None = None,
                    on_progress: Callable[[int], None] | None = None) -> ImportResult:
-    """Read, validate and store a dataset version; see the module docstring. Everything is
-    staged in a temp dir beside the datasets and removed on the way out, whatever happens."""
+    """Read, validate and store a dataset version; see the module docstring. A downloaded
+    source is staged in a temp dir beside the datasets, removed on the way out whatever
+    happens; the version itself is published by _commit."""
     home = (home or Home.resolve()).ensure()
     root = home.datasets / req.name
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{req.name}-", dir=home.datasets))
     try:
-        return _store(req, home, staging, _read_source(req, home, staging, on_progress))
+        return _store(req, home, _read_source(req, home, staging, on_progress))
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if root.is_dir() and not any(root.iterdir()):
@@ -375,8 +377,8 @@ def _read_source(req: ImportRequest, home: Home, staging: Path,
     return result
 
 
-def _store(req: ImportRequest, home: Home, staging: Path, result: Scan) -> ImportResult:
-    """Reuse an identical version, or write a new one from the staging dir."""
+def _store(req: ImportRequest, home: Home, result: Scan) -> ImportResult:
+    """Reuse an identical version, or publish a new one."""
     root = home.datasets / req.name
     data = canonical_bytes(result.records)
     digest = hashlib.sha256(data).hexdigest()
@@ -395,19 +397,20 @@ def _store(req: ImportRequest, home: Home, staging: Path, result: Scan) -> Impor
         files[REJECTS] = _rejects_bytes(result)
         manifest["rejects"] = REJECTS
     files[MANIFEST] = (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    _commit(staging, root / version, files)
+    _commit(root / version, files)
     ds = Dataset(req.name, version, root / version, manifest, digest, result.records)
     return ImportResult(ds, False, result.bad_lines, result.errors)
 
 
-def _commit(staging: Path, target: Path, files: dict[str, bytes]) -> None:
-    """Write and fsync every file in staging, then rename staging to target (atomic)."""
-    for name, data in files.items():
-        _write_file(staging / name, data)
-    fsync_dir(staging)
-    target.parent.mkdir(exist_ok=True)
+def _commit(target: Path, files: dict[str, bytes]) -> None:
+    """Publish the version directory with its files (files.atomic_dir: every file fsynced,
+    then one rename, never over a version another import took meanwhile)."""
+    def write(tmp: Path) -> None:
+        for name, data in files.items():
+            _write_file(tmp / name, data)
+
+    tmp_name = f".tmp-{target.name}-{os.getpid()}-{secrets.token_hex(4)}"  # two imports in one process
     try:
-        os.rename(staging, target)
+        atomic_dir(target, write, tmp_name=tmp_name, replace=False)
     except OSError as e:  # e.g. another import took this version meanwhile
         raise TunixRtError(f"{target}: could not move the dataset into place ({e}); nothing imported") from None
-    fsync_dir(target.parent)
