@@ -17,7 +17,8 @@ import pytest
 from tunix_rt import fence
 from tunix_rt.train.export import publish
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.run import MetricsLog, RunDir, RunStopped
+from tunix_rt.train.metrics import MetricsLog
+from tunix_rt.train.run import RunDir, RunStopped
 
 
 class Lease:

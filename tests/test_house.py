@@ -363,3 +363,41 @@ def test_the_training_path_imports_no_typer():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'click')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- training below the registry
+
+TRAIN_ENTRY_POINTS = {"cli.py"}
+"""train/cli.py is `tunix-rt train`, a command above both: it hands training the registry's
+live index (registry.live.LiveIndex) as the on_update hook and records the finished run."""
+
+
+def registry_imports(train_dir: Path) -> list[str]:
+    """Imports of tunix_rt.registry (lazy ones included) by the modules under train_dir
+    (the tunix_rt/train package), entry points aside."""
+    found = []
+    for p in sorted(train_dir.rglob("*.py")):
+        if p.relative_to(train_dir).as_posix() in TRAIN_ENTRY_POINTS:
+            continue
+        module = ".".join(("tunix_rt", "train", *p.relative_to(train_dir).with_suffix("").parts))
+        found += [f"{p.name}: {n}" for n in sorted(imported_names(module, p))
+                  if n == "tunix_rt.registry" or n.startswith("tunix_rt.registry.")]
+    return found
+
+
+def test_the_registry_import_scan_finds_lazy_and_package_imports(tmp_path):
+    train = tmp_path / "tunix_rt" / "train"
+    train.mkdir(parents=True)
+    (train / "run.py").write_text("def index(run_dir):\n"
+                                  "    from tunix_rt.registry.record import record_run\n"
+                                  "    record_run(run_dir)\n")
+    (train / "other.py").write_text("from tunix_rt import registry\nfrom ..registry import liveness\n")
+    (train / "cli.py").write_text("from tunix_rt.registry.live import LiveIndex\n")  # the entry point may
+    assert registry_imports(train) == ["other.py: tunix_rt.registry", "other.py: tunix_rt.registry.liveness",
+                                       "run.py: tunix_rt.registry.record", "run.py: tunix_rt.registry.record.record_run"]
+
+
+def test_training_does_not_import_the_registry():
+    """The registry is told about a live run through the on_update hook its entry points
+    pass in (train.metrics.OnUpdate), never imported by training."""
+    assert registry_imports(SRC / "tunix_rt" / "train") == []

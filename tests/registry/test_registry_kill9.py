@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from registry_testlib import write_run
-from tunix_rt.registry import liveness, queries
+from tunix_rt.process import process_identity, start_ticks
+from tunix_rt.registry import queries
 from tunix_rt.registry.record import record_run, sync_home
 from tunix_rt.train import checkpoint
-from tunix_rt.train.run import read_jsonl
+from tunix_rt.train.metrics import read_jsonl
 
 SMOKE = ["--config", "smoke", "save_interval=2", "keep_checkpoints=2"]
 
@@ -151,7 +152,7 @@ def _age(run, seconds: float) -> None:
 
 
 def test_sync_asks_the_process_on_this_host_and_the_clock_elsewhere(home):
-    me = liveness.process_identity()
+    me = process_identity()
     alive = _running(home, "alive", me)
     dead = _running(home, "dead", {**me, "pid": _dead_pid()})
     reused = _running(home, "reused", {**me, "start": me["start"] - 1})  # the pid is someone else now
@@ -159,7 +160,7 @@ def test_sync_asks_the_process_on_this_host_and_the_clock_elsewhere(home):
     other_silent = _running(home, "other-silent", {"host": "elsewhere", "pid": 1, "start": 1})
     container = _running(home, "container", {**me, "pid": _dead_pid(), "pidns": "pid:[1]"})  # same host name
     zombie = _zombie()
-    _running(home, "zombie", {**me, "pid": zombie.pid, "start": liveness._start_ticks(zombie.pid)})
+    _running(home, "zombie", {**me, "pid": zombie.pid, "start": start_ticks(zombie.pid)})
     before_record = _running(home, "no-record", None)
     _age(other_silent, 7200)
     _age(before_record, 7200)

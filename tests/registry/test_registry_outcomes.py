@@ -18,7 +18,7 @@ from tunix_rt.registry import queue
 from tunix_rt.registry.jobs import TrainParams
 from tunix_rt.registry.worker import Worker, WorkerConfig
 from tunix_rt.train import checkpoint
-from tunix_rt.train.run import read_jsonl
+from tunix_rt.train.metrics import read_jsonl
 
 STEPS = 24
 

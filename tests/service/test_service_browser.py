@@ -233,9 +233,11 @@ def test_a_long_answer_wraps(site, home):
 
 
 def test_a_cli_run_is_visible_while_it_trains(site, home, monkeypatch):
-    """MetricsLog (what the CLI's training loop logs through) indexes the run as it goes:
-    the runs page shows it running, its page draws the curve and grows it."""
-    from tunix_rt.train.run import MetricsLog
+    """MetricsLog with the registry's live index (what the CLI's training loop logs through)
+    indexes the run as it goes: the runs page shows it running, its page draws the curve and
+    grows it."""
+    from tunix_rt.registry.live import LiveIndex
+    from tunix_rt.train.metrics import MetricsLog
 
     srv, page, _ = site
     _login(page, srv)
@@ -243,8 +245,8 @@ def test_a_cli_run_is_visible_while_it_trains(site, home, monkeypatch):
     page.wait_for_selector("[data-testid=runs]")
     run = write_run(home, "tiny-gemma3-20261122-070000-ef56", status="running")
     (run / "metrics.jsonl").unlink()
-    monkeypatch.setattr(MetricsLog, "REGISTRY_EVERY_S", 0.0)
-    log = MetricsLog(run)
+    monkeypatch.setattr(LiveIndex, "REGISTRY_EVERY_S", 0.0)
+    log = MetricsLog(run, on_update=LiveIndex())
     try:
         for step in (1, 2, 3):
             log.log({"step": step, "loss": 5.0 - step, "lr": 0.001})

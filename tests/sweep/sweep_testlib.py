@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from tunix_rt.train.run import read_jsonl
+from tunix_rt.train.metrics import read_jsonl
 
 STEPS, EVAL_EVERY = 6, 2
 BASE = {"model": "tiny-gemma3", "dataset": "tiny@v1", "split": "all", "eval_split": "all", "eval_limit": 8,

@@ -209,7 +209,7 @@ def test_a_trial_stopped_for_shutdown_is_handed_back_and_resumed(one_trial):
 
     from tunix_rt.registry import queue
     from tunix_rt.registry.worker import Worker, WorkerConfig
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     home, job = one_trial
     w = Worker(home, WorkerConfig(lease_s=5, poll_s=0.05, max_jobs=1))

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.driver import train
-from tunix_rt.train.run import read_jsonl
+from tunix_rt.train.metrics import read_jsonl
 import train_testlib  # noqa: E402
 from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
 

@@ -94,7 +94,7 @@ def _two(home, args: list[str], fault_rank: int | None = None) -> list[subproces
 
 
 def _rows(run, key="loss"):
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     return [(r["step"], r[key]) for r in read_jsonl(run / "metrics.jsonl") if key in r]
 
@@ -113,7 +113,7 @@ def test_two_processes_killed_resumed_equal_one(home, tmp_path):
     from tunix_rt.train import checkpoint
     from tunix_rt.train.config import TrainConfig
     from tunix_rt.train.driver import train
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     cfg = _config(tmp_path, mesh={"fsdp": 2, "tp": 1})
     rs = _two(home, ["--config", cfg], fault_rank=1)

@@ -63,7 +63,7 @@ def _cli(home, args, fault=None):
 
 
 def _rows(run):
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     return read_jsonl(run / "metrics.jsonl")
 
@@ -75,7 +75,7 @@ def _adapter(run):
 
 
 def test_sigkill_then_resume_equals_uninterrupted(home, tmp_path):
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     cfg = _config(tmp_path)
     r = _cli(home, ["--config", cfg])

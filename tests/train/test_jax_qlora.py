@@ -89,7 +89,7 @@ def runs(tmp_path_factory):
 
 
 def _losses(run):
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     return [r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
 

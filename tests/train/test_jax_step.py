@@ -113,7 +113,7 @@ def rl_cfg(tmp_path, **over):
 def test_grpo_on_jax_is_complete_with_reward_rows_and_checkpoints(home, tmp_path):
     from tunix_rt.train import checkpoint
     from tunix_rt.train.driver import train
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     run = train(rl_cfg(tmp_path), home)
     manifest = json.loads((run / "run_manifest.json").read_text())

@@ -26,7 +26,7 @@ from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import Batch, process_rows, weighted
 from tunix_rt.train.driver import train
-from tunix_rt.train.run import read_jsonl
+from tunix_rt.train.metrics import read_jsonl
 from train_testlib import one_torch_thread, write_traces  # noqa: F401 (autouse fixture)
 
 HERE = Path(__file__).resolve().parent

@@ -14,7 +14,7 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import BatchStream
 from tunix_rt.train import torch_engine as te
 from tunix_rt.train.driver import train
-from tunix_rt.train.run import read_jsonl
+from tunix_rt.train.metrics import read_jsonl
 from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
 
 

@@ -144,7 +144,7 @@ def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp
 
     from tunix_rt.models.catalog import get_preset
     from tunix_rt.models.tiny import build_tiny
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     # weights made elsewhere (here: with torch, in this process), as a Kaggle model dir
     src = build_tiny(get_preset("tiny-gemma3"), tmp_path / "tiny-src", seed=0)
@@ -212,7 +212,7 @@ def test_torch_free_tensor_table_equals_transformers(name):
 
 def test_metrics_without_any_tensorboard_writer(tmp_path, monkeypatch, capsys):
     """No tensorboardX and no torch: metrics.jsonl is still written, with a note."""
-    from tunix_rt.train import run as run_mod
+    from tunix_rt.train import metrics as run_mod
 
     monkeypatch.setattr(run_mod, "TB_WRITERS", ("tunix_rt_no_such_writer", "tunix_rt_no_such_writer.either"))
     log = run_mod.MetricsLog(tmp_path)

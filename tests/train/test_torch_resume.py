@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.run import read_jsonl
+from tunix_rt.train.metrics import read_jsonl
 from tunix_rt.train.driver import train
 from train_testlib import write_traces  # noqa: E402
 

@@ -10,14 +10,14 @@ gone is marked `interrupted` in its manifest, with the reason and its last commi
 checkpoint, as the process marks itself on a Ctrl-C: the files stay the source of truth,
 and `--resume` continues it.
 
-Nothing here imports the registry's database: the trainer calls process_identity().
+Nothing here imports the registry's database; the trainer records its writer with
+tunix_rt.process.process_identity(), which this module asks about.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 
 from tunix_rt import fence
 from tunix_rt.files import write_json_atomic
+from tunix_rt.process import pid_namespace, proc_stat
 from tunix_rt.rundir import CHECKPOINTS, MANIFEST
 
 LIVE = ("created", "running")
@@ -35,41 +36,10 @@ no file of it changed (every step appends to data_order.jsonl)."""
 STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def process_identity() -> dict[str, Any]:
-    """This process, as a run manifest records its writer."""
-    pid = os.getpid()
-    return {"host": fence.host_name(), "pid": pid, "start": _start_ticks(pid), "pidns": _pid_namespace()}
-
-
-def _pid_namespace() -> str | None:
-    """Which pid namespace this process sees (containers on one host name share none):
-    only a process in the same one may ask about a pid."""
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    """When the process started (clock ticks after boot); None where there is no /proc."""
-    stat = _stat(pid)
-    return int(stat[19]) if stat else None
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields 3.. of Linux /proc/<pid>/stat (state, ppid, …; [19] is field 22, starttime)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after "(comm)"
-        int(fields[19])
-        return fields
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def gone_reason(run_dir: Path, manifest: dict[str, Any], stale_after_s: float = STALE_AFTER_S) -> str | None:
     """Why the writer of this `created`/`running` run is gone, or None while it may live."""
     proc = manifest.get("process") if isinstance(manifest.get("process"), dict) else {}
-    if (proc.get("host"), proc.get("pidns")) == (fence.host_name(), _pid_namespace()) and isinstance(proc.get("pid"), int):
+    if (proc.get("host"), proc.get("pidns")) == (fence.host_name(), pid_namespace()) and isinstance(proc.get("pid"), int):
         return _pid_gone(proc)
     silent = time.time() - last_sign_of_life(run_dir)
     if silent <= stale_after_s:
@@ -80,7 +50,7 @@ def gone_reason(run_dir: Path, manifest: dict[str, Any], stale_after_s: float = 
 
 def _pid_gone(proc: dict[str, Any]) -> str | None:
     pid, start = proc["pid"], proc.get("start")
-    stat = _stat(pid)
+    stat = proc_stat(pid)
     if not fence.pid_alive(pid) or (stat and stat[0] == "Z"):  # a zombie waits only for its parent
         return f"its process {pid} on {proc['host']} is gone (killed?)"
     if start is not None and stat and int(stat[19]) != start:

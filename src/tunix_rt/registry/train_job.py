@@ -24,6 +24,7 @@ def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_
     if earlier is not None and Run(earlier).status() == "succeeded":
         run_dir = earlier  # an earlier attempt finished training and died before reporting
     else:
+        from tunix_rt.registry.live import LiveIndex
         from tunix_rt.train.driver import train
 
         resumable = earlier is not None and (one_run or any(earlier.glob(f"{CHECKPOINTS}/*/COMMIT")))
@@ -31,7 +32,8 @@ def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_
         ctx.cooperative = True  # the driver polls should_stop after every step
         ctx.interruptible = True
         try:
-            run_dir = Path(train(cfg, ctx.home, resume=str(resume) if resume else None, should_stop=should_stop))
+            run_dir = Path(train(cfg, ctx.home, resume=str(resume) if resume else None, should_stop=should_stop,
+                                 on_update=LiveIndex()))
         finally:
             ctx.interruptible = False
     ctx.run_dir = run_dir

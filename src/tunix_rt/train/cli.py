@@ -53,15 +53,15 @@ def train_cmd(
     if merge and not resume:
         items.append("merge=true")
     cfg = TrainConfig.load(config, items)
+    from tunix_rt.registry.live import LiveIndex
+    from tunix_rt.registry.record import record_run
     from tunix_rt.train import dist
     from tunix_rt.train.driver import train
     from tunix_rt.train.run import StopOnSigterm
 
-    with StopOnSigterm() as stop:
-        run_dir = train(cfg, home, resume, should_stop=stop)
+    with StopOnSigterm() as stop:  # the registry shows the run while it trains (LiveIndex)
+        run_dir = train(cfg, home, resume, should_stop=stop, on_update=LiveIndex())
     if not dist.is_main():  # under torchrun: process 0 records and reports the run
         return
-    from tunix_rt.registry.record import record_run
-
     record_run(run_dir)  # the run directory stays the source of truth; the registry points at it
     typer.echo(str(run_dir))

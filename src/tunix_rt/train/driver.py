@@ -25,15 +25,17 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import Engine
 from tunix_rt.train.faults import fault_point
 from tunix_rt.train.method import Method, make_method
-from tunix_rt.train.run import MetricsLog, RunDir, RunStopped, never, open_run, plot_loss
+from tunix_rt.train.metrics import MetricsLog, OnUpdate, ignore_update, plot_loss
+from tunix_rt.train.run import RunDir, RunStopped, never, open_run
 from tunix_rt.train.schedule import lr_at
 
 
 def train(cfg: TrainConfig, home: Home, resume: str | None = None,
-          should_stop: Callable[[], bool] = never) -> Path:
+          should_stop: Callable[[], bool] = never, on_update: OnUpdate = ignore_update) -> Path:
     """Train; returns the run directory. `resume` is a run id or directory; `should_stop` is
     polled after every step (the job worker's stop hook): the step just done is checkpointed
-    and RunStopped raised."""
+    and RunStopped raised. `on_update(run_dir)` is told after every metrics line (the
+    registry's live index, passed in by the entry points that have one)."""
     from tunix_rt.files import weights_sha256
     from tunix_rt.models.store import ensure_model, load_tokenizer
     from tunix_rt.traces.dataset import load_dataset
@@ -68,7 +70,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
         def save(step: int) -> None:
             checkpoint.save(run.path, step, engine.save, {**identity, **method.state()}, cfg, cfg.keep_checkpoints)
 
-        with dist.on_main(MetricsLog, run.path, start) as log:
+        with dist.on_main(MetricsLog, run.path, start, on_update) as log:
             fit(engine, method, log, start, save, should_stop, run.run_id)
             final = final_eval(engine, method, log, run.path, start)
         if start < method.total_steps:
@@ -117,7 +119,7 @@ def final_eval(engine: Engine, method: Method, log: MetricsLog, run_dir: Path, s
     """The evaluation after the last step, logged once. It is logged before the final
     checkpoint is saved, so a run resumed from that checkpoint holds its row already: read
     back, not evaluated and logged again."""
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     total = method.total_steps
     if start == total:
@@ -216,7 +218,7 @@ def check_plan(cfg: TrainConfig, engine: str, facts: dict[str, Any]) -> dict[str
 
 
 def final_metrics(run_dir: Path, final: dict[str, float]) -> dict[str, Any]:
-    from tunix_rt.train.run import read_jsonl
+    from tunix_rt.train.metrics import read_jsonl
 
     rows = [r for r in read_jsonl(run_dir / rundir.METRICS) if "loss" in r]
     out: dict[str, Any] = dict(final)
