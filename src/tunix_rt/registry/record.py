@@ -11,10 +11,8 @@ the job and must stop, so it always propagates.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,14 +24,13 @@ from sqlalchemy.orm import Session
 
 from tunix_rt import fence, rundir
 from tunix_rt.errors import BadInput
-from tunix_rt.files import MODEL_MANIFEST
+from tunix_rt.files import MODEL_MANIFEST, weights_sha256
 from tunix_rt.registry import db
 from tunix_rt.registry.liveness import STALE_AFTER_S, STEP_DIR, mark_if_gone
 from tunix_rt.registry.models import Checkpoint, Dataset, Evaluation, Metric, ModelVersion, Prediction, Run
 
 log = logging.getLogger("tunix_rt.registry")
 T = TypeVar("T")
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def record_dataset(dataset_dir: str | Path, *, url: str | None = None, strict: bool = False) -> str | None:
@@ -42,7 +39,8 @@ def record_dataset(dataset_dir: str | Path, *, url: str | None = None, strict: b
 
 
 def record_model(model_dir: str | Path, *, url: str | None = None, strict: bool = False) -> str | None:
-    """Index a model directory as a content-addressed model version; returns its sha256."""
+    """Index a model directory as a content-addressed model version; returns its sha256
+    (files.weights_sha256, the identity a run's manifest records for its model)."""
     return _safely(lambda: _record_model(Path(model_dir), url), "model", model_dir, strict)
 
 
@@ -149,44 +147,14 @@ def _record_dataset(path: Path, url: str | None) -> str:
 
 # --- models -----------------------------------------------------------------------------
 
-def model_sha256(path: Path, manifest: dict[str, Any]) -> str:
-    """sha256 over "relative/path sha256" lines of the model's files, sorted. File hashes
-    come from the manifest where it lists them, otherwise from the files themselves."""
-    listed = _file_hashes(manifest)
-    lines = []
-    for f in sorted(p for p in path.rglob("*") if p.is_file() and p.name != MODEL_MANIFEST):
-        rel = f.relative_to(path).as_posix()
-        digest = listed.get(rel) or listed.get(f.name) or _sha256_file(f)
-        lines.append(f"{rel} {digest}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def _file_hashes(manifest: dict[str, Any]) -> dict[str, str]:
-    """Any {filename: 64-hex} mapping in the manifest (e.g. under "files" or "sha256")."""
-    found: dict[str, str] = {}
-    for value in manifest.values():
-        if isinstance(value, dict):
-            for k, v in value.items():
-                if isinstance(v, str) and HEX64.match(v):
-                    found[str(k)] = v
-                elif isinstance(v, dict) and isinstance(v.get("sha256"), str):
-                    found[str(k)] = v["sha256"]
-    return found
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _record_model(path: Path, url: str | None) -> str:
     if not (path / "config.json").is_file():
         raise BadInput(f"{path}: not a model directory (no config.json)")
     m = read_json(path / MODEL_MANIFEST) if (path / MODEL_MANIFEST).is_file() else {}
-    sha = model_sha256(path, m)
+    try:
+        sha = weights_sha256(path)  # the one identity: a run's manifest and checkpoints name it too
+    except FileNotFoundError as e:
+        raise BadInput(f"{path}: not a model directory ({e})") from None
     with db.session(url) as s:
         _upsert(s, ModelVersion, {"sha256": sha}, {
             "name": str(m.get("name") or path.name), "preset": m.get("preset"),
