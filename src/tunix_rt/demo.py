@@ -31,7 +31,7 @@ from tunix_rt import evidence, files, rundir
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
-from tunix_rt.train import engines
+from tunix_rt.train import engines, report
 
 DEMO_STATE = "demo.json"  # in the run dir: which evaluations the demo compared, stage timings
 
@@ -214,7 +214,7 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
                  "tuned_eval": str(tuned_dir), "stage_seconds": seconds,
                  "reused_now": stages.cached, "finished_at": evidence.now_iso()}
         evidence.ensure_environment(run_dir)
-        evidence.write_report(run_dir, tuned_dir, base_dir, stage_seconds=seconds)
+        report.write_report(run_dir, tuned_dir, base_dir, stage_seconds=seconds)
         check_evidence(run_dir, tuned_dir)
         files.write_json_atomic(run_dir / DEMO_STATE, state)
         register(run_dir, base_dir)
@@ -222,7 +222,7 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
             rl_dir, rl_eval = rl
             state.update(rl_run_id=rl_dir.name, rl_eval=str(rl_eval))
             evidence.ensure_environment(rl_dir)
-            evidence.write_report(rl_dir, rl_eval, base_dir, stage_seconds=seconds, sft_eval_dir=tuned_dir)
+            report.write_report(rl_dir, rl_eval, base_dir, stage_seconds=seconds, sft_eval_dir=tuned_dir)
             check_evidence(rl_dir, rl_eval)
             files.write_json_atomic(rl_dir / DEMO_STATE, state)
             register(rl_dir, base_dir)
@@ -370,10 +370,12 @@ def find_finished_run(cfg: Any, home: Home) -> Path | None:
 
 
 def train(cfg: Any, home: Home) -> Path:
-    """Train through the driver (the configured engine, auto resolved as everywhere)."""
+    """Train through the driver (the configured engine, auto resolved as everywhere); the
+    registry shows the run while it trains."""
+    from tunix_rt.registry.live import LiveIndex
     from tunix_rt.train.driver import train as driver_train
 
-    return Path(driver_train(cfg, home))
+    return Path(driver_train(cfg, home, on_update=LiveIndex()))
 
 
 def evaluate(cfg: Any, home: Home, run_dir: Path | None, ds: Any, n: int, decode: Any,
@@ -400,7 +402,7 @@ def print_result(console: Console, summaries: list[dict], run_dir: Path, seconds
     labels = ("base model", "fine-tuned") if len(summaries) == 2 else ("base model", "SFT", "SFT+RL")
     for col in ("metric", *labels, "change"):
         table.add_column(col, justify="left" if col == "metric" else "right")
-    for row in evidence.before_after_rows(*summaries):
+    for row in report.before_after_rows(*summaries):
         table.add_row(*row)
     console.print(table)
     console.print("stage times: " + ", ".join(

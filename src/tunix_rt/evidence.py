@@ -6,7 +6,7 @@ every evidence file is written atomically and checked for placeholders before it
 - `git_sha()`: which tunix-rt produced it.
 - `find_placeholders()` / `assert_real_values()`: nulls, NaN, empty strings and placeholder
   words anywhere in a JSON tree.
-- `check_run_evidence()`, `write_report()`: the run directory's files and its REPORT.md.
+- `check_run_evidence()`: the run directory's files (REPORT.md is written by train.report).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from typing import Any, Iterable
 
 from tunix_rt import __version__
 from tunix_rt.errors import TunixRtError
-from tunix_rt.files import write_bytes_atomic, write_json_atomic
-from tunix_rt.rundir import (ADAPTER_WEIGHTS, CONFIG, ENVIRONMENT, LOSS_PLOT, MANIFEST, PREDICTIONS, REPORT, SUMMARY, Run,
-                             adapter_dir, reward_curves)
-from tunix_rt.train.methods import rolls_out
+from tunix_rt.files import write_json_atomic
+from tunix_rt.rundir import (ADAPTER_WEIGHTS, CONFIG, ENVIRONMENT, LOSS_PLOT, MANIFEST, PREDICTIONS, SUMMARY, Run,
+                             adapter_dir)
 
 # Packages whose versions change results; reported as "not installed" when absent.
 PACKAGES = (
@@ -397,142 +396,3 @@ def ensure_environment(run_dir: Path) -> Path:
         manifest = Run(Path(run_dir)).manifest
         write_json_atomic(path, manifest.get("environment") or environment_snapshot())
     return path
-
-
-# --------------------------------------------------------------------------- REPORT.md
-
-N_EXAMPLES = 5
-
-ROWS = (("accuracy", "accuracy", True), ("format rate", "format_rate", True),
-        ("answer found", "answer_found_rate", True), ("truncated", "truncated_rate", True),
-        ("mean tokens", "mean_completion_tokens", False))
-
-
-def before_after_rows(*summaries: dict) -> list[tuple[str, ...]]:
-    """(metric, value per summary..., change last vs first) as display strings; shared by the
-    CLI and REPORT.md (base → fine-tuned, or base → SFT → SFT+RL)."""
-    rows = []
-    for label, key, pct in ROWS:
-        vals = [s["metrics"][key] for s in summaries]
-        if pct:
-            rows.append((label, *(f"{100 * v:.1f}%" for v in vals), f"{100 * (vals[-1] - vals[0]):+.1f} pt"))
-        else:
-            rows.append((label, *(f"{v:.1f}" for v in vals), f"{vals[-1] - vals[0]:+.1f}"))
-    return rows
-
-
-def write_report(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None = None,
-                 stage_seconds: dict[str, float] | None = None, sft_eval_dir: Path | None = None) -> Path:
-    """REPORT.md: what was trained, the before/after table (when a base evaluation is
-    given; base → SFT → SFT+RL with the SFT run's evaluation), the training curves (loss;
-    rewards for an RL run) and the first five predictions of the evaluation (the first
-    five, not the best five)."""
-    run_dir, eval_dir = Path(run_dir), Path(eval_dir)
-    manifest = Run(run_dir).manifest
-    tuned = json.loads((eval_dir / SUMMARY).read_text())
-    base = json.loads((Path(base_eval_dir) / SUMMARY).read_text()) if base_eval_dir else None
-    sft = json.loads((Path(sft_eval_dir) / SUMMARY).read_text()) if sft_eval_dir else None
-    preds = [json.loads(x) for x in (eval_dir / PREDICTIONS).read_text().splitlines() if x.strip()]
-    parts = [_report_head(run_dir, manifest, tuned), _report_table(tuned, base, sft),
-             _report_loss(run_dir), _report_examples(preds[:N_EXAMPLES])]
-    if stage_seconds:
-        parts.append(_report_stages(stage_seconds))
-    parts.append(_report_files(run_dir, eval_dir, base_eval_dir))
-    return write_bytes_atomic(run_dir / REPORT, "\n".join(parts).encode("utf-8"))
-
-
-def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
-    cfg = manifest["config"]
-    ds = tuned["dataset"]
-    how = (f"{cfg.get('method', 'sft')} with {cfg.get('finetune', 'lora')}"
-           + (f" (rank {cfg['lora_rank']}, alpha {cfg['lora_alpha']})" if cfg.get("finetune", "lora") == "lora" else ""))
-    rl = (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
-          f"beta {cfg['beta']}, rewards {json.dumps(cfg['rewards'], sort_keys=True)}"
-          + (f", from run `{cfg['init']}`" if cfg.get("init") else "")) if rolls_out(cfg.get("method", "sft")) else None
-    return "\n".join([line for line in [
-        f"# tunix-rt run `{run_dir.name}`", "",
-        f"- model: `{cfg['model']}`, {how} on `{cfg['dataset']}` split `{cfg['split']}`",
-        rl,
-        f"- training: {cfg.get('max_steps', cfg.get('epochs'))} "
-        f"{'steps' if cfg.get('max_steps') else 'epochs'} of {cfg['batch_size']}×{cfg['grad_accum']} "
-        f"sequences ≤ {cfg['max_seq_len']} tokens, lr {cfg['lr']}, {cfg['dtype']}, "
-        f"{manifest['engine']} engine, seed {cfg['seed']}",
-        f"- status: {manifest['status']}, started {manifest['started_at']}, "
-        f"finished {manifest.get('finished_at', 'not finished')}",
-        f"- evaluation: {ds['name']}@{ds['version']} `{ds['split']}`, n={tuned['metrics']['n']}, "
-        f"decoding {json.dumps(tuned['decoding'], sort_keys=True)}",
-        f"- tunix-rt {manifest['git_sha']}", "",
-    ] if line is not None])
-
-
-def _report_table(tuned: dict, base: dict | None, sft: dict | None = None) -> str:
-    if base is None:
-        lines = ["## Evaluation", "", "| metric | fine-tuned |", "| --- | ---: |"]
-        for label, key, pct in ROWS:
-            v = tuned["metrics"][key]
-            lines.append(f"| {label} | {100 * v:.1f}% |" if pct else f"| {label} | {v:.1f} |")
-        return "\n".join(lines + [""])
-    if sft is not None:
-        lines = ["## Base → SFT → SFT+RL (same items, same decoding)", "",
-                 "| metric | base model | SFT | SFT+RL | change (RL vs base) |", "| --- | ---: | ---: | ---: | ---: |"]
-        return "\n".join(lines + [f"| {' | '.join(row)} |" for row in before_after_rows(base, sft, tuned)] + [""])
-    lines = ["## Before / after (same items, same decoding)", "",
-             "| metric | base model | fine-tuned | change |", "| --- | ---: | ---: | ---: |"]
-    lines += [f"| {' | '.join(row)} |" for row in before_after_rows(base, tuned)]
-    return "\n".join(lines + [""])
-
-
-def _report_loss(run_dir: Path) -> str:
-    rows = Run(run_dir).metrics()
-    losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
-    rewards = reward_curves(rows)
-    text = ["## Training curves" if rewards else "## Training loss", "", "![loss](loss.png)", ""]
-    if rewards:
-        text += ["Mean reward over each step's rollouts, first five steps → last five steps:", "",
-                 "| reward | first 5 steps | last 5 steps |", "| --- | --- | --- |"]
-        for name, points in rewards.items():
-            vals = [v for _, v in points]
-            text.append(f"| {name} | {sum(vals[:5]) / len(vals[:5]):.3f} | {sum(vals[-5:]) / len(vals[-5:]):.3f} |")
-        text.append("")
-    elif losses:
-        first, last = losses[0], losses[-1]
-        text += [f"Loss per supervised token: {first[1]:.3f} at step {first[0]} → "
-                 f"{last[1]:.3f} at step {last[0]}.", ""]
-    return "\n".join(text)
-
-
-def _report_examples(preds: list[dict]) -> str:
-    lines = [f"## {len(preds)} example predictions (the first of the sample, not picked)", ""]
-    for i, p in enumerate(preds, 1):
-        mark = "correct" if p["correct"] else "wrong"
-        fmt = "format ok" if p["format_ok"] else "format broken"
-        lines += [f"### {i}. `{p['id']}`: {mark}, {fmt}, {p['n_tokens']} tokens ({p['finish_reason']})", "",
-                  f"**Question.** {_one_para(p['question'])}", "",
-                  "**Reasoning.**", "", _quote(p["reasoning"] or "(no <reasoning> block)"), "",
-                  f"**Answer:** `{p['answer'] or '(none extracted)'}` — **gold:** `{p['gold']}`", ""]
-    return "\n".join(lines)
-
-
-def _one_para(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _quote(text: str) -> str:
-    return "\n".join(f"> {line}" if line.strip() else ">" for line in text.strip().splitlines())
-
-
-def _report_stages(seconds: dict[str, float]) -> str:
-    lines = ["## Stage times (this machine)", "", "| stage | seconds |", "| --- | ---: |"]
-    lines += [f"| {k} | {v:.1f} |" for k, v in seconds.items()]
-    return "\n".join(lines + [""])
-
-
-def _report_files(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None) -> str:
-    lines = ["## Files", "",
-             "- `run_manifest.json`, `config.yaml`, `environment.json`, `metrics.jsonl`, `loss.png`",
-             f"- `{eval_dir.relative_to(run_dir) if eval_dir.is_relative_to(run_dir) else eval_dir}/`: "
-             "eval_summary.json, predictions.jsonl (every item)",
-             "- `final/adapter/`: the LoRA adapter (PEFT format, safetensors)"]
-    if base_eval_dir:
-        lines.append(f"- base-model evaluation: `{base_eval_dir}`")
-    return "\n".join(lines + [""])

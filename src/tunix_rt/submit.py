@@ -37,6 +37,7 @@ import typer
 from tunix_rt import evidence, files, rundir
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.home import Home
+from tunix_rt.train import report
 
 MANIFEST = "MANIFEST.sha256"
 SUBMISSION_JSON = "submission.json"
@@ -83,7 +84,7 @@ def complete_evidence(run_dir: Path, eval_dir: Path, baseline: Path | None) -> N
     before/after table."""
     evidence.ensure_environment(run_dir)
     if baseline is not None or not (run_dir / rundir.REPORT).is_file():
-        evidence.write_report(run_dir, eval_dir, baseline)
+        report.write_report(run_dir, eval_dir, baseline)
 
 
 def collect(run_dir: Path, eval_dir: Path, merged: bool) -> list[Member]:
