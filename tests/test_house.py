@@ -401,3 +401,10 @@ def test_training_does_not_import_the_registry():
     """The registry is told about a live run through the on_update hook its entry points
     pass in (train.metrics.OnUpdate), never imported by training."""
     assert registry_imports(SRC / "tunix_rt" / "train") == []
+
+
+def test_evidence_imports_no_training():
+    """evidence.py keeps the evidence (environment, placeholder check, schemas); REPORT.md's
+    writer, which needs the method table, lives in train.report beside its callers."""
+    names = imported_names("tunix_rt.evidence", SRC / "tunix_rt" / "evidence.py")
+    assert sorted(n for n in names if n == "tunix_rt.train" or n.startswith("tunix_rt.train.")) == []
