@@ -45,7 +45,8 @@ def test_one_resolution_per_engine():
 
 
 def test_the_torch_engine_resolves_through_it():
-    cfg = TrainConfig(dataset="x", device="cpu")
-    assert te.resolve_device(cfg) == devices.torch_device("cpu")
+    engine = te.TorchEngine(TrainConfig(dataset="x", device="cpu"))
+    engine.devices()
+    assert engine.device == devices.torch_device("cpu")
     with pytest.raises(BadInput, match="JAX device name"):
-        te.resolve_device(TrainConfig(dataset="x", device="gpu"))
+        te.TorchEngine(TrainConfig(dataset="x", device="gpu")).devices()

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tunix_rt.devices import JAX_PLATFORM
 from tunix_rt.errors import BadInput
 
-PLATFORMS = {"auto": None, "cpu": "cpu", "gpu": "gpu", "cuda": "gpu", "tpu": "tpu"}
+PLATFORMS = JAX_PLATFORM  # device name -> JAX platform (the one vocabulary: tunix_rt.devices)
 HOW_TO_GET = {
     "tpu": "on Kaggle set Accelerator to TPU v3-8 / v5e-8 (Notebook options); elsewhere run on a "
            "TPU VM with `pip install jax[tpu]`",

@@ -124,12 +124,12 @@ def test_grad_accumulation_8x1_equals_1x8(home, tmp_path):
 def test_device_errors_name_what_was_asked_and_what_exists(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(BadInput, match=r"device 'cuda' was asked.*available here: cpu"):
-            te.resolve_device(small_cfg(tmp_path, device="cuda"))
+            te.TorchEngine(small_cfg(tmp_path, device="cuda")).devices()
     with pytest.raises(BadInput, match="bf16 on a CPU is refused"):
         te.TorchEngine(small_cfg(tmp_path, device="cpu", dtype="bf16")).devices()
     assert te.TorchEngine(small_cfg(tmp_path, device="cpu", dtype="bf16", force_bf16_cpu=True)).devices()["platform"] == "cpu"
     with pytest.raises(BadInput, match="JAX device name"):
-        te.resolve_device(small_cfg(tmp_path, device="tpu"))
+        te.TorchEngine(small_cfg(tmp_path, device="tpu")).devices()
 
 
 def test_a_run_with_nothing_to_train_on_is_refused_before_a_run_directory(home, tmp_path):

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tunix_rt import devices
 from tunix_rt.eval.generate import DecodeConfig
 
 out = Console()
@@ -26,7 +27,7 @@ def eval_cmd(
     split: Annotated[Optional[str], typer.Option("--split", help="train | dev | all (default: dev; all for a JSONL path).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N records of the split.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="auto | torch | jax (auto: JAX for gpu/tpu or where torch is missing, as train picks)")] = "auto",
-    device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda (torch) | gpu | tpu (jax)")] = "auto",
+    device: Annotated[str, typer.Option("--device", help=devices.HELP)] = "auto",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Most tokens generated per item.")] = DecodeConfig.max_new_tokens,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Prompts decoded together.")] = DecodeConfig.batch_size,
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy; above 0 samples.")] = DecodeConfig.temperature,

@@ -12,11 +12,12 @@ from typing import Any
 
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.home import Home
+from tunix_rt.devices import TORCH
 from tunix_rt.models.catalog import PRESETS
 from tunix_rt.models.store import MODEL_MANIFEST, ensure_model
 
 DTYPES = ("fp32", "bf16")
-DEVICES = ("cpu", "cuda")
+DEVICES = TORCH  # the torch engine's devices (tunix_rt.devices)
 ATTENTION = ("eager", "sdpa")
 
 

@@ -120,7 +120,8 @@ def load(model_id: str, home: Home, cfg: ServeConfig, on_idle: Callable[[], None
     """Resolve and load a model onto the eval generator, with its scheduler running
     (`on_idle`: called whenever its batch empties)."""
     from tunix_rt.eval.generate import TorchGenerator
-    from tunix_rt.eval.runner import load_model, resolve_device, resolve_target
+    from tunix_rt.devices import resolve_device
+    from tunix_rt.eval.runner import load_model, resolve_target
     from tunix_rt.models.store import load_tokenizer
     from tunix_rt.train import engines
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 
+from tunix_rt import devices
 from tunix_rt.errors import BadInput
 
 #: engine name -> (module, class, the package it needs, how to install it)
@@ -20,10 +21,8 @@ ENGINES: dict[str, tuple[str, str, str, str]] = {
     "jax": ("tunix_rt.train.jax_engine", "JaxEngine", "jax", "pip install 'tunix-rt[jax]'"),
 }
 CHOICES = ("auto", *ENGINES)
-#: device names: auto, the torch engine's (cpu, cuda) and the JAX engine's (cpu, gpu, tpu)
-DEVICES = ("auto", "cpu", "cuda", "gpu", "tpu")
-#: device names only the JAX engine serves
-JAX_ONLY_DEVICES = ("gpu", "tpu")
+#: device names (the one vocabulary: tunix_rt.devices)
+DEVICES, JAX_ONLY_DEVICES = devices.NAMES, devices.JAX_ONLY
 
 
 def installed(name: str) -> bool:

@@ -63,7 +63,7 @@ class TorchEngine:
         from tunix_rt.evidence import cpu_facts
         from tunix_rt.train.common import check_dtype, tune_cpu_allocator
 
-        self.device = resolve_device(self.cfg)
+        self.device = torch_device(self.cfg.device, dist.local_rank())  # torchrun: one GPU per process
         check_dtype(self.cfg, self.device.type)
         if self.device.type == "cpu":
             tune_cpu_allocator()  # before the weights are loaded
@@ -450,11 +450,6 @@ def gathered(module):
             m.set_reshard_after_forward(True, recurse=False)
         for m in parts:
             m.reshard()
-
-
-def resolve_device(cfg: TrainConfig):
-    """The torch device for cfg.device (devices.torch_device; torchrun: one GPU per process)."""
-    return torch_device(cfg.device, dist.local_rank())
 
 
 def attention_of(model_dir: Path) -> str:
