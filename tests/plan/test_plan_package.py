@@ -54,3 +54,11 @@ def test_a_model_type_the_loader_does_not_know_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(BadInput, match="is not a Gemma the plan knows"):
         resolve_preset(str(tmp_path))
+
+
+def test_the_xla_estimate_lowers_the_engines_own_step_not_a_copy():
+    tree = ast.parse((PLAN / "xla.py").read_text())
+    called = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+              for node in ast.walk(tree) if isinstance(node, ast.Call)}
+    assert {"make_grad_fn", "make_update_fn"} <= called
+    assert not called & {"value_and_grad", "grad", "apply_updates", "make_loss_fn", "MultiSteps"}

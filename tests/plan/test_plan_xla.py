@@ -32,6 +32,8 @@ def test_tiny_lora_on_two_fake_devices_agrees():
     assert plan.details["xla"]["devices"] == 2 and plan.details["xla"]["compiled_dtype"] == "f32"
     assert plan.details["xla"]["argument_bytes"] > 0 and plan.details["xla"]["temp_bytes"] > 0
     assert abs(xla / analytic - 1) < 0.20
+    phases = plan.details["xla"]["phases"]  # the engine's two jitted calls, each compiled
+    assert set(phases) == {"gradient", "update"} and xla == max(p["peak_bytes_per_device"] for p in phases.values())
 
 
 def test_the_xla_step_donates_the_model_only_when_asked():
@@ -52,7 +54,7 @@ def test_the_xla_step_donates_the_model_only_when_asked():
 @pytest.mark.slow
 def test_gemma3_270m_full_on_one_device_agrees_within_15_percent():
     _, analytic, xla, _ = both(model="gemma3-270m", method="full", seq=256, batch=4, devices=1)
-    assert abs(xla / analytic - 1) < 0.15  # measured 1.015-1.058 (XLA's CPU schedule varies)
+    assert abs(xla / analytic - 1) < 0.15  # measured 1.015-1.058 (XLA's CPU schedule varies); 1.067 with the engine's own two calls
 
 
 @pytest.mark.slow

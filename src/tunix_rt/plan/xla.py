@@ -2,15 +2,17 @@
 
     python -m tunix_rt.plan.xla '<PlanInputs as JSON>'   # prints one JSON line
 
-The step is the engine's: Tunix's Gemma (`models.jax_loader`: the config built from the
+The step is the engine's own: Tunix's Gemma (`models.jax_loader`: the config built from the
 preset's config.json fields, hidden states without the vocabulary head), qwix LoRA/QLoRA
-(`train.jax_engine.apply_lora`), the engine's loss (`train.jax_loss.make_loss_fn`) and its
-optax optimizer (clipping included), returning the whole model state as the engine's
-nnx.jit does, jitted with model and optimizer donated (`donate`; without it, only the
-optimizer, as Tunix's own PeftTrainer). The model is built under `nnx.eval_shape` (abstract shapes with Tunix's sharding annotations),
-the step is lowered with `jax.ShapeDtypeStruct` arguments sharded over an ('fsdp', 'tp')
-mesh of fake CPU devices, compiled, and `memory_analysis()` gives argument + output - alias
-+ temp bytes per device.
+(`train.jax_engine.apply_lora`), split as the engine splits it, and the engine's jitted
+gradient and update functions (`jax_engine.make_grad_fn`, `make_update_fn`: its loss and its
+optax optimizer, clipping included), the update donating parameters and optimizer state
+(`donate`; without it only the optimizer state, as Tunix's own PeftTrainer). The model is
+built under `nnx.eval_shape` (abstract shapes with Tunix's sharding annotations), both
+functions are lowered with `jax.ShapeDtypeStruct` arguments sharded over an ('fsdp', 'tp')
+mesh of fake CPU devices and compiled; `memory_analysis()` gives argument + output - alias
++ temp bytes per device of each, plus what waits on the device meanwhile, and the step's
+peak is the larger call.
 
 Why a subprocess: the fake device count (`--xla_force_host_platform_device_count`) is read
 once, when jax is first imported; `tunix_rt.plan.xla_estimate` sets it and runs this module.
@@ -171,16 +173,58 @@ def _largest_dim_spec(shape, n: int):
     return PartitionSpec()
 
 
-def estimate(spec: dict[str, Any]) -> dict[str, Any]:
-    """Lower and compile the train step with abstract arguments; XLA's bytes per device."""
+def _device_bytes(tree) -> int:
+    """Bytes per device of sharded ShapeDtypeStructs."""
+    import math
+
+    import jax
+
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _abstract_batch(b: int, seq: int, data) -> dict[str, Any]:
+    """One micro-batch as the engine's `_device_batch` puts it on the mesh: rows right-padded
+    to a width bucket, rows over fsdp, the [B, L, L] attention mask built from them."""
     import jax
     import jax.numpy as jnp
-    import optax
+
+    from tunix_rt.train.engine import POLICY_AUX
+    from tunix_rt.train.jax_engine import WIDTH_BUCKET
+    from tunix_rt.train.jax_loss import attention_mask
+
+    width = -(-seq // WIDTH_BUCKET) * WIDTH_BUCKET
+
+    def sds(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=data)
+
+    real, pos = sds((b, width), jnp.bool_), sds((b, width), jnp.int32)
+    attn = jax.eval_shape(attention_mask, real, pos)
+    return {"ids": sds((b, width), jnp.int32), "pos": pos, "targets": sds((b, width), jnp.int32),
+            "coef": sds((b, width), jnp.float32), "mask": sds((b, width), jnp.bool_),
+            "aux": sds((b, width, len(POLICY_AUX)), jnp.float32), "attn": sds(attn.shape, attn.dtype)}
+
+
+def _phase(compiled, resident: int) -> dict[str, int]:
+    ma = compiled.memory_analysis()
+    used = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+    return {"peak_bytes_per_device": int(used + resident), "resident_bytes": int(resident),
+            "argument_bytes": int(ma.argument_size_in_bytes), "output_bytes": int(ma.output_size_in_bytes),
+            "alias_bytes": int(ma.alias_size_in_bytes), "temp_bytes": int(ma.temp_size_in_bytes)}
+
+
+def estimate(spec: dict[str, Any]) -> dict[str, Any]:
+    """Lower and compile the engine's own step (`jax_engine.make_grad_fn` and `make_update_fn`)
+    with abstract arguments. It peaks in one of its two calls: the gradient of a micro-batch
+    (the optimizer state, and when accumulating the gradient sum, wait on the device) or the
+    update (the frozen rest and the RNG state wait). Argument, output, alias and temp bytes
+    are the two calls' together; `phases` has each."""
+    import jax
+    import jax.numpy as jnp
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from tunix_rt.train import jax_loss
-    from tunix_rt.train.jax_engine import make_optimizer
+    from tunix_rt.train.engine import NLL
+    from tunix_rt.train.jax_engine import make_grad_fn, make_optimizer, make_update_fn
 
     t0 = time.perf_counter()
     n, tp = spec["devices"], spec.get("tp", 1)
@@ -194,55 +238,36 @@ def estimate(spec: dict[str, Any]) -> dict[str, Any]:
     mesh = jax.make_mesh((n // tp, tp), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     _force_activation_sharding(mesh)
     model, cfg = _abstract_model(spec, mesh)
-    wrt = nnx.LoRAParam if spec["method"] == "lora" else nnx.Param
-    graphdef, trainable, rest = nnx.split(model, wrt, ...)
-    trainable = _sharded(trainable, mesh, n // tp)
-    rest = _sharded(rest, mesh, n // tp)
+    kind = nnx.LoRAParam if spec["method"] == "lora" else nnx.Param
+    graph, params, rngs, rest = nnx.split(model, kind, nnx.RngState, ...)  # as the engine splits it
+    params, rngs, rest = (_sharded(x, mesh, n // tp) for x in (params, rngs, rest))
     tx = make_optimizer(cfg)
-    if spec["grad_accum"] > 1:
-        tx = optax.MultiSteps(tx, every_k_schedule=spec["grad_accum"])
-    opt_shapes = jax.eval_shape(tx.init, trainable)
+    opt_shapes = jax.eval_shape(tx.init, params)
     by_shape = {}
-    for leaf in jax.tree.leaves(trainable):
+    for leaf in jax.tree.leaves(params):
         by_shape.setdefault((leaf.shape, leaf.dtype), leaf.sharding)
     opt_state = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=by_shape.get((x.shape, x.dtype))
                                        or NamedSharding(mesh, _largest_dim_spec(x.shape, n // tp))),
         opt_shapes)
-    engine_loss = jax_loss.make_loss_fn(cfg.loss_chunk_bytes, cfg.loss_impl)
-
-    def step(trainable, opt_state, rest, tokens, positions, mask, weights):
-        def loss_fn(tr):
-            return engine_loss(nnx.merge(graphdef, tr, rest), tokens, None, positions, mask, weights)
-
-        loss, grads = jax.value_and_grad(loss_fn)(trainable)
-        updates, opt_state = tx.update(grads, opt_state, trainable)
-        # the whole model state comes back, as from the engine's nnx.jit
-        return optax.apply_updates(trainable, updates), opt_state, rest, loss
-
-    b, seq = spec["batch"], spec["seq"]
+    b = spec["batch"]
     data = NamedSharding(mesh, PartitionSpec("fsdp") if b % (n // tp) == 0 else PartitionSpec())
-    args = (
-        trainable, opt_state, rest,
-        jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=data),
-        jax.ShapeDtypeStruct((b, seq), jnp.int32, sharding=data),
-        jax.ShapeDtypeStruct((b, seq, seq), jnp.bool_, sharding=data),
-        jax.ShapeDtypeStruct((b, seq), jnp.float32, sharding=data),
-    )
-    out_sh = (jax.tree.map(lambda x: x.sharding, trainable), jax.tree.map(lambda x: x.sharding, opt_state),
-              jax.tree.map(lambda x: x.sharding, rest), NamedSharding(mesh, PartitionSpec()))
-    # our engine donates model and optimizer; Tunix's PeftTrainer only the optimizer
-    donate = (0, 1, 2) if spec["donate"] else (1,)
+    batch = _abstract_batch(b, spec["seq"], data)
+    # our engine donates parameters and optimizer state; Tunix's PeftTrainer only the optimizer
+    update = make_update_fn(tx, (0, 1) if spec["donate"] else (1,))
     t1 = time.perf_counter()
     with jax.set_mesh(mesh):
-        compiled = jax.jit(step, donate_argnums=donate, out_shardings=out_sh).lower(*args).compile()
+        grad = make_grad_fn(graph, cfg, NLL).lower(params, rngs, rest, batch).compile()
+        upd = update.lower(params, opt_state, params, jax.ShapeDtypeStruct((), jnp.float32)).compile()
     t2 = time.perf_counter()
-    ma = compiled.memory_analysis()
-    peak = ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
+    summed = _device_bytes(params) if spec["grad_accum"] > 1 else 0  # the engine's gradient sum
+    phases = {"gradient": _phase(grad, _device_bytes(opt_state) + summed),
+              "update": _phase(upd, _device_bytes(rest) + _device_bytes(rngs))}
+    keys = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes")
     return {
-        "peak_bytes_per_device": int(peak),
-        "argument_bytes": int(ma.argument_size_in_bytes), "output_bytes": int(ma.output_size_in_bytes),
-        "alias_bytes": int(ma.alias_size_in_bytes), "temp_bytes": int(ma.temp_size_in_bytes),
+        "peak_bytes_per_device": max(ph["peak_bytes_per_device"] for ph in phases.values()),
+        **{k: sum(ph[k] for ph in phases.values()) for k in keys},
+        "peak_phase": max(phases, key=lambda k: phases[k]["peak_bytes_per_device"]), "phases": phases,
         "devices": n, "build_s": round(t1 - t0, 2), "compile_s": round(t2 - t1, 2),
         "compiled_dtype": {"fp32": "f32", "bf16": "f16" if _sixteen_bit(spec) else "bf16"}[spec["dtype"]],
     }

@@ -123,6 +123,52 @@ def param_counts(model, finetune: str) -> dict[str, int]:
     return {"params": total - lora, "trainable_params": lora if finetune == "lora" else total}
 
 
+def make_grad_fn(graph, cfg: TrainConfig, objective: Objective):
+    """The step's jitted gradient of one micro-batch: (params, rngs, rest, batch) -> (loss,
+    statistics, rngs, gradients). The engine's, and what plan.xla lowers with abstract shapes."""
+    import jax
+    from flax import nnx
+
+    from tunix_rt.train.jax_loss import hidden_states, head_of, plain_objective, token_objective
+    from tunix_rt.train.chunking import chunk_tokens
+
+    impl, chunk_bytes = cfg.loss_impl, cfg.loss_chunk_bytes
+
+    def loss_of(params, rngs, rest, b):
+        model = nnx.merge(graph, params, rngs, rest)
+        h = hidden_states(model, b["ids"], b["pos"], b["attn"])
+        emb, softcap = head_of(model)
+        if impl == "plain":
+            loss = plain_objective(h, emb, b["targets"], b["coef"], b["mask"], b["aux"], softcap, objective)
+            stats = jax.numpy.zeros(4, jax.numpy.float32)
+        else:
+            loss, stats = token_objective(h, emb, b["targets"], b["coef"], b["mask"], b["aux"],
+                                          chunk_tokens(chunk_bytes, emb.shape[0]), softcap, objective)
+        return loss, (stats, nnx.state(model, nnx.RngState))
+
+    def grad(params, rngs, rest, b):
+        (loss, (stats, rngs)), g = jax.value_and_grad(loss_of, has_aux=True)(params, rngs, rest, b)
+        return loss, stats, rngs, g
+
+    return jax.jit(grad)
+
+
+def make_update_fn(tx, donate: tuple[int, ...] = (0, 1)):
+    """The step's jitted update: (params, opt_state, grads, lr) -> (params, opt_state, grad
+    norm), donating the parameters and the optimizer state (plan.xla also lowers it donating
+    only the optimizer state, as Tunix's own PeftTrainer does)."""
+    import jax
+    import optax
+
+    def update(params, opt_state, grads, lr):
+        norm = optax.tree.norm(grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        updates = jax.tree.map(lambda u: (u * lr).astype(u.dtype), updates)
+        return optax.apply_updates(params, updates), opt_state, norm
+
+    return jax.jit(update, donate_argnums=donate)
+
+
 # --------------------------------------------------------------------------- the engine
 
 class JaxEngine:
@@ -223,47 +269,6 @@ class JaxEngine:
             self._fns[key] = build()
         return self._fns[key]
 
-    def _grad_fn(self, objective: Objective):
-        import jax
-        from flax import nnx
-
-        from tunix_rt.train.jax_loss import hidden_states, head_of, plain_objective, token_objective
-        from tunix_rt.train.chunking import chunk_tokens
-
-        graph, impl, chunk_bytes = self.graph, self.cfg.loss_impl, self.cfg.loss_chunk_bytes
-
-        def loss_of(params, rngs, rest, b):
-            model = nnx.merge(graph, params, rngs, rest)
-            h = hidden_states(model, b["ids"], b["pos"], b["attn"])
-            emb, softcap = head_of(model)
-            if impl == "plain":
-                loss = plain_objective(h, emb, b["targets"], b["coef"], b["mask"], b["aux"], softcap, objective)
-                stats = jax.numpy.zeros(4, jax.numpy.float32)
-            else:
-                loss, stats = token_objective(h, emb, b["targets"], b["coef"], b["mask"], b["aux"],
-                                              chunk_tokens(chunk_bytes, emb.shape[0]), softcap, objective)
-            return loss, (stats, nnx.state(model, nnx.RngState))
-
-        def grad(params, rngs, rest, b):
-            (loss, (stats, rngs)), g = jax.value_and_grad(loss_of, has_aux=True)(params, rngs, rest, b)
-            return loss, stats, rngs, g
-
-        return jax.jit(grad)
-
-    def _update_fn(self):
-        import jax
-        import optax
-
-        tx = self.tx
-
-        def update(params, opt_state, grads, lr):
-            norm = optax.tree.norm(grads)
-            updates, opt_state = tx.update(grads, opt_state, params)
-            updates = jax.tree.map(lambda u: (u * lr).astype(u.dtype), updates)
-            return optax.apply_updates(params, updates), opt_state, norm
-
-        return jax.jit(update, donate_argnums=(0, 1))
-
     def gradients(self, batches: list, objective: Objective):
         """(summed loss, summed statistics [4], summed gradients) of a window of micro-batches,
         nothing applied (train_step's first half; the accumulation tests compare it)."""
@@ -272,7 +277,7 @@ class JaxEngine:
 
         from tunix_rt.train.faults import fault_point
 
-        grad_fn = self._fn(("grad", objective), lambda: self._grad_fn(objective))
+        grad_fn = self._fn(("grad", objective), lambda: make_grad_fn(self.graph, self.cfg, objective))
         add = self._fn("add", lambda: jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=(0,)))
         total, stats, acc = 0.0, np.zeros(4), None
         if dist.world() > 1:
@@ -302,7 +307,7 @@ class JaxEngine:
 
         total, stats, grads = self.gradients(batches, objective)
         with jax.set_mesh(self.mesh), dist.peer_failures("optimizer update"):
-            update = self._fn("update", self._update_fn)
+            update = self._fn("update", lambda: make_update_fn(self.tx))
             self.params, self.opt_state, norm = update(self.params, self.opt_state, grads, jnp.float32(lr))
             norm = float(host(norm))
         named = dict(zip(STAT_NAMES, stats.tolist())) if objective.kind == "policy" else {}
