@@ -7,7 +7,7 @@ engine, XLA's own figure for the real train step lowered with abstract shapes
 (`tunix_rt.plan.xla`, run in a subprocess because it fakes devices).
 
 The package, one job a module (each imports only the ones above it):
-- devices: the device catalogue, probing the live device, `resolve_device`
+- devices: the device catalogue, probing the live device, `device_spec`
 - inputs: what a plan is asked (`PlanInputs`) and the model's preset (`resolve_preset`)
 - step: the analytic estimate of a training step (what it counts, and the peak formula)
 - rl: the RL step, max(rollout, update), and `analytic`, the estimate of any step
@@ -22,7 +22,7 @@ This module only re-exports the public names.
 
 from __future__ import annotations
 
-from tunix_rt.plan.devices import DEVICES, JAX_KINDS, DeviceSpec, GiB, MiB, resolve_device
+from tunix_rt.plan.devices import DEVICES, JAX_KINDS, DeviceSpec, GiB, MiB, device_spec
 from tunix_rt.plan.inputs import ALL_TARGETS, QBYTES, PlanInputs, resolve_preset
 from tunix_rt.plan.make import make_plan, plan_train, resolve_engine, xla_estimate
 from tunix_rt.plan.rl import GREEDY_BUFFERS, SAMPLER_BUFFERS, analytic, update_inputs
@@ -33,6 +33,6 @@ from tunix_rt.plan.verdict import RL_ITEM_PHASE, Plan, fmt_bytes
 __all__ = [
     "ALL_TARGETS", "CPU_BASELINE", "CUDA_CONTEXT", "DEVICES", "GREEDY_BUFFERS", "JAX_KINDS", "QBYTES",
     "RL_ITEM_PHASE", "SAMPLER_BUFFERS", "SLACK", "DeviceSpec", "GiB", "MiB", "Plan", "PlanInputs", "analytic",
-    "check_lora_rank", "fmt_bytes", "make_plan", "plan_train", "resolve_device", "resolve_engine",
+    "check_lora_rank", "fmt_bytes", "make_plan", "plan_train", "device_spec", "resolve_engine",
     "resolve_preset", "suggestions", "update_inputs", "xla_estimate",
 ]

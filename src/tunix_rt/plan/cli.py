@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from tunix_rt.errors import BadInput
-from tunix_rt.plan import DEVICES, PlanInputs, make_plan, resolve_device, resolve_engine
+from tunix_rt.plan import DEVICES, PlanInputs, make_plan, device_spec, resolve_engine
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
 
 
@@ -18,7 +18,7 @@ def plan_command(xla: bool | None, as_json: bool, **fields) -> None:
     `fields` are PlanInputs' with engine and dtype possibly "auto"."""
     fields["engine"] = resolve_engine(fields["engine"], fields["device"])
     if fields["dtype"] == "auto":  # what a run on that device would use: bf16 where it is native
-        spec = resolve_device(fields["device"])
+        spec = device_spec(fields["device"])
         fields["dtype"] = "bf16" if spec.bf16 and spec.kind != "cpu" else "fp32"
     inp = PlanInputs(**fields)
     run_xla = inp.engine == "jax" if xla is None else xla

@@ -51,7 +51,7 @@ JAX_KINDS = {"TPU v3": "tpu-v3", "TPU v4": "tpu-v4", "TPU v5 lite": "tpu-v5e", "
              "TPU v5p": "tpu-v5p", "TPU v5": "tpu-v5p", "TPU v6 lite": "tpu-v6e", "TPU v6e": "tpu-v6e"}
 
 
-def resolve_device(name: str) -> DeviceSpec:
+def device_spec(name: str) -> DeviceSpec:
     """A named device, `cpu` (this host's RAM), `cuda`/`gpu` (the GPU present) or `tpu`
     (the TPU a running JAX process sees)."""
     if name in DEVICES:

@@ -11,7 +11,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from tunix_rt.errors import TunixRtError
-from tunix_rt.plan.devices import DEVICES, resolve_device
+from tunix_rt.plan.devices import DEVICES, device_spec
 from tunix_rt.plan.inputs import PlanInputs, resolve_preset
 from tunix_rt.plan.rl import analytic, update_inputs
 from tunix_rt.plan.step import check_lora_rank
@@ -25,7 +25,7 @@ def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
     """The analytic plan (and XLA's figure when asked, JAX engine only) with suggestions."""
     preset = resolve_preset(inp.model)
     check_lora_rank(inp, preset)
-    device = resolve_device(inp.device)
+    device = device_spec(inp.device)
     notes = []
     if capacity_bytes:
         device = replace(device, capacity_bytes=int(capacity_bytes))
@@ -69,7 +69,7 @@ def resolve_engine(engine: str, device: str) -> str:
     from tunix_rt.train import engines
 
     if device not in ("cpu", "cuda", "gpu", "tpu"):  # a named kind: the engine's device word
-        device = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}[resolve_device(device).kind]
+        device = {"tpu": "tpu", "gpu": "cuda", "cpu": "cpu"}[device_spec(device).kind]
     return engines.pick("auto", device)
 
 
