@@ -3,43 +3,28 @@
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from registry_testlib import seed_home
-
-
-def _run(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from tunix_rt.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["tunix-rt", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from registry_testlib import cli_main, seed_home
 
 
 def test_sync_then_runs_list_and_show(home, monkeypatch, capsys):
     ids = seed_home(home)
-    code, out, _ = _run(monkeypatch, capsys, "registry", "sync")
+    code, out, _ = cli_main(monkeypatch, capsys, "registry", "sync")
     assert code == 0 and "datasets=1 models=0 runs=2 evaluations=2" in out
-    code, out, _ = _run(monkeypatch, capsys, "runs", "list", "--json")
+    code, out, _ = cli_main(monkeypatch, capsys, "runs", "list", "--json")
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and {r["id"] for r in rows} == {ids["run"], "tiny-gemma3-20261122-050000-cd34"}
-    code, out, _ = _run(monkeypatch, capsys, "runs", "list", "--status", "failed", "--json")
+    code, out, _ = cli_main(monkeypatch, capsys, "runs", "list", "--status", "failed", "--json")
     assert [json.loads(line)["status"] for line in out.splitlines()] == ["failed"]
-    code, out, _ = _run(monkeypatch, capsys, "runs", "list")
+    code, out, _ = cli_main(monkeypatch, capsys, "runs", "list")
     assert code == 0 and "succeeded" in out
-    code, out, _ = _run(monkeypatch, capsys, "runs", "show", ids["run"])
+    code, out, _ = cli_main(monkeypatch, capsys, "runs", "show", ids["run"])
     shown = json.loads(out)
     assert code == 0 and shown["checkpoints"] == [5, 10] and shown["metrics"]["lines"] == 12
     assert shown["evaluations"][0]["id"] == ids["eval_run"]
-    code, _, err = _run(monkeypatch, capsys, "runs", "show", "no-such-run")
+    code, _, err = cli_main(monkeypatch, capsys, "runs", "show", "no-such-run")
     assert code == 2 and "no run 'no-such-run'" in err
 
 
@@ -47,12 +32,12 @@ def test_worker_command_drains_the_queue(home, monkeypatch, capsys):
     from tunix_rt.registry import queue
 
     jid = queue.enqueue("import", {"upload": "c" * 64 + ".jsonl", "name": "x"})
-    code, out, _ = _run(monkeypatch, capsys, "worker", "--max-idle", "0.3", "--poll", "0.05")
+    code, out, _ = cli_main(monkeypatch, capsys, "worker", "--max-idle", "0.3", "--poll", "0.05")
     assert code == 0 and "1 job(s) handled" in out
     assert queue.get_job(jid).status == "dead"
-    code, out, _ = _run(monkeypatch, capsys, "registry", "jobs")
+    code, out, _ = cli_main(monkeypatch, capsys, "registry", "jobs")
     assert code == 0 and "dead" in out
-    code, _, err = _run(monkeypatch, capsys, "worker", "--lease", "0.1")
+    code, _, err = cli_main(monkeypatch, capsys, "worker", "--lease", "0.1")
     assert code == 2 and "lease" in err
 
 

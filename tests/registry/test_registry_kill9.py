@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from registry_testlib import write_run
+from registry_testlib import cli_main, write_run
 from tunix_rt.process import process_identity, start_ticks
 from tunix_rt.registry import queries
 from tunix_rt.registry.record import record_run, sync_home
@@ -37,16 +37,8 @@ def _train(home, args: list[str], fault: str | None = None) -> subprocess.Comple
 
 
 def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str]:
-    from tunix_rt.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["tunix-rt", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    return code, capsys.readouterr().out
+    code, out, _ = cli_main(monkeypatch, capsys, *args)
+    return code, out
 
 
 def _show(monkeypatch, capsys, run_id: str) -> dict:
