@@ -27,12 +27,17 @@ def load_data(cfg: TrainConfig, home: Home, tok) -> tuple[list, list, dict[str, 
                                   on_overlong="drop" if cfg.drop_overlong else "fail")
     held_out = list(ds.split(cfg.eval_split))[: cfg.eval_limit]
     evals, eval_stats = render_dataset(held_out, tok, cfg.max_seq_len, cfg.system_prompt, on_overlong="drop")
-    facts = {"name": ds.name, "version": ds.version, "path": str(ds.path), "sha256": ds.sha256,
-             "split": cfg.split, "n_records": len(records), "n_examples": len(train),
-             "dropped_overlong": stats.dropped_overlong, "max_rendered_len": stats.max_len,
-             "eval_split": cfg.eval_split, "n_eval_examples": len(evals),
-             "eval_dropped_overlong": eval_stats.dropped_overlong}
+    facts = {**dataset_facts(cfg, ds, len(records), len(train), len(evals)),
+             "max_rendered_len": stats.max_len, "eval_dropped_overlong": eval_stats.dropped_overlong}
     return train, evals, facts
+
+
+def dataset_facts(cfg: TrainConfig, ds, n_records: int, n_examples: int, n_eval: int) -> dict[str, Any]:
+    """What every method's run manifest records of its dataset (Method.dataset): which one,
+    which split, how many records became examples (the rest were too long)."""
+    return {"name": ds.name, "version": ds.version, "path": str(ds.path), "sha256": ds.sha256,
+            "split": cfg.split, "n_records": n_records, "n_examples": n_examples,
+            "dropped_overlong": n_records - n_examples, "eval_split": cfg.eval_split, "n_eval_examples": n_eval}
 
 
 def steps_for(cfg: TrainConfig, examples: list, pad_id: int) -> int:

@@ -42,6 +42,17 @@ class DataPosition:
     cursor: int = 0
 
 
+def position_state(pos: DataPosition) -> dict[str, Any]:
+    """A method's checkpoint state: where its data stream is (Method.state)."""
+    return {"data_position": {"epoch": pos.epoch, "cursor": pos.cursor}}
+
+
+def position_of(state: dict[str, Any]) -> DataPosition:
+    """The data position a checkpoint's state holds (Method.load_state)."""
+    pos = state["data_position"]
+    return DataPosition(pos["epoch"], pos["cursor"])
+
+
 @dataclass
 class Batch:
     """One micro-batch as int64 arrays [B, L] plus what the logs need. `collate` builds numpy

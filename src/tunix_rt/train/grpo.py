@@ -28,7 +28,8 @@ from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import DataPosition, SeededOrder, collate, weighted_spans
+from tunix_rt.train.common import dataset_facts
+from tunix_rt.train.data import SeededOrder, collate, position_of, position_state, weighted_spans
 from tunix_rt.train.engine import Engine, Objective
 from tunix_rt.train.faults import fault_point
 
@@ -71,10 +72,7 @@ class GRPO:
                                    on_policy=cfg.mu == 1)
         per_epoch = math.ceil(len(self.items) / cfg.rl_prompts)
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * per_epoch))
-        self.dataset = {"name": ds.name, "version": ds.version, "path": str(ds.path), "sha256": ds.sha256,
-                        "split": cfg.split, "n_records": len(self.items) + dropped, "n_examples": len(self.items),
-                        "dropped_overlong": dropped, "eval_split": cfg.eval_split,
-                        "n_eval_examples": len(self.eval_items)}
+        self.dataset = dataset_facts(cfg, ds, len(self.items) + dropped, len(self.items), len(self.eval_items))
 
     def _prompts(self, records: list) -> tuple[list[tuple[Any, list[int]]], int]:
         """(record, prompt ids) of the records whose prompt leaves room for a completion."""
@@ -229,12 +227,10 @@ class GRPO:
                 "eval_format_rate": float(np.mean([g.format_ok[0] for g in groups]))}
 
     def state(self) -> dict[str, Any]:
-        pos = self.order.position
-        return {"data_position": {"epoch": pos.epoch, "cursor": pos.cursor}}
+        return position_state(self.order.position)
 
     def load_state(self, state: dict[str, Any]) -> None:
-        pos = state["data_position"]
-        self.order.position = DataPosition(pos["epoch"], pos["cursor"])
+        self.order.position = position_of(state)
 
     def summary(self) -> dict[str, Any]:
         cfg = self.cfg

@@ -13,7 +13,7 @@ from typing import Any
 
 from tunix_rt.home import Home
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import BatchStream, DataPosition, collate, weighted
+from tunix_rt.train.data import BatchStream, collate, position_of, position_state, weighted
 from tunix_rt.train.engine import NLL, Engine
 
 
@@ -49,12 +49,10 @@ class SFT:
         return {"eval_loss": loss} if math.isfinite(loss) else {}
 
     def state(self) -> dict[str, Any]:
-        pos = self.stream.position
-        return {"data_position": {"epoch": pos.epoch, "cursor": pos.cursor}}
+        return position_state(self.stream.position)
 
     def load_state(self, state: dict[str, Any]) -> None:
-        pos = state["data_position"]
-        self.stream.position = DataPosition(pos["epoch"], pos["cursor"])
+        self.stream.position = position_of(state)
 
     def summary(self) -> dict[str, Any]:
         """The pre-run facts: first batch shape, examples, what was dropped."""
