@@ -295,11 +295,15 @@ def test_a_request_cancelled_while_its_model_loads_does_not_pin_it(tmp_path, one
 
     async def cancel_then_load_another():
         cache = model_cache(app)
-        task = asyncio.create_task(hold_model(app, cache, "tiny-gemma3"))
-        await asyncio.sleep(0.05)  # the load has started on its thread
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        # The load waits behind the cache's one-load-at-a-time lock, held here, so the request is
+        # surely still loading when it is cancelled (a tiny model loads in under 50 ms on a warm
+        # process: a sleep alone let it finish first in a full-suite run).
+        with cache._load_lock:
+            task = asyncio.create_task(hold_model(app, cache, "tiny-gemma3"))
+            await asyncio.sleep(0.05)  # the load is on its thread, waiting for the lock
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
         while "tiny-gemma3" not in cache.loaded():
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.05)
