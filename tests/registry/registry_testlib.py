@@ -19,26 +19,12 @@ from pathlib import Path
 
 import yaml
 from requires import missing
+from cli_testlib import cli_main  # noqa: F401 (the tests import it from here)
 
 from tunix_rt.home import Home
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 PG_USERS = ("postgres", "root")
-
-
-def cli_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """`tunix-rt ARGS` through the real entry point in this process: (exit code, stdout, stderr)."""
-    from tunix_rt.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["tunix-rt", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def write_run(home: Home, run_id: str, *, status: str = "succeeded", steps: int = 10, ckpts=(5, 10)) -> Path:

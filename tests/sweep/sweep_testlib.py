@@ -5,10 +5,10 @@ what the trials left on disk."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import yaml
+from cli_testlib import cli_main  # noqa: F401 (the tests import it from here)
 
 from tunix_rt.train.metrics import read_jsonl
 
@@ -39,18 +39,3 @@ def manifest(run: Path) -> dict:
 
 def run_dirs(home) -> list[Path]:
     return sorted(p for p in home.runs.iterdir() if not p.name.startswith("."))
-
-
-def cli_main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """`tunix-rt ARGS` through the real entry point in this process: (exit code, stdout, stderr)."""
-    from tunix_rt.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["tunix-rt", *args])
-    capsys.readouterr()
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
