@@ -93,19 +93,22 @@ def write_text_synced(path: Path, text: str) -> None:
 
 
 def atomic_dir(target: Path, write: Callable[[Path], Any], tmp_name: str | None = None,
-               before_publish: Callable[[], None] | None = None, replace: bool = True) -> Path:
-    """Build a directory with write(tmp) in a sibling temp dir, fsync it, then rename it to
-    target. An older target is replaced only after the new one is complete (renamed aside,
+               before_publish: Callable[[], None] | None = None, replace: bool = True,
+               tmp_parent: Path | None = None) -> Path:
+    """Build a directory with write(tmp) in a sibling temp dir (or in `tmp_parent`, on the same
+    filesystem, where a killed writer's leftovers must not sit beside the target), fsync it,
+    then rename it to target. An older target is replaced only after the new one is complete (renamed aside,
     then removed), so a crash leaves the old or the new directory, never neither; with
     `replace=False` an existing target (even an empty one, which a plain rename would take)
     is refused with FileExistsError instead. `before_publish()` runs between the two and may
     refuse (the fence). Whatever fails before the rename removes the temp dir: nothing is
     published and nothing is left behind."""
     target = Path(target)
-    tmp = target.parent / (tmp_name or f".tmp-{target.name}-{os.getpid()}")
+    tmp = Path(tmp_parent or target.parent) / (tmp_name or f".tmp-{target.name}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         write(tmp)
         fsync_tree(tmp)

@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import sys
 import tempfile
@@ -360,7 +359,7 @@ def import_dataset(req: ImportRequest, home: Home | None = None,
     root = home.datasets / req.name
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{req.name}-", dir=home.datasets))
     try:
-        return _store(req, home, _read_source(req, home, staging, on_progress))
+        return _store(req, home, _read_source(req, home, staging, on_progress), staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if root.is_dir() and not any(root.iterdir()):
@@ -377,7 +376,7 @@ def _read_source(req: ImportRequest, home: Home, staging: Path,
     return result
 
 
-def _store(req: ImportRequest, home: Home, result: Scan) -> ImportResult:
+def _store(req: ImportRequest, home: Home, result: Scan, staging: Path) -> ImportResult:
     """Reuse an identical version, or publish a new one."""
     root = home.datasets / req.name
     data = canonical_bytes(result.records)
@@ -397,20 +396,21 @@ def _store(req: ImportRequest, home: Home, result: Scan) -> ImportResult:
         files[REJECTS] = _rejects_bytes(result)
         manifest["rejects"] = REJECTS
     files[MANIFEST] = (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
-    _commit(root / version, files)
+    _commit(root / version, files, staging)
     ds = Dataset(req.name, version, root / version, manifest, digest, result.records)
     return ImportResult(ds, False, result.bad_lines, result.errors)
 
 
-def _commit(target: Path, files: dict[str, bytes]) -> None:
+def _commit(target: Path, files: dict[str, bytes], staging: Path) -> None:
     """Publish the version directory with its files (files.atomic_dir: every file fsynced,
-    then one rename, never over a version another import took meanwhile)."""
+    then one rename, never over a version another import took meanwhile). It is built inside
+    this import's staging dir, so an import killed mid-write leaves nothing beside the
+    dataset's versions (only its hidden staging dir, never listed as a version)."""
     def write(tmp: Path) -> None:
         for name, data in files.items():
             _write_file(tmp / name, data)
 
-    tmp_name = f".tmp-{target.name}-{os.getpid()}-{secrets.token_hex(4)}"  # two imports in one process
     try:
-        atomic_dir(target, write, tmp_name=tmp_name, replace=False)
+        atomic_dir(target, write, tmp_name="version", tmp_parent=staging, replace=False)
     except OSError as e:  # e.g. another import took this version meanwhile
         raise TunixRtError(f"{target}: could not move the dataset into place ({e}); nothing imported") from None
