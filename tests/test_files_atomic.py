@@ -50,3 +50,16 @@ def test_a_failing_writer_or_a_refusing_fence_leaves_nothing(tmp_path, replace):
     with pytest.raises(PermissionError, match="lease lost"):
         atomic_dir(tmp_path / "out", _write({"a": "1"}), before_publish=refuse, replace=replace)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_beside_the_target_with_tmp_parent(tmp_path):
+    """The temp dir is built in tmp_parent (a dataset import's staging dir), which is where a
+    writer killed before the rename (SIGKILL: no cleanup runs) leaves it, never beside the
+    target's siblings (a dataset's versions)."""
+    staging, target = tmp_path / ".tmp-stage", tmp_path / "ds" / "v1"
+    staging.mkdir()
+    seen = []
+    atomic_dir(target, lambda tmp: seen.append(tmp) or (tmp / "data.jsonl").write_text("{}\n"),
+               tmp_name="version", tmp_parent=staging, replace=False)
+    assert seen == [staging / "version"] and (target / "data.jsonl").read_text() == "{}\n"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["v1"] and not any(staging.iterdir())
