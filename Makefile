@@ -19,7 +19,7 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.all: pyproject.toml $(VENV)/.core
-	$(PIP) -e ".[torch,jax,service,sweep,demo-model,dev]"
+	$(PIP) -e ".[torch,jax,service,sweep,demo-model,tasks,harness,dev]"
 	touch $@
 
 setup-core: $(VENV)/.core

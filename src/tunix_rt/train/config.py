@@ -111,6 +111,9 @@ class TrainConfig:
     """Recompute layer activations in backward (remat) to save memory."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """System prompt rendered into every example; eval reads it from the run's config."""
+    tools: list[str] = field(default_factory=list)
+    """Tools the model calls inside its reasoning (tunix_rt.tools): calculator, python. What a
+    tool writes is forced into decoding and never trained on; eval and serving use the run's."""
     engine: str = "auto"
     """auto, torch or jax."""
     device: str = "auto"
@@ -189,6 +192,7 @@ class TrainConfig:
         if unknown or not self.lora_targets:
             raise BadInput(f"config: lora_targets {sorted(unknown) or '[]'} not in {list(ALL_LORA_TARGETS)}")
         self._check_qlora()
+        self._check_tools()
         self._check_rl()
         if isinstance(self.mesh, str) and self.mesh != "auto":
             raise BadInput(f"config: mesh must be 'auto' or a mapping like {{fsdp: 8, tp: 1}}, got {self.mesh!r}")
@@ -252,6 +256,13 @@ class TrainConfig:
         from tunix_rt.train.rewards import RewardSpec  # here, not at the top: numpy stays out of `--help`
 
         RewardSpec.from_mapping(self.rewards, "config: rewards")  # names, weights, parameters; nothing imported
+
+    def _check_tools(self) -> None:
+        from tunix_rt.tools import NAMES
+
+        unknown = [t for t in self.tools if t not in NAMES]
+        if unknown or len(set(self.tools)) != len(self.tools):
+            raise BadInput(f"config: tools must be distinct names from {list(NAMES)}, got {self.tools!r}")
 
     @property
     def clip_high(self) -> float:
