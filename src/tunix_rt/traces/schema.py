@@ -28,7 +28,7 @@ import math
 import re
 from typing import Annotated, Any, Iterator
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
 FORMAT_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
@@ -142,6 +142,10 @@ Text = Annotated[str, AfterValidator(_real_unicode)]
 NonBlank = Annotated[Text, AfterValidator(_non_blank)]
 
 
+NO_STEPS = "no_steps"
+"""The error of empty steps in a record that names no scorer (reported on `steps`)."""
+
+
 class Trace(BaseModel):
     """One reasoning trace: a question, the steps that solve it, and the final answer."""
 
@@ -150,8 +154,10 @@ class Trace(BaseModel):
     id: NonBlank
     """Unique within its dataset; the train/dev split is a hash of it."""
     question: Annotated[NonBlank, _no_tags("question")]
-    steps: Annotated[list[Annotated[NonBlank, _no_tags("steps")]], Field(min_length=1)]
-    """The worked solution, one step per item; becomes the <reasoning> block."""
+    steps: list[Annotated[NonBlank, _no_tags("steps")]]
+    """The worked solution, one step per item; becomes the <reasoning> block. Empty only in a
+    verifier record (meta.scorer names its scorer, e.g. a reasoning-gym task): a question
+    with a checkable answer, for RL and evaluation; SFT refuses it (train.common)."""
     answer: Annotated[NonBlank, _no_tags("answer")]
     """The final answer as text ("18", "cba"); becomes the <answer> block."""
     source: Text | None = None
@@ -159,6 +165,12 @@ class Trace(BaseModel):
     meta: Annotated[dict[str, Any], AfterValidator(_clean_json)] = Field(default_factory=dict)
     """Free-form facts about the record (category, original index, …): any JSON, with
     real-Unicode strings and finite numbers only."""
+
+    @model_validator(mode="after")
+    def _steps_unless_verifier(self) -> "Trace":
+        if not self.steps and not (isinstance(self.meta.get("scorer"), str) and self.meta["scorer"].strip()):
+            raise PydanticCustomError(NO_STEPS, "empty list")
+        return self
 
     def to_record(self) -> dict[str, Any]:
         """The canonical JSON object: fields in schema order, meta keys sorted."""
@@ -250,7 +262,8 @@ def _reason(err: dict) -> str:
 
 def problems_of(exc: ValidationError, prefix: tuple = ()) -> list[tuple[str, str]]:
     """A pydantic ValidationError as (field, reason) pairs in our words."""
-    return [(field_path(prefix + tuple(e["loc"])), _reason(e)) for e in exc.errors()]
+    return [(field_path(prefix + (("steps",) if e["type"] == NO_STEPS else tuple(e["loc"]))), _reason(e))
+            for e in exc.errors()]
 
 
 def make_trace(where: dict[str, str] | None = None, **fields: Any) -> Trace:
