@@ -328,7 +328,7 @@ def test_spec_round_trips_through_its_mapping():
 @pytest.mark.parametrize("config,message", [
     ({}, "non-empty mapping"),
     (["format"], "non-empty mapping"),
-    ({"formats": 1.0}, "unknown reward 'formats'; known: answer, answer_close, arith, format, judge, length, or module:function"),
+    ({"formats": 1.0}, "unknown reward 'formats'; known: answer, answer_close, arith, format, judge, length, tool_error, or module:function"),
     ({"format": "high"}, "weight must be a finite number"),
     ({"format": True}, "weight must be a finite number"),
     ({"format": float("nan")}, "weight must be a finite number"),

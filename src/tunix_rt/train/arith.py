@@ -39,6 +39,12 @@ arithmetic:
   `pages 3-7 = 5`).
 Dates and ranges without an `=` (`3-4 apples`, `12/25/2020`) are never read at all.
 
+With tools (tunix_rt.tools), a completion holds text a tool wrote: the calculator's result in
+`<<48/2=24>>` (the model wrote `<<48/2=`, the tool `24>>`), a python `<output>` block. A claim
+counts only when the model wrote all of it: `find_claims(text, observed=spans)` skips every
+claim that overlaps a tool-written span, so `48/2=24` above is not the model's claim (it
+earns nothing and costs nothing), while `24 * 3 = 72` written after it is.
+
 Measured on the vendored GSM8K train split: all 23,356 calculator notes with an operator
 (`<<48/2=24>>`) hold, and each with its result changed is false; of the 20,230 claims in
 its reasoning lines (notes removed), 37 are false, each a real slip in the data
@@ -52,7 +58,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 _TOKEN = re.compile(
     r"""
@@ -93,22 +99,29 @@ class Claim:
     text: str
     """The claim as written (left side, `=`, right side)."""
     holds: bool
+    start: int = 0
+    """Where the claim starts in the text find_claims read (text[start:end] == self.text)."""
+    end: int = 0
 
 
 class _NotExpr(Exception):
     """The tokens do not form an arithmetic expression."""
 
 
-def find_claims(text: str) -> list[Claim]:
-    """Every arithmetic claim in `text`, in order, each checked. Never raises on any input."""
+def find_claims(text: str, observed: Sequence[tuple[int, int]] = ()) -> list[Claim]:
+    """Every arithmetic claim in `text`, in order, each checked. Never raises on any input.
+    `observed`: [start, end) character spans of `text` a tool wrote; a claim that overlaps
+    one is not the model's and is left out."""
     claims: list[Claim] = []
-    for line in text.splitlines():
+    at = 0
+    for line in text.splitlines(keepends=True):
         toks = [t for t in _tokens(line) if t.kind != "ws"]
         for i, tok in enumerate(toks):
             if tok.kind == "eq":
-                claim = _claim_at(line, toks, i)
-                if claim is not None:
+                claim = _claim_at(line, toks, i, at)
+                if claim is not None and not any(a < claim.end and claim.start < b for a, b in observed):
                     claims.append(claim)
+        at += len(line)
     return claims
 
 
@@ -116,7 +129,7 @@ def _tokens(line: str) -> list[_Tok]:
     return [_Tok(m.lastgroup, m.group(), m.start(), m.end()) for m in _TOKEN.finditer(line)]
 
 
-def _claim_at(line: str, toks: list[_Tok], eq: int) -> Claim | None:
+def _claim_at(line: str, toks: list[_Tok], eq: int, at: int) -> Claim | None:
     lhs = _left_run(line, toks, eq)
     rhs = _right_run(toks, eq)
     if not lhs or not rhs or _is_range(lhs, rhs) or _is_time(line, rhs) or _has_code(lhs + rhs):
@@ -136,7 +149,8 @@ def _claim_at(line: str, toks: list[_Tok], eq: int) -> Claim | None:
     has_pct = any(t.kind == "num" and t.text.endswith("%") for t in lhs + rhs)
     modes = (True, False) if has_pct else (True,)
     holds = any(_holds(left, right, first, negate, pct) for pct in modes)
-    return Claim(line[lhs[0].start:rhs[-1].end], holds)
+    start, end = lhs[0].start, rhs[-1].end
+    return Claim(line[start:end], holds, at + start, at + end)
 
 
 def _left_run(line: str, toks: list[_Tok], eq: int) -> list[_Tok]:

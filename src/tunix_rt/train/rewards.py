@@ -18,6 +18,13 @@ Built-ins (a factory per name; its parameters are the factory's keyword argument
   a number.
 - `arith(none_value=0.0)`: the share of the arithmetic claims in the reasoning that hold
   (`train.arith`: exact, with Fraction); `none_value` when the reasoning makes no claim.
+  With tools, only the claims the model wrote itself count: one that overlaps a
+  tool-written span (`<<48/2=24>>`: the tool wrote `24>>`) is neither true nor false.
+- `tool_error(mode="count")`: a penalty for the tool calls that ended in an error (a
+  calculator expression that does not parse or divides by zero, python code that raised or
+  was cut off): `count` -1 per error (-3 for three), `any` -1 when at least one call
+  erred; 0 without an error or without tools. Weight it low beside `answer` (0.1-0.2): it
+  teaches well-formed calls, and it must not pay a policy for calling no tool at all.
 - `length(budget, mode="linear")`: 0 up to `budget` characters of completion
   (`<end_of_turn>` not counted), then a penalty: `linear` -(n - budget) / budget floored
   at -1 (reached at twice the budget), or `step` -1. The budget is required: no length
@@ -44,6 +51,11 @@ A reward that raises, returns a non-number or a non-finite value stops the run w
 TunixRtError naming the reward and the record; nothing is zeroed silently (a bool counts
 as the number 0 or 1).
 
+A reward may also take a keyword-only parameter `tools` (detected from its signature): it
+then receives the completion's `ToolUse` (which characters of the completion a tool wrote,
+how many calls, how many errors), as the rollout recorded it; a completion scored without
+that record (no tools) gets `NO_TOOLS`. Nothing else changes for the other rewards.
+
 A reward call has a time limit (`RewardSet(timeout_s=…)`, a run's `reward_timeout_s`): one
 that runs longer (a sleep, a loop, a hung request) stops the run the same way. Rewards run
 in-process, so the calls run on a daemon worker thread and the caller waits for each with a
@@ -61,6 +73,7 @@ call; a factory taking `**params` checks them itself (raise BadInput), as `judge
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import math
@@ -80,6 +93,21 @@ from tunix_rt.traces.schema import Trace
 from tunix_rt.train.arith import find_claims
 
 Reward = Callable[[Trace, str, str | None, str | None], float]
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    """What the tools did in one completion (the keyword `tools` of a reward that asks)."""
+
+    spans: tuple[tuple[int, int], ...] = ()
+    """[start, end) character spans of the completion text that a tool wrote."""
+    calls: int = 0
+    """Tool calls the model closed."""
+    errors: int = 0
+    """Of those, the calls whose result was an error."""
+
+
+NO_TOOLS = ToolUse()
 RewardFactory = Callable[..., Reward]
 
 _REGISTRY: dict[str, RewardFactory] = {}
@@ -135,11 +163,37 @@ def arith_reward(none_value: float = 0.0) -> Reward:
     if not _is_number(none_value) or not 0.0 <= none_value <= 1.0:
         raise BadInput(f"reward 'arith': none_value must be a number in [0, 1], got {none_value!r}")
 
-    def arith(record: Trace, completion: str, reasoning: str | None, answer: str | None) -> float:
-        claims = find_claims(reasoning or "")
+    def arith(record: Trace, completion: str, reasoning: str | None, answer: str | None, *,
+              tools: ToolUse = NO_TOOLS) -> float:
+        claims = find_claims(reasoning or "", _spans_in(completion, reasoning, tools.spans))
         return sum(c.holds for c in claims) / len(claims) if claims else float(none_value)
 
     return arith
+
+
+def _spans_in(completion: str, part: str | None, spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` of the completion, moved to be spans of `part`, a piece of it (the reasoning
+    parse_completion found: the text after the first <reasoning> tag, stripped)."""
+    if not spans or not part:
+        return []
+    at = completion.find(part, max(completion.find("<reasoning>"), 0))
+    return [(a - at, b - at) for a, b in spans if b > at and a < at + len(part)] if at >= 0 else []
+
+
+TOOL_ERROR_MODES = ("count", "any")
+
+
+def tool_error_reward(mode: str = "count") -> Reward:
+    if mode not in TOOL_ERROR_MODES:
+        raise BadInput(f"reward 'tool_error': mode must be one of {'|'.join(TOOL_ERROR_MODES)}, got {mode!r}")
+
+    def tool_error(record: Trace, completion: str, reasoning: str | None, answer: str | None, *,
+                   tools: ToolUse = NO_TOOLS) -> float:
+        if mode == "any":
+            return -1.0 if tools.errors else 0.0
+        return -float(tools.errors)
+
+    return tool_error
 
 
 LENGTH_MODES = ("linear", "step")
@@ -186,7 +240,7 @@ def judge_reward(config: str | None = None, **fields: Any) -> Reward:
 
 for _name, _factory in (("format", format_reward), ("answer", answer_reward),
                         ("answer_close", answer_close_reward), ("arith", arith_reward),
-                        ("length", length_reward), ("judge", judge_reward)):
+                        ("length", length_reward), ("judge", judge_reward), ("tool_error", tool_error_reward)):
     register_reward(_name, _factory)
 
 
@@ -295,6 +349,7 @@ class RewardSet:
             raise BadInput(f"rewards: timeout_s must be a number > 0 (or None), got {timeout_s!r}")
         self.terms = list(terms)
         self.timeout_s = timeout_s
+        self._wants_tools = {name: takes_tools(fn) for name, _, fn in self.terms}
 
     @classmethod
     def from_config(cls, data: Any, source: str = "rewards", timeout_s: float | None = None) -> "RewardSet":
@@ -304,19 +359,24 @@ class RewardSet:
     def names(self) -> list[str]:
         return [name for name, _, _ in self.terms]
 
-    def score(self, records: Sequence[Trace], completions: Sequence[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    def score(self, records: Sequence[Trace], completions: Sequence[str],
+              tools: Sequence[ToolUse] | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """(total [n], {name: [n]}): each reward unweighted in `parts`, the total their
         weighted sum. records[i] is the record completions[i] answers (repeat a record for
-        each completion of its group)."""
+        each completion of its group); tools[i] what the tools did in it (None: nothing)."""
         if len(records) != len(completions):
             raise ValueError(f"{len(records)} records for {len(completions)} completions")
+        uses = list(tools) if tools is not None else [NO_TOOLS] * len(completions)
+        if len(uses) != len(completions):
+            raise ValueError(f"{len(uses)} tool records for {len(completions)} completions")
         parts = {name: np.zeros(len(completions)) for name in self.names}
         worker = _Worker()  # one thread per batch: nothing is left behind once it is scored
         try:
             for i, (record, text) in enumerate(zip(records, completions)):
                 reasoning, answer, _ = parse_completion(text)
                 for name, _, fn in self.terms:
-                    parts[name][i] = self._call(worker, name, fn, record, text, reasoning, answer)
+                    call = functools.partial(fn, tools=uses[i]) if self._wants_tools[name] else fn
+                    parts[name][i] = self._call(worker, name, call, record, text, reasoning, answer)
         finally:
             worker.stop()
         total = np.zeros(len(completions))
@@ -337,6 +397,15 @@ class RewardSet:
         if not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise TunixRtError(f"{where}: returned {value!r} ({type(value).__name__}), not a finite number")
         return float(value)
+
+
+def takes_tools(fn: Callable) -> bool:
+    """Whether a reward takes the keyword-only parameter `tools` (a ToolUse)."""
+    try:
+        param = inspect.signature(fn).parameters.get("tools")
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return False
+    return param is not None and param.kind is inspect.Parameter.KEYWORD_ONLY
 
 
 class _Worker:

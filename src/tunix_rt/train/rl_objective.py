@@ -32,6 +32,12 @@ The clipped branch is active where it is strictly the smaller one: A_t > 0 and
 r_t > 1 + eps_high, or A_t < 0 and r_t < 1 - eps_low; there the policy term's derivative is
 0. On a tie both branches have the derivative -r_t * A_t (as torch and JAX give it).
 
+Tool-written tokens (a calculator's result, a python output: tunix_rt.tools) are
+observations, not actions: the policy did not choose them, so neither the policy term nor
+the KL may push on their log-probabilities. Their c_t is 0 (`tool_mask` here; GRPO's update
+batches give them coefficient 0 and no label), so they add nothing to the loss, the
+gradient or the stats, and the per-token normalisation counts the model's tokens only.
+
 Stats are taken over the completion tokens, the positions with c_t != 0, as plain token
 means, with the token count so micro-batches can be combined: clip_fraction (clipped branch
 active), clip_low_fraction, clip_high_fraction, kl_mean (k3), ratio_mean, n_tokens.
@@ -53,10 +59,13 @@ class Objective(NamedTuple):
 
 
 def policy_loss(logp, old_logp, ref_logp, adv, coef, *, eps_low: float, eps_high: float,
-                beta: float) -> Objective:
+                beta: float, tool_mask=None) -> Objective:
     """The clipped-ratio policy loss with the k3 KL penalty (see the module docstring).
-    Arrays of one shape (any), float64 inside."""
+    Arrays of one shape (any), float64 inside. tool_mask: 1 where a tool wrote the token
+    (its coefficient taken as 0), None: the model wrote every token."""
     lp, old, ref, a, c = _same_shape(logp, old_logp, ref_logp, adv, coef)
+    if tool_mask is not None:
+        c = c * (1.0 - _same_shape(tool_mask, c)[0])
     with np.errstate(over="ignore", invalid="ignore"):  # padding may hold anything; masked below
         return _policy_loss(lp, old, ref, a, c, eps_low, eps_high, beta)
 
