@@ -34,6 +34,7 @@ def eval_cmd(
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (sampling only).")] = DecodeConfig.top_p,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all; sampling only).")] = DecodeConfig.top_k,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = DecodeConfig.seed,
+    samples: Annotated[int, typer.Option("--samples", help="Completions per item (needs --temperature > 0): reports pass@k and maj@K; sample j of item i is seeded by (seed, i, j).")] = 1,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write the eval here (default: runs/<run>/eval/<eval_id>/ for a run, else <home>/evals/<eval_id>/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print eval_summary.json instead of the table.")] = False,
     judge: Annotated[Optional[Path], typer.Option("--judge", help="A YAML judge config (url, model, rubric, score_pattern, …): adds judge_score.")] = None,
@@ -48,7 +49,7 @@ def eval_cmd(
     from tunix_rt.eval.judge import JudgeConfig
 
     req = EvalRequest(dataset=dataset, model=model, adapter=adapter, split=split, limit=limit,
-                      engine=engine, device=device, decode=decode, out=out_dir,
+                      engine=engine, device=device, decode=decode, samples=samples, out=out_dir,
                       judge=JudgeConfig.from_yaml(judge) if judge else None)
     with GenerationProgress() as progress:
         path = run_eval(req, on_start=progress.start, on_tokens=progress.advance)
@@ -100,6 +101,10 @@ def print_summary(s: dict, path: Path) -> None:
               "arith_accuracy", "arith_reward"):
         if k in m:  # arith_*: summaries written before they existed lack them
             t.add_row(k, f"{m[k]:.3f}")
+    from tunix_rt.eval.passk import sampled_metric_names
+
+    for k in sampled_metric_names(m):
+        t.add_row(k, f"{m[k]:.3f}")
     t.add_row("mean_completion_tokens", f"{m['mean_completion_tokens']:.1f}")
     t.add_row("tokens/s", f"{s['tokens_per_s']:.1f}")
     out.print(t)
@@ -160,7 +165,14 @@ def print_compare(r: dict) -> None:
         if ids:
             shown = ", ".join(ids[:10]) + (f", … (+{len(ids) - 10})" if len(ids) > 10 else "")
             out.print(f"  {label}: {escape(shown)}", highlight=False)
-    out.print(f"McNemar exact p = {r['mcnemar_p']:.4g}")
+    t1 = r.get("pass1")
+    if t1 is None:
+        out.print(f"McNemar exact p = {r['mcnemar_p']:.4g}")
+    else:  # a sampled eval: `correct` is its maj@K answer's
+        out.print(f"McNemar exact p = {r['mcnemar_p']:.4g} (per-item correctness: A {t1['a_correct_is']}, "
+                  f"B {t1['b_correct_is']})")
+        out.print(f"pass@1 over {t1['items']} shared items: A {t1['a']:.3f}, B {t1['b']:.3f} "
+                  f"(B - A {t1['delta']:+.3f}); paired sign-flip test over per-item pass rates, exact p = {t1['p']:.4g}")
     for bar in r["bars"]:
         ok = bar not in r["failed_bars"]
         out.print(f"{'[green]pass' if ok else '[red]FAIL'}[/] B {bar['metric']} = {_fmt(bar['value'])} "

@@ -7,6 +7,16 @@ or a run (id or dir): a run picks its latest eval (by finished_at).
 McNemar's exact test looks only at the items the two evaluations disagree on: b items A got
 right and B got wrong, c the other way. Under "no difference" each disagreement is a fair
 coin, so the two-sided p-value is min(1, 2 * P[Binomial(b + c, 1/2) <= min(b, c)]).
+
+Sampled evaluations (`eval --samples K`, eval.runner's module doc) add two things:
+- their pass@k and maj@K rows in the metrics table (a row a side lacks shows "-");
+- `pass1`: a paired test of pass@1 over the shared items, on each item's share of correct
+  samples (a greedy side's item counts as one sample, 0 or 1): the exact sign-flip
+  permutation test of the mean difference (eval.passk.paired_sign_test). Thresholding the
+  per-item shares first (McNemar on "majority right") would throw away the graded signal
+  of K samples; with one sample each side the test is exactly McNemar's.
+The item-level McNemar test above still reads each line's `correct`, which for a sampled
+eval is the majority vote's (maj@K per item), so it is McNemar on maj@K correctness.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.passk import is_sampled_metric, item_counts, paired_sign_test, sampled_metric_names
 from tunix_rt.eval.runner import NO_RUN
 from tunix_rt.home import Home
 from tunix_rt.rundir import EVALS, PREDICTIONS, SUMMARY
@@ -92,8 +103,9 @@ def parse_bars(items: list[str]) -> dict[str, float]:
     for item in items:
         name, sep, raw = item.partition("=")
         name = name.strip()
-        if not sep or name not in METRICS:
-            raise BadInput(f"--fail-below {item!r}: expected METRIC=VALUE with METRIC one of {', '.join(METRICS)}")
+        if not sep or (name not in METRICS and not is_sampled_metric(name)):
+            raise BadInput(f"--fail-below {item!r}: expected METRIC=VALUE with METRIC one of {', '.join(METRICS)}, "
+                           "pass@K or maj@K")
         try:
             bars[name] = float(raw)
         except ValueError:
@@ -104,8 +116,9 @@ def parse_bars(items: list[str]) -> dict[str, float]:
 def compare(a: EvalResult, b: EvalResult, bars: dict[str, float] | None = None) -> dict:
     """The comparison as one JSON-ready object (what --json prints)."""
     ma, mb = a.summary["metrics"], b.summary["metrics"]
+    names = [m for m in METRICS if m in ma or m in mb] + sampled_metric_names(ma, mb)
     rows = [{"metric": m, "a": ma.get(m), "b": mb.get(m),
-             "delta": (mb[m] - ma[m]) if m in ma and m in mb else None} for m in METRICS if m in ma or m in mb]
+             "delta": (mb[m] - ma[m]) if m in ma and m in mb else None} for m in names]
     shared = sorted(set(a.predictions) & set(b.predictions))
     r2w = [i for i in shared if a.predictions[i]["correct"] and not b.predictions[i]["correct"]]
     w2r = [i for i in shared if not a.predictions[i]["correct"] and b.predictions[i]["correct"]]
@@ -122,10 +135,34 @@ def compare(a: EvalResult, b: EvalResult, bars: dict[str, float] | None = None) 
         "both_right": sum(1 for i in shared if a.predictions[i]["correct"] and b.predictions[i]["correct"]),
         "both_wrong": sum(1 for i in shared if not a.predictions[i]["correct"] and not b.predictions[i]["correct"]),
         "mcnemar_p": mcnemar_exact(len(r2w), len(w2r)),
+        **({"pass1": pass1_test(a, b, shared)} if _sampled(a) or _sampled(b) else {}),
         "bars": [{"metric": m, "bar": v, "value": mb.get(m)} for m, v in (bars or {}).items()],
         "failed_bars": failed,
         "passed": not failed,
     }
+
+
+def _sampled(e: EvalResult) -> bool:
+    return "samples" in e.summary.get("metrics", {}) or any("n_samples" in p for p in e.predictions.values())
+
+
+def correct_basis(e: EvalResult) -> str:
+    """What a line's `correct` means in `e`: maj@K for a sampled eval, else its one completion."""
+    k = e.summary.get("metrics", {}).get("samples")
+    return f"maj@{k}" if k else "one completion"
+
+
+def pass1_test(a: EvalResult, b: EvalResult, shared: list[str]) -> dict:
+    """pass@1 over the shared items on both sides and the paired sign-flip test (module doc)."""
+    ca = [item_counts(a.predictions[i]) for i in shared]
+    cb = [item_counts(b.predictions[i]) for i in shared]
+
+    def mean(counts) -> float:
+        return round(sum(c / n for c, n in counts) / len(counts), 6) if counts else 0.0
+
+    return {"items": len(shared), "a": mean(ca), "b": mean(cb), "delta": round(mean(cb) - mean(ca), 6),
+            "p": paired_sign_test(ca, cb), "test": "exact paired sign-flip test of per-item pass rates",
+            "a_correct_is": correct_basis(a), "b_correct_is": correct_basis(b)}
 
 
 def _dataset_key(e: EvalResult) -> tuple:

@@ -124,3 +124,44 @@ def _sign_flip_tail(x: list[int], observed: int) -> float:
         dist = nxt * 0.5
     sums = np.arange(-total, total + 1)
     return float(min(1.0, dist[np.abs(sums) >= observed].sum()))
+
+
+# ---------------------------------------------------------------------------------------
+# Over predictions.jsonl lines (eval.runner's module doc has the sampled line's fields)
+
+
+def item_counts(line: dict) -> tuple[int, int]:
+    """(correct samples, samples) of one predictions line; a line of a greedy (one-sample)
+    eval counts as one sample."""
+    if "n_samples" in line:
+        return int(line["n_correct"]), int(line["n_samples"])
+    return int(bool(line["correct"])), 1
+
+
+def sampled_metrics(lines: Sequence[dict]) -> dict:
+    """`pass@k` (the mean over items of pass_at_k) for k in ks_for(K), `maj@K` (the share of
+    items whose line is correct: its top fields are the majority vote's sample) and
+    `samples` K, over sampled lines that all hold K samples."""
+    if not lines:
+        return {}
+    counts = [item_counts(p) for p in lines]
+    k_all = {n for _, n in counts}
+    if len(k_all) != 1:
+        raise BadInput(f"sampled_metrics: items hold different numbers of samples {sorted(k_all)}")
+    n = k_all.pop()
+    out: dict = {f"pass@{k}": round(sum(pass_at_k(n, c, k) for c, _ in counts) / len(counts), 6) for k in ks_for(n)}
+    out[f"maj@{n}"] = round(sum(bool(p["correct"]) for p in lines) / len(lines), 6)
+    out["samples"] = n
+    return out
+
+
+def is_sampled_metric(name: str) -> bool:
+    """`pass@K` or `maj@K` (K a positive integer)."""
+    kind, sep, k = name.partition("@")
+    return bool(sep) and kind in ("pass", "maj") and k.isdigit() and int(k) >= 1
+
+
+def sampled_metric_names(*blocks: dict) -> list[str]:
+    """The pass@k and maj@K names in any of the metrics blocks: pass@k by k, then maj@K."""
+    names = {k for m in blocks for k in m if is_sampled_metric(k)}
+    return sorted(names, key=lambda k: (k.startswith("maj"), int(k.partition("@")[2])))

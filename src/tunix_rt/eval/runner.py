@@ -11,10 +11,32 @@ temporary name and renamed when complete, so a failed eval leaves nothing half-w
 
 No field is ever null: an eval without an adapter says so in words (adapter, run_id); a
 completion without reasoning or answer has "" there.
+
+Sampled evaluation (`samples` K > 1, temperature > 0; `tunix_rt.eval.passk` holds the
+estimators): each item is decoded K times and predictions.jsonl keeps ONE line per item, so
+every reader of the format (compare, the registry, the report, the web UI) keeps working:
+- the line's own fields (completion, answer, correct, format_ok, n_tokens, …) are those of
+  the majority vote's sample (the earliest sample carrying the winning answer; sample 0 when
+  no sample answered), so `correct` is the item's maj@K correctness;
+- `samples`: all K samples in order, each with the per-completion fields (completion,
+  reasoning, answer, correct, format_ok, n_tokens, finish_reason, …);
+- `n_samples` K, `n_correct`, `majority_answer` (normalised, "" when none), `majority_votes`,
+  `majority_sample` (its index, -1 when none).
+The summary's metrics are then over all n*K samples (accuracy is pass@1, the mean share of
+correct samples; format_rate, mean_completion_tokens, … likewise), plus `pass@k` for k in
+passk.ks_for(K), `maj@K` and `samples` K; by_category likewise. `decoding` gains `samples`
+and `sample_keys`.
+
+Seeds: sample j of item i (i its 0-based position in the evaluated split, after --limit)
+draws its noise from (seed, key (i, j), decode step) (`tunix_rt.eval.sampling.row_seed`),
+whatever the batch size, K or the other items; a rerun with the same seed and settings is
+bit-identical, and the first K' samples of a K-sample eval are those of a K'-sample eval. A
+generator without per-prompt keys (the JAX engine's) keys each row by its position i*K + j.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import secrets
 import time
@@ -31,6 +53,7 @@ from tunix_rt.rundir import CONFIG, EVALS, FINAL, PREDICTIONS, SUMMARY, Run
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.files import atomic_dir
 from tunix_rt.eval.generate import DecodeConfig, Generation, Generator
+from tunix_rt.eval.passk import majority_vote, sampled_metrics
 from tunix_rt.eval.scoring import by_category, category_of, metrics, score_completion
 from tunix_rt.home import Home
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
@@ -61,6 +84,8 @@ class EvalRequest:
     """torch | jax | auto (train.engines.pick: the rule `tunix-rt train` uses)."""
     device: str = "auto"
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    samples: int = 1
+    """Completions per item (> 1 needs temperature > 0): pass@k and maj@K (module doc)."""
     out: Path | None = None
     """Write here instead of the default place."""
     judge: "JudgeConfig | None" = None
@@ -79,6 +104,10 @@ class EvalRequest:
             raise BadInput(f"split must be train, dev or all, got {self.split!r}")
         if not self.model and not self.adapter:
             raise BadInput("give --model (and optionally --adapter RUN_OR_DIR)")
+        if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
+            raise BadInput(f"samples must be an integer >= 1, got {self.samples!r}")
+        if self.samples > 1 and self.decode.greedy:
+            raise BadInput(f"samples {self.samples} needs temperature > 0 (greedy decoding gives one answer per item)")
 
 
 @dataclass(frozen=True)
@@ -232,13 +261,19 @@ def run_eval(
     prompts = [prompt_ids(r.question, tok, target.system_prompt) for r in records]
     device = resolve_device(req.engine, req.device)
     gen = make_generator(req.engine, target, tok, device)
+    k = req.samples
     if on_start:
-        on_start(len(prompts), len(prompts) * req.decode.max_new_tokens)
+        on_start(len(prompts) * k, len(prompts) * k * req.decode.max_new_tokens)
     g0 = time.perf_counter()
-    outs = gen.generate(prompts, req.decode, on_tokens)
+    outs = generate_samples(gen, prompts, req.decode, k, on_tokens)
     gen_s = time.perf_counter() - g0
-    preds = [prediction(r, p, o) for r, p, o in zip(records, prompts, outs)]
-    scores = metrics(preds).to_dict()
+    if k == 1:
+        preds = [prediction(r, p, o) for r, p, o in zip(records, prompts, outs)]
+        scores, categories = metrics(preds).to_dict(), by_category(preds)
+    else:
+        preds = [sampled_prediction([prediction(r, p, o) for o in outs[i * k:(i + 1) * k]])
+                 for i, (r, p) in enumerate(zip(records, prompts))]
+        scores, categories = sampled_scores(preds)
     if req.judge is not None:
         from tunix_rt.eval.judge import judge_predictions
 
@@ -253,9 +288,9 @@ def run_eval(
         "device": device,
         "dataset": {"name": ds.name, "version": ds.version, "split": split, "sha256": ds.sha256, "n": len(records)},
         "system_prompt": target.system_prompt,
-        "decoding": req.decode.to_dict(),
+        "decoding": req.decode.to_dict() | ({"samples": k, "sample_keys": SAMPLE_KEYS} if k > 1 else {}),
         "metrics": scores,
-        "by_category": by_category(preds),
+        "by_category": categories,
         "started_at": started,
         "finished_at": _now(),
         "duration_s": round(time.perf_counter() - t0, 3),
@@ -266,6 +301,54 @@ def run_eval(
         summary["judge"] = req.judge.describe()
     summary["eval_id"] = dest.name
     return write_eval_dir(dest, preds, summary)
+
+
+SAMPLE_KEYS = "sample j of item i: noise from (seed, (i, j), step)"
+ITEM_FIELDS = ("id", "question", "gold", "category", "prompt_tokens")
+"""A prediction's fields that belong to the item, not to one completion of it."""
+
+
+def generate_samples(gen: Generator, prompts: list[list[int]], decode: DecodeConfig, k: int,
+                     on_tokens: Callable[[int], None] | None) -> list[Generation]:
+    """K completions of each prompt, item-major (sample j of item i at i*K + j), each keyed
+    by (i, j) where the generator takes keys (module doc); K = 1 decodes as ever."""
+    if k == 1:
+        return gen.generate(prompts, decode, on_tokens)
+    rows = [p for p in prompts for _ in range(k)]
+    if "keys" in inspect.signature(gen.generate).parameters:
+        keys = [(i, j) for i in range(len(prompts)) for j in range(k)]
+        return gen.generate(rows, decode, on_tokens, keys=keys)
+    return gen.generate(rows, decode, on_tokens)
+
+
+def sampled_prediction(samples: list[dict]) -> dict:
+    """One item's line from its K per-sample predictions (module doc): the majority vote's
+    sample on top, all K under `samples`."""
+    vote = majority_vote([s["answer"] for s in samples])
+    top = samples[vote.sample if vote.sample is not None else 0]
+    return top | {
+        "n_samples": len(samples),
+        "n_correct": sum(bool(s["correct"]) for s in samples),
+        "majority_answer": vote.answer,
+        "majority_votes": vote.votes,
+        "majority_sample": vote.sample if vote.sample is not None else -1,
+        "samples": [{f: v for f, v in s.items() if f not in ITEM_FIELDS} for s in samples],
+    }
+
+
+def flat_samples(preds: list[dict]) -> list[dict]:
+    """Every sample of sampled lines as a prediction of its own (its item's fields on it)."""
+    return [{f: p[f] for f in ITEM_FIELDS if f in p} | s for p in preds for s in p["samples"]]
+
+
+def sampled_scores(preds: list[dict]) -> tuple[dict, dict]:
+    """(metrics, by_category) of sampled lines: the usual metrics over all samples, plus
+    pass@k, maj@K and samples (passk.sampled_metrics), overall and per category."""
+    scores = metrics(flat_samples(preds)).to_dict() | sampled_metrics(preds)
+    categories = by_category(flat_samples(preds))
+    for cat in categories:
+        categories[cat] |= sampled_metrics([p for p in preds if p["category"] == cat])
+    return scores, categories
 
 
 def eval_dest(req: EvalRequest, target: Target, home: Home, dataset: str, split: str) -> Path:
