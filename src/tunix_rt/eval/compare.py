@@ -75,7 +75,11 @@ def _read_json(path: Path) -> dict:
 
 
 def load_eval(ref: str, home: Home) -> EvalResult:
-    d = find_eval_dir(ref, home)
+    return load_eval_dir(find_eval_dir(ref, home))
+
+
+def load_eval_dir(d: Path) -> EvalResult:
+    """An eval dir's summary and predictions (unreadable files: TunixRtError)."""
     summary = _read_json(d / SUMMARY)
     preds: dict[str, dict] = {}
     try:
@@ -150,6 +154,15 @@ def correct_basis(e: EvalResult) -> str:
     """What a line's `correct` means in `e`: maj@K for a sampled eval, else its one completion."""
     k = e.summary.get("metrics", {}).get("samples")
     return f"maj@{k}" if k else "one completion"
+
+
+def sampled_pass1(dir_a: str | Path, dir_b: str | Path) -> dict | None:
+    """pass1_test of two eval dirs on their shared items, None when neither is sampled (the
+    REST comparison reads the files: the registry keeps one row per item, not its samples)."""
+    a, b = load_eval_dir(Path(dir_a)), load_eval_dir(Path(dir_b))
+    if not (_sampled(a) or _sampled(b)):
+        return None
+    return pass1_test(a, b, sorted(set(a.predictions) & set(b.predictions)))
 
 
 def pass1_test(a: EvalResult, b: EvalResult, shared: list[str]) -> dict:

@@ -169,6 +169,10 @@ class Comparison(BaseModel):
     """Right in A, wrong in B."""
     mcnemar_p: float
     """Two-sided exact McNemar p-value of the flips (is the difference more than chance?)."""
+    pass1: dict[str, Any] | None = None
+    """When either side is a sampled eval (`eval --samples K`): pass@1 on the shared items and
+    the exact paired sign-flip test over per-item pass rates (eval.compare.pass1_test), read
+    from the eval dirs; None when neither is sampled or their files are not readable here."""
 
 
 class Board(BaseModel):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query
 
-from tunix_rt.eval.compare import mcnemar_exact
+from tunix_rt.errors import TunixRtError
+from tunix_rt.eval.compare import mcnemar_exact, sampled_pass1
 from tunix_rt.registry import queries
 from tunix_rt.service.deps import SettingsDep, limited, paged
 from tunix_rt.service.schemas import Board, Comparison, EvalDetail, EvalPublic, FlippedItem, PredictionPage, PredictionPublic
@@ -46,7 +47,17 @@ def compare(settings: SettingsDep, a: str = Query(...), b: str = Query(...)):
     ma, mb = c["a"].metrics or {}, c["b"].metrics or {}
     delta = {k: mb[k] - ma[k] for k in ma if isinstance(ma.get(k), (int, float)) and isinstance(mb.get(k), (int, float))}
     return Comparison(a=EvalPublic.model_validate(c["a"]), b=EvalPublic.model_validate(c["b"]), common=c["common"],
-                      delta=delta, mcnemar_p=mcnemar_exact(len(c["broken"]), len(c["fixed"])), fixed=[_flip(x, y) for x, y in c["fixed"]], broken=[_flip(x, y) for x, y in c["broken"]])
+                      delta=delta, mcnemar_p=mcnemar_exact(len(c["broken"]), len(c["fixed"])), fixed=[_flip(x, y) for x, y in c["fixed"]], broken=[_flip(x, y) for x, y in c["broken"]],
+                      pass1=_pass1(c["a"].path, c["b"].path))
+
+
+def _pass1(path_a: str, path_b: str) -> dict | None:
+    """The paired pass@1 test of sampled evals, from their files (None where this server
+    cannot read them: the registry may index dirs of another machine)."""
+    try:
+        return sampled_pass1(path_a, path_b)
+    except (OSError, TunixRtError):
+        return None
 
 
 def _flip(x, y) -> FlippedItem:
