@@ -347,9 +347,17 @@ async function evalPage(id, params) {
       [pathName(ev.model), isPath(ev.adapter) ? "adapter " + pathName(ev.adapter) : ev.adapter, ev.dataset, ev.split, ev.engine, ev.device].filter(Boolean).join(" · ")),
     h("div", { class: "row", "data-testid": "eval-metrics" }, ["accuracy", "format_rate", "answer_found_rate", "truncated_rate"].map((k) => h("span", { class: "card" }, `${k} ${pct(m[k])}`)),
       h("span", { class: "card" }, `mean tokens ${fmt(m.mean_completion_tokens, 1)}`), h("span", { class: "card" }, `n ${fmt(m.n ?? ev.n)}`)),
+    m.samples ? h("div", { class: "row", "data-testid": "eval-sampled" }, sampledKeys(m).map((k) => h("span", { class: "card" }, `${k} ${pct(m[k])}`)),
+      h("span", { class: "muted" }, `${m.samples} samples per item: the rates above are over all samples (accuracy = pass@1); each item below shows its majority-vote sample`)) : null,
     h("div", { class: "row" }, h("label", {}, wrong, " wrong only"), h("label", {}, badFmt, " format violations"), search, count),
     list, more);
   await load(true);
+}
+
+// A sampled eval (`eval --samples K`): its pass@k by k, then maj@K (eval.passk's names).
+function sampledKeys(...blocks) {
+  const keys = new Set(blocks.flatMap((m) => Object.keys(m || {})).filter((k) => /^(pass|maj)@[1-9][0-9]*$/.test(k)));
+  return [...keys].sort((x, y) => (x.startsWith("maj") - y.startsWith("maj")) || (+x.split("@")[1] - +y.split("@")[1]));
 }
 
 function predictionCard(p) {
@@ -372,7 +380,7 @@ async function comparePage(params) {
   show(h("h1", {}, "Compare two evaluations"), h("div", { class: "row" }, labelled("A", a), labelled("B", b), go), out);
   if (!params.get("a") || !params.get("b")) return;
   const c = await api(`/api/evaluations/compare?a=${encodeURIComponent(params.get("a"))}&b=${encodeURIComponent(params.get("b"))}`);
-  const metricRows = ["accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens", "truncated_rate"].map((k) =>
+  const metricRows = ["accuracy", "format_rate", "answer_found_rate", "mean_completion_tokens", "truncated_rate", ...sampledKeys(c.a.metrics, c.b.metrics)].map((k) =>
     h("tr", {}, h("td", {}, k), h("td", {}, fmt(c.a.metrics[k])), h("td", {}, fmt(c.b.metrics[k])), h("td", {}, c.delta[k] === undefined ? "" : (c.delta[k] >= 0 ? "+" : "") + fmt(c.delta[k]))));
   const flips = (title, items, testid) => [h("h2", {}, `${title} (${items.length})`),
     h("div", { "data-testid": testid }, items.map((f) => h("div", { class: "item" }, h("p", {}, h("b", {}, f.item_id + ": "), f.question || ""),
@@ -382,7 +390,10 @@ async function comparePage(params) {
   out.replaceChildren(
     h("table", { "data-testid": "compare-metrics" }, h("thead", {}, h("tr", {}, ["metric", "A", "B", "B − A"].map((x) => h("th", {}, x)))), h("tbody", {}, metricRows)),
     h("p", { "data-testid": "mcnemar" }, `${c.common} items in common · ${c.fixed.length} fixed, ${c.broken.length} broken · exact McNemar p = ${c.mcnemar_p.toPrecision(3)}`,
-      h("span", { class: "muted" }, c.mcnemar_p < 0.05 ? " (unlikely to be chance at 5%)" : " (could be chance at 5%)")),
+      h("span", { class: "muted" }, c.mcnemar_p < 0.05 ? " (unlikely to be chance at 5%)" : " (could be chance at 5%)"),
+      c.pass1 ? h("span", { class: "muted" }, ` · right/wrong per item: A ${c.pass1.a_correct_is}, B ${c.pass1.b_correct_is}`) : null),
+    c.pass1 ? h("p", { "data-testid": "pass1-test" }, `pass@1 on ${c.pass1.items} shared items: A ${pct(c.pass1.a)}, B ${pct(c.pass1.b)} · `
+      + `exact paired sign-flip test over per-item pass rates p = ${c.pass1.p.toPrecision(3)}`) : null,
     ...flips("Fixed: wrong in A, right in B", c.fixed, "fixed"), ...flips("Broken: right in A, wrong in B", c.broken, "broken"));
 }
 
