@@ -1,6 +1,6 @@
-"""What a test needs from outside the repository: PostgreSQL, Debian chromium, an optional
-package (jax, torch, transformers, playwright). The one place that decides what happens when
-it is missing: the test skips, with the reason, on a developer's machine; under CI (`CI=true`,
+"""What a test needs from outside the repository: PostgreSQL, Debian chromium, bubblewrap, an
+optional package (jax, torch, transformers, playwright). The one place that decides what happens
+when it is missing: the test skips, with the reason, on a developer's machine; under CI (`CI=true`,
 set by GitHub Actions and by .ci/run, which installs all of them) it fails, so a CI run
 whose environment lost a service cannot turn green by skipping what it was meant to test.
 
@@ -47,4 +47,12 @@ def require_chromium() -> str:
     path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
     if path is None:
         missing("Debian chromium is not installed (apt-get install chromium; .ci/run does)")
+    return path
+
+
+def require_bwrap() -> str:
+    """Debian's bubblewrap, the sandbox of the python tool (tunix_rt.tools.python)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        missing("bubblewrap is not installed (apt-get install bubblewrap; .ci/run does)")
     return path
