@@ -71,6 +71,9 @@ def test_api_records_sampled_metrics_and_compares_with_the_paired_test(sampled_h
     assert p1["p"] == paired_sign_test([item_counts(x) for x in la], [item_counts(x) for x in lb]) == 2 / 2**6  # all six items better in B
     plain = client.get("/api/evaluations/compare", params={"a": "greedy-a", "b": "greedy-b"}).json()
     assert plain["pass1"] is None
+    board = client.get("/api/evaluations/leaderboard", params={"metric": "pass@4"}).json()
+    assert [e["id"] for e in board][:2] == ["sampled-b", "sampled-a"]  # evaluations without pass@4 rank last
+    assert client.get("/api/evaluations/leaderboard", params={"metric": "pass@x"}).status_code in (400, 422)
 
 
 def test_eval_and_compare_pages_show_pass_at_k_and_the_paired_test(sampled_home):
@@ -86,6 +89,10 @@ def test_eval_and_compare_pages_show_pass_at_k_and_the_paired_test(sampled_home)
             page.set_default_timeout(15000)
             page.goto(f"{srv.url}/#token={TOKEN}")
             page.wait_for_selector("[data-testid=leaderboard]")
+            page.goto(f"{srv.url}/#/leaderboard?dataset=tiny&split=dev&metric=maj@4")
+            page.wait_for_selector("[data-testid=leaderboard-row]")
+            assert page.locator("#metric option[value='pass@4']").count() == 1
+            assert "sampled-b" in page.locator("[data-testid=leaderboard-row]").nth(0).inner_text()
             page.goto(f"{srv.url}/#/eval/sampled-b")
             page.wait_for_selector("[data-testid=eval-sampled]")
             shown = page.inner_text("[data-testid=eval-sampled]")

@@ -59,9 +59,12 @@ def list_evals(*, run_id: str | None = None, limit: int = 100, offset: int = 0, 
 
 def leaderboard(metric: str = "accuracy", *, dataset: str | None = None, split: str | None = None,
                 limit: int = 100, url: str | None = None) -> list[Evaluation]:
-    """Evaluations best first by `metric` (lower is better for token counts and truncation)."""
-    if metric not in LEADERBOARD_METRICS:
-        raise BadInput(f"metric must be one of {', '.join(LEADERBOARD_METRICS)}")
+    """Evaluations best first by `metric` (lower is better for token counts and truncation);
+    a sampled eval's pass@K and maj@K rank too (evaluations without that metric last)."""
+    from tunix_rt.eval.passk import is_sampled_metric
+
+    if metric not in LEADERBOARD_METRICS and not is_sampled_metric(metric):
+        raise BadInput(f"metric must be one of {', '.join(LEADERBOARD_METRICS)}, pass@K or maj@K")
     q = select(Evaluation)
     if dataset:
         q = q.where(Evaluation.dataset == dataset)
