@@ -152,7 +152,7 @@ async function leaderboardPage(params) {
   const boardSelect = h("select", { id: "board", onchange: (e) => go(boards.find((b) => key(b) === e.target.value), metric) },
     boards.map((b) => h("option", { value: key(b), selected: key(b) === key(board) }, `${b.dataset || "?"} / ${b.split || "?"} (${b.evaluations})`)));
   const select = h("select", { id: "metric", onchange: (e) => go(board, e.target.value) },
-    METRICS.map((m) => h("option", { value: m, selected: m === metric }, m)));
+    [...METRICS, ...sampledKeys(...rows.map((e) => e.metrics))].map((m) => h("option", { value: m, selected: m === metric }, m)));
   const compareBtn = h("button", { id: "compare-picked", disabled: true, onclick: () => { const [a, b] = [...picked]; location.hash = `#/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`; } }, "Compare the two picked");
   const extra = ["accuracy", "format_rate"].includes(metric) ? null : metric;  // shown already otherwise
   const body = rows.map((e, i) => h("tr", { "data-testid": "leaderboard-row" },
