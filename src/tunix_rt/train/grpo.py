@@ -12,10 +12,19 @@ One step:
      aux, the reference log-probs from the adapter-off model (beta > 0) and, for mu > 1, the
      rollout policy's log-probs; then mu optimizer steps of the engine's fused policy
      objective (train.engine: no [B, L, V] logits anywhere).
+
+With tools (`tools: [calculator]`), rollouts and the held-out eval decode with them
+(tunix_rt.tools: a row that closes a call gets the tool's result forced). Tool-written tokens
+are observations, not actions: each completion's `tool_mask` takes them out of the update
+(no label, coefficient 0: neither the policy term nor the KL sees them, and the per-token
+normalisation counts the model's tokens only), rewards that ask get the completion's
+`ToolUse` (`arith` skips the claims a tool wrote, `tool_error` counts the failed calls), and
+each step logs tool_calls, tool_errors and tool_tokens over its rollouts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -29,7 +38,7 @@ from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.common import dataset_facts
-from tunix_rt.train.data import SeededOrder, collate, position_of, position_state, weighted_spans
+from tunix_rt.train.data import IGNORE, SeededOrder, collate, position_of, position_state, weighted_spans
 from tunix_rt.train.engine import Engine, Objective
 from tunix_rt.train.faults import fault_point
 
@@ -52,6 +61,46 @@ def rollout_seed(seed: int, step: int, draw: int) -> int:
     row then seeds its own generator from (this, row index)."""
     digest = hashlib.sha256(f"grpo:{seed}:{step}:{draw}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
+
+
+def tool_written(gen) -> np.ndarray:
+    """[len(ids)] 0/1: the completion's tokens a tool wrote (a Generation's tool_mask)."""
+    mask = np.asarray(gen.tool_mask, np.int64)
+    if mask.shape != (len(gen.ids),):
+        raise ValueError(f"a completion of {len(gen.ids)} ids has a tool_mask of shape {mask.shape}")
+    return mask
+
+
+def unlabel_observations(batch, spans: list, written: list[np.ndarray]):
+    """Tool-written tokens are not the policy's actions: their positions lose their label, so
+    no loss, KL or statistic of the update sees them (their coefficient is already 0).
+    spans[k] = (row, predicting positions, ...) of the sequence whose tool mask is written[k]."""
+    for (row, at, *_), mask in zip(spans, written):
+        batch.labels[row, at.start + np.flatnonzero(mask)] = IGNORE
+    batch.n_supervised = int((batch.labels != IGNORE).sum())
+    return batch
+
+
+def tool_use(gen, tok):
+    """A completion's ToolUse for the rewards: the character spans of its text the tools
+    wrote (from its tool_mask: each run of tool-written ids, located by decoding the prefixes,
+    so the spans index `gen.text` exactly), its calls and its errors."""
+    from tunix_rt.train.rewards import NO_TOOLS, ToolUse
+
+    if not gen.tool_calls:
+        return NO_TOOLS
+    mask = tool_written(gen)[:len(gen.ids) - (gen.finish_reason == "stop")]  # text holds no stop token
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))  # starts and ends of runs of 1s
+    at = [len(tok.decode(gen.ids[:k])) for k in edges]
+    return ToolUse(tuple(zip(at[::2], at[1::2])), len(gen.tool_calls),
+                   sum(bool(c["error"]) for c in gen.tool_calls))
+
+
+def tool_metrics(outs: list) -> dict[str, int]:
+    """A step's tool use over its rollouts: calls closed, calls that erred, tool-written tokens."""
+    return {"tool_calls": sum(len(o.tool_calls) for o in outs),
+            "tool_errors": sum(bool(c["error"]) for o in outs for c in o.tool_calls),
+            "tool_tokens": int(sum(sum(o.tool_mask) for o in outs))}
 
 
 class GRPO:
@@ -121,15 +170,19 @@ class GRPO:
     def _draw(self, gen, step: int, draw: int, n: int) -> list[Group]:
         cfg, size = self.cfg, self.cfg.group_size
         picked = [self.items[self.order.take()] for _ in range(n)]
-        decode = cfg.rollout_decode(seed=rollout_seed(cfg.seed, step, draw), batch_size=n * size)
+        decode = self._with_tools(cfg.rollout_decode(seed=rollout_seed(cfg.seed, step, draw), batch_size=n * size))
         outs = gen.generate([p for _, p in picked for _ in range(size)], decode)
         return [self._score(rec, prompt, outs[i * size:(i + 1) * size]) for i, (rec, prompt) in enumerate(picked)]
+
+    def _with_tools(self, decode):
+        """The run's tools in a DecodeConfig (rollouts and the held-out eval decode alike)."""
+        return dataclasses.replace(decode, tools=tuple(self.cfg.tools))
 
     def _score(self, record, prompt: list[int], outs: list) -> Group:
         from tunix_rt.eval.scoring import score_completion
 
         texts = [o.text for o in outs]
-        total, parts = self.rewards.score([record] * len(outs), texts)
+        total, parts = self.rewards.score([record] * len(outs), texts, [tool_use(o, self.tok) for o in outs])
         scores = [score_completion(t, record.answer) for t in texts]
         return Group(record, prompt, outs, total, parts, np.array([s.correct for s in scores]),
                      np.array([s.format_ok for s in scores]))
@@ -147,32 +200,34 @@ class GRPO:
         adv = group_advantages(np.stack([g.rewards for g in groups]), cfg.rl_loss)
         seqs = [(g.prompt, o.ids, adv[i, j], o.finish_reason == "length")
                 for i, g in enumerate(groups) for j, o in enumerate(g.completions)]
+        written = [tool_written(o) for g in groups for o in g.completions]
         owner = [i for i, g in enumerate(groups) for _ in g.completions]
         width = cfg.rollout_max_new_tokens
         mask = np.zeros((len(seqs), width), np.int64)
         for i, (_p, ids, _a, _t) in enumerate(seqs):
-            mask[i, :len(ids)] = 1
+            mask[i, :len(ids)] = 1 - written[i]  # the model's own tokens carry the loss
         coef = token_coefficients(mask, cfg.rl_loss, width, truncated=[t for *_, t in seqs],
                                   drop_truncated=cfg.mask_truncated)
         batches = []
         for s in range(0, len(seqs), cfg.batch_size):
             part = seqs[s:s + cfg.batch_size]
             if shared:
-                b = self._shared_batch(part, owner[s:s + cfg.batch_size], coef[s:s + cfg.batch_size])
+                b, spans = self._shared_batch(part, owner[s:s + cfg.batch_size], coef[s:s + cfg.batch_size])
                 b.example_ids = [f"r{s + k}" for k in range(len(part))]
-                batches.append(b)
-                continue
-            rows = [[Rendered(f"r{s + k}", list(p) + list(ids), [0] * len(p) + [1] * len(ids), len(p), "", "")]
-                    for k, (p, ids, _a, _t) in enumerate(part)]
-            # position t predicts token t + 1
-            spans = [(k, slice(len(p) - 1, len(p) - 1 + len(ids)), coef[s + k, :len(ids)], a)
-                     for k, (p, ids, a, _t) in enumerate(part)]
-            batches.append(weighted_spans(collate(rows, self.tok.pad_id), spans))
+            else:
+                rows = [[Rendered(f"r{s + k}", list(p) + list(ids), [0] * len(p) + [1] * len(ids), len(p), "", "")]
+                        for k, (p, ids, _a, _t) in enumerate(part)]
+                # position t predicts token t + 1
+                spans = [(k, slice(len(p) - 1, len(p) - 1 + len(ids)), coef[s + k, :len(ids)], a)
+                         for k, (p, ids, a, _t) in enumerate(part)]
+                b = weighted_spans(collate(rows, self.tok.pad_id), spans)
+            batches.append(unlabel_observations(b, spans, written[s:s + cfg.batch_size]))
         return batches
 
     def _shared_batch(self, part: list, owner: list[int], coef: np.ndarray):
         """One micro-batch of `part`'s sequences, a row per group: its prompt, then its
-        completions as branches; coef and advantage at each branch's predictions."""
+        completions as branches; coef and advantage at each branch's predictions. Returns the
+        batch and each sequence's (row, predicting positions, coef, advantage)."""
         from tunix_rt.train.data import collate_shared
 
         rows, where = [], []  # where: (row, branch) of each sequence of part
@@ -182,8 +237,9 @@ class GRPO:
             rows[-1][1].append(ids)
             where.append((len(rows) - 1, len(rows[-1][1]) - 1))
         b, starts = collate_shared(rows, self.tok.pad_id)
-        return weighted_spans(b, [(r, slice(starts[r][j], starts[r][j] + len(ids)), coef[k, :len(ids)], a)
-                                  for k, ((_p, ids, a, _t), (r, j)) in enumerate(zip(part, where))])
+        spans = [(r, slice(starts[r][j], starts[r][j] + len(ids)), coef[k, :len(ids)], a)
+                 for k, ((_p, ids, a, _t), (r, j)) in enumerate(zip(part, where))]
+        return weighted_spans(b, spans), spans
 
     def metrics(self, groups: list[Group], drawn: int, results: list, batches: list) -> dict[str, Any]:
         """The step's row: loss and gradient norm of the last update, rewards (total and each),
@@ -207,6 +263,7 @@ class GRPO:
                float(zero_variance_groups(np.stack([g.rewards for g in groups])).mean()) if groups else 0.0,
                "groups_drawn": drawn,
                "kl": stats.get("kl", 0.0) / tokens, "clip_fraction": stats.get("clipped", 0.0) / tokens,
+               **(tool_metrics([o for g in groups for o in g.completions]) if self.cfg.tools else {}),
                "completion_tokens": float(np.mean(lengths)) if lengths else 0.0,
                "truncated_rate": float(np.mean([o.finish_reason == "length" for g in groups
                                                 for o in g.completions])) if groups else 0.0}
@@ -220,7 +277,7 @@ class GRPO:
         if not self.eval_items:
             return {}
         outs = engine.generator().generate([p for _, p in self.eval_items],
-                                           DecodeConfig(max_new_tokens=self.cfg.rollout_max_new_tokens))
+                                           self._with_tools(DecodeConfig(max_new_tokens=self.cfg.rollout_max_new_tokens)))
         groups = [self._score(rec, p, [o]) for (rec, p), o in zip(self.eval_items, outs)]
         return {"eval_reward": float(np.mean([g.rewards[0] for g in groups])),
                 "eval_accuracy": float(np.mean([g.correct[0] for g in groups])),
