@@ -40,7 +40,7 @@ def test_sampled_eval_writes_k_completions_per_item_and_reruns_bit_identically(c
     s, preds = _eval(cli, tiny_dirs, traces, tmp_path / "e1", "--samples", "4", "--seed", "3", "--batch-size", "8")
     m = s["metrics"]
     assert {"pass@1", "pass@2", "pass@4", "maj@4"} <= set(m) and m["samples"] == 4 and "pass@3" not in m
-    assert m["accuracy"] == m["pass@1"] and m["n"] == 12  # the usual metrics are over all n*K samples
+    assert m["accuracy"] == m["pass@1"] and m["n"] == 3  # rates over all n*K samples; n counts items
     assert s["decoding"]["samples"] == 4 and s["decoding"]["strategy"] == "sample" and s["decoding"]["seed"] == 3
     assert set(s["by_category"]) == {"even", "odd"} and s["by_category"]["even"]["samples"] == 4
     assert [p["id"] for p in preds] == ["q0", "q1", "q2"]  # one line per item, dataset order
@@ -104,8 +104,8 @@ def test_sampled_line_and_metrics_from_hand_made_samples():
     assert m["pass@1"] == m["accuracy"] == round(4 / 12, 6)
     assert m["pass@2"] == round(2 * pass_at_k(4, 2, 2) / 3, 6) == round(2 * (5 / 6) / 3, 6)
     assert m["pass@4"] == round(2 / 3, 6) and m["maj@4"] == round(1 / 3, 6) and m["samples"] == 4
-    assert m["n"] == 12 and m["format_rate"] == round(7 / 12, 6)
-    assert cats["c"]["maj@4"] == m["maj@4"]
+    assert m["n"] == 3 and m["format_rate"] == round(7 / 12, 6)
+    assert cats["c"]["maj@4"] == m["maj@4"] and cats["c"]["n"] == 3
     assert [item_counts(x) for x in (a, b, c)] == [(2, 4), (2, 4), (0, 4)]
     assert item_counts({"correct": True}) == (1, 1)  # a greedy line: one sample
 

@@ -22,9 +22,9 @@ every reader of the format (compare, the registry, the report, the web UI) keeps
   reasoning, answer, correct, format_ok, n_tokens, finish_reason, …);
 - `n_samples` K, `n_correct`, `majority_answer` (normalised, "" when none), `majority_votes`,
   `majority_sample` (its index, -1 when none).
-The summary's metrics are then over all n*K samples (accuracy is pass@1, the mean share of
-correct samples; format_rate, mean_completion_tokens, … likewise), plus `pass@k` for k in
-passk.ks_for(K), `maj@K` and `samples` K; by_category likewise. `decoding` gains `samples`
+The summary's rates are then over all n*K samples (accuracy is pass@1, the mean share of
+correct samples; format_rate, mean_completion_tokens, … likewise) while `n` still counts
+items, plus `pass@k` for k in passk.ks_for(K), `maj@K` and `samples` K; by_category likewise. `decoding` gains `samples`
 and `sample_keys`.
 
 Seeds: sample j of item i (i its 0-based position in the evaluated split, after --limit)
@@ -344,10 +344,11 @@ def flat_samples(preds: list[dict]) -> list[dict]:
 def sampled_scores(preds: list[dict]) -> tuple[dict, dict]:
     """(metrics, by_category) of sampled lines: the usual metrics over all samples, plus
     pass@k, maj@K and samples (passk.sampled_metrics), overall and per category."""
-    scores = metrics(flat_samples(preds)).to_dict() | sampled_metrics(preds)
+    scores = metrics(flat_samples(preds)).to_dict() | sampled_metrics(preds) | {"n": len(preds)}
     categories = by_category(flat_samples(preds))
     for cat in categories:
-        categories[cat] |= sampled_metrics([p for p in preds if p["category"] == cat])
+        items = [p for p in preds if p["category"] == cat]
+        categories[cat] |= sampled_metrics(items) | {"n": len(items)}
     return scores, categories
 
 
