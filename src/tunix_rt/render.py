@@ -16,6 +16,11 @@ The prompt and the target are tokenized separately, so the prompt tokens seen in
 are exactly the ones generation starts from. Control tokens are inserted as ids, never
 parsed out of user text. The loss covers the model turn, <end_of_turn> included.
 
+With tools (TrainConfig.tools, tunix_rt.tools) the model turn is tokenized piece by piece
+(tools.segments: each piece encoded on its own, ids concatenated), each tool result replaced
+by what the tool writes now; the tool-written pieces get loss mask 0. Those are exactly the
+ids decoding forces after the call, so training never teaches the model to write a result.
+
 Every trace that passes the schema renders a target that parse_completion reads back as
 format_ok with its own steps and answer: the schema refuses the format's tags and the turn
 markers where they would break that (traces.schema.REFUSED_TAGS).
@@ -28,10 +33,11 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Sequence
 
 from tunix_rt.errors import BadInput
 from tunix_rt.models.tokenizer import ChatTokenizer
+from tunix_rt.tools import segments
 from tunix_rt.traces.schema import FORMAT_TAGS
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -75,6 +81,8 @@ class Rendered:
     prompt_len: int
     prompt_text: str
     target_text: str  # the model turn as text, "<end_of_turn>" included
+    model_text: str | None = None
+    """The model-written part of target_text (tool results left out); None: all of it."""
 
     @property
     def n_trainable(self) -> int:
@@ -98,25 +106,47 @@ def render_example(
     answer: str,
     tok: ChatTokenizer,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+    tools: Sequence[str] = (),
 ) -> Rendered:
     p = prompt_ids(question, tok, system_prompt)
-    body = target_body(steps, answer)
-    t = tok.encode(body) + [tok.eot_id]
-    if len(t) <= 1:
+    t, mask, body, model_text = _target(record_id, target_body(steps, answer), tok, tools)
+    if sum(mask) <= 1:
         raise BadInput(f"{record_id}: the model turn has no trainable token")
     return Rendered(
         id=record_id,
         ids=p + t,
-        loss_mask=[0] * len(p) + [1] * len(t),
+        loss_mask=[0] * len(p) + mask,
         prompt_len=len(p),
         prompt_text=prompt_text(question, system_prompt),
         target_text=body + END_OF_TURN,
+        model_text=None if model_text == body else model_text + END_OF_TURN,
     )
 
 
-def render_trace(trace, tok: ChatTokenizer, system_prompt: str = DEFAULT_SYSTEM_PROMPT) -> Rendered:
+def _target(record_id: str, body: str, tok: ChatTokenizer, tools: Sequence[str]) -> tuple[list[int], list[int], str, str]:
+    """The model turn's ids and loss mask (0 on tool-written pieces), its text with each tool
+    result as the tool writes it now, and the model-written part of that text."""
+    if not tools:
+        ids = tok.encode(body) + [tok.eot_id]
+        return ids, [1] * len(ids), body, body
+    try:
+        pieces = segments(body, tools)
+    except BadInput as e:
+        raise BadInput(f"{record_id}: {e}") from None
+    ids: list[int] = []
+    mask: list[int] = []
+    for text, by_tool in pieces:
+        piece = tok.encode(text)
+        ids += piece
+        mask += [0 if by_tool else 1] * len(piece)
+    text = "".join(t for t, _ in pieces)
+    return ids + [tok.eot_id], mask + [1], text, "".join(t for t, by_tool in pieces if not by_tool)
+
+
+def render_trace(trace, tok: ChatTokenizer, system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+                 tools: Sequence[str] = ()) -> Rendered:
     """Render a trace record (anything with id, question, steps, answer)."""
-    return render_example(trace.id, trace.question, list(trace.steps), trace.answer, tok, system_prompt)
+    return render_example(trace.id, trace.question, list(trace.steps), trace.answer, tok, system_prompt, tools)
 
 
 def render_dataset(
@@ -125,14 +155,16 @@ def render_dataset(
     max_seq_len: int,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     on_overlong: str = "drop",
+    tools: Sequence[str] = (),
 ) -> tuple[list[Rendered], RenderStats]:
     """Render every trace; an example longer than max_seq_len is dropped and counted, or
-    fails the call when on_overlong == "fail". Never truncated."""
+    fails the call when on_overlong == "fail". Never truncated. `tools`: the model turn's
+    tool results are tool-written (loss mask 0), see the module docstring."""
     if on_overlong not in ("drop", "fail"):
         raise BadInput(f"on_overlong must be 'drop' or 'fail', not {on_overlong!r}")
     out, stats = [], RenderStats()
     for tr in traces:
-        r = render_trace(tr, tok, system_prompt)
+        r = render_trace(tr, tok, system_prompt, tools)
         stats.max_len = max(stats.max_len, len(r.ids))
         if len(r.ids) > max_seq_len:
             if on_overlong == "fail":
@@ -149,7 +181,7 @@ def render_dataset(
 
 
 def supervised_text(r: Rendered, tok: ChatTokenizer) -> str:
-    """Decode of the masked-in tokens: must equal r.target_text."""
+    """Decode of the masked-in tokens: must equal r.model_text, or r.target_text without tools."""
     return tok.decode([i for i, m in zip(r.ids, r.loss_mask) if m])
 
 

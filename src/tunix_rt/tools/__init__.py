@@ -8,11 +8,13 @@
 Tool-written tokens are observations, not actions: they are not in the SFT loss, nor in the RL
 policy loss or KL, and decoding forces them into the row that closed the call.
 
-The contract (every generator and the renderer use these three, nothing else):
+The contract (every generator and the renderer use these, nothing else):
 - closed_call(text, tools, since) finds the call the newest model text closed;
 - respond(call) runs the tool and returns exactly what it writes, an error included;
 - segments(turn, tools) splits a model turn into model- and tool-written pieces, each result
-  replaced by what respond() writes now, so training sees what decoding forces.
+  replaced by what respond() writes now, so training sees what decoding forces;
+- calls(turn, tools) lists a finished turn's calls and where their results lie (no tool runs:
+  the trace schema checks a record's tool syntax with it).
 
 A calculator call is `<<BODY=` where BODY holds no newline, `<`, `>` or `=` (so `a << b`, a
 `>>` or a second `=` never make one), and it is not inside an open `<python>` block when the
@@ -121,15 +123,26 @@ def respond(call: Call) -> ToolResult:
     raise BadInput(f"tools: unknown tool {call.tool!r}, not in {list(NAMES)}")
 
 
-def segments(turn: str, tools: Sequence[str]) -> list[tuple[str, bool]]:
-    """Consecutive (text, tool_written) pieces of a model turn; each call's result in `turn`
-    is replaced by what respond() writes now. A call must be followed by its result (`…>>`
-    on the same line, `<output>…</output>` right after `</python>`): BadInput otherwise."""
-    out: list[tuple[str, bool]] = []
+def calls(turn: str, tools: Sequence[str]) -> list[tuple[int, Call, int]]:
+    """Every call in a finished model turn, in order, as (end, call, result_end): the call
+    closes at `end` and its result in `turn` spans end..result_end. Runs no tool. A call must
+    be followed by its result (`…>>` on the same line, `<output>…</output>` right after
+    `</python>`): BadInput otherwise."""
+    out = []
     cursor = 0
     while (found := closed_call(turn, tools, cursor)) is not None:
         end, call = found
-        result_end = _result_end(turn, end, call)
+        cursor = _result_end(turn, end, call)
+        out.append((end, call, cursor))
+    return out
+
+
+def segments(turn: str, tools: Sequence[str]) -> list[tuple[str, bool]]:
+    """Consecutive (text, tool_written) pieces of a model turn; each call's result in `turn`
+    is replaced by what respond() writes now (calls() says what a call must look like)."""
+    out: list[tuple[str, bool]] = []
+    cursor = 0
+    for end, call, result_end in calls(turn, tools):
         out.append((turn[cursor:end], False))
         out.append((respond(call).text, True))
         cursor = result_end
@@ -144,8 +157,9 @@ def _result_end(turn: str, end: int, call: Call) -> int:
         close = turn.find(CALC_END, end)
         newline = turn.find("\n", end)
         if close == -1 or (newline != -1 and newline < close):
-            raise BadInput(f"tools: calculator call <<{call.body}= has no result ending in '>>' on its line")
+            raise BadInput(f"calculator call '<<{call.body}=' has no result ending in '>>' on its line "
+                           "(write <<EXPR=RESULT>>)")
         return close + len(CALC_END)
     if not turn.startswith(OUT_OPEN, end) or turn.find(OUT_CLOSE, end) == -1:
-        raise BadInput(f"tools: python call at char {end} is not followed by <output>…</output>")
+        raise BadInput(f"python call ending at character {end} is not followed at once by <output>…</output>")
     return turn.find(OUT_CLOSE, end) + len(OUT_CLOSE)

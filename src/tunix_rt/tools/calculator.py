@@ -4,8 +4,8 @@ The model writes `<<48/2=`, this module computes what follows: `24` (tools.respo
 
 Accepted: integers, decimals (`2.5`, `.5`, `5.`), thousands commas in groups of three
 (`1,200`), a `$` before a number (ignored), `%` after a number or a closing parenthesis
-(divides by 100), `+ - * /`, `×` `÷` `−` (the Unicode signs), unary minus and plus,
-parentheses, spaces. Refused: anything else, among them `x` (a variable as often as a
+(divides by 100), `+ - * /`, `//` (floor division, as in 2 of GSM8K's notes), `×` `÷` `−`
+(the Unicode signs), unary minus and plus, parentheses, spaces. Refused: anything else, among them `x` (a variable as often as a
 product), `^` and `**` (no power: its size is unbounded), implicit products like `2(3+4)`.
 Every value is a Fraction, so `0.1+0.2` is exactly `0.3`.
 
@@ -107,6 +107,9 @@ def _tokens(expr: str) -> list[str | Fraction]:
         c = s[i]
         if c in " \t":
             i += 1
+        elif s.startswith("//", i):
+            out.append("//")
+            i += 2
         elif c in "+-*/()%":
             out.append(c)
             i += 1
@@ -143,7 +146,7 @@ def _number(text: str) -> Fraction:
 # --------------------------------------------------------------------------- parser
 
 class _Parser:
-    """expr := term (('+'|'-') term)* ; term := unary (('*'|'/') unary)* ;
+    """expr := term (('+'|'-') term)* ; term := unary (('*'|'/'|'//') unary)* ;
     unary := ('-'|'+') unary | atom '%'* ; atom := NUMBER | '(' expr ')'."""
 
     def __init__(self, tokens: list[str | Fraction]):
@@ -164,13 +167,13 @@ class _Parser:
 
     def term(self, depth: int) -> Fraction:
         v = self.unary(depth)
-        while self.peek() in ("*", "/"):
+        while self.peek() in ("*", "/", "//"):
             op = self.toks[self.pos]
             self.pos += 1
             w = self.unary(depth)
-            if op == "/" and w == 0:
+            if op != "*" and w == 0:
                 raise CalcError("division by zero")
-            v = _checked(v * w if op == "*" else v / w)
+            v = _checked(v * w if op == "*" else v / w if op == "/" else Fraction(v // w))
         return v
 
     def unary(self, depth: int) -> Fraction:

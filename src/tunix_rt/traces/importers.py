@@ -5,7 +5,9 @@ Formats (names used by `data import`, `data validate --format` and `read_traces`
 - `record`  the trace record itself (DESIGN.md §2), what a dataset's data.jsonl holds.
 - `gsm8k`   `{"question", "answer"}`; the answer is the worked solution with `<<a*b=c>>`
             calculator notes and a final `#### 18` line. Steps are the solution lines without
-            the notes; the answer is what follows `####`, commas removed. The id is
+            the notes; the answer is what follows `####`, commas removed. With the
+            calculator tool (`--tools calculator`) the notes stay in the steps as calls the
+            model writes (`<<48/2=`) and results the tool writes (`24>>`, tunix_rt.tools). The id is
             `gsm8k-<split>-<0-based line index, 5 digits>`, <split> named after the source:
             its file name without the extension, lower-cased, runs of other characters than
             a-z0-9 as "-" (train.jsonl → gsm8k-train-00017; hf:openai/gsm8k@test → test).
@@ -91,6 +93,8 @@ class GSM8KImporter:
 
     split: str = "train"
     name: str = "gsm8k"
+    tools: tuple[str, ...] = ()
+    """With "calculator" the `<<a*b=c>>` notes are kept (tool calls), else stripped."""
 
     def convert(self, obj: dict[str, Any], index: int) -> Trace:
         _check_keys(obj, {"question", "answer"}, {"question", "answer"})
@@ -99,7 +103,8 @@ class GSM8KImporter:
         if solution.count("####") != 1:
             raise RecordError.one("answer", "expected exactly one '#### <final answer>' line")
         work, final = solution.split("####")
-        steps = [s for s in (_CALC_NOTE.sub("", line).strip() for line in work.splitlines()) if s]
+        keep = "calculator" in self.tools
+        steps = [s for s in ((line if keep else _CALC_NOTE.sub("", line)).strip() for line in work.splitlines()) if s]
         final = final.strip().replace(",", "")
         problems = []
         if not steps:
@@ -212,12 +217,13 @@ class GenericImporter:
         )
 
 
-def get_importer(fmt: str, split: str = "train") -> Importer:
-    """The importer for a format name; `split` only names GSM8K ids."""
+def get_importer(fmt: str, split: str = "train", tools: tuple[str, ...] = ()) -> Importer:
+    """The importer for a format name; `split` only names GSM8K ids, and `tools` only says
+    whether GSM8K's calculator notes stay (the other formats keep their text as written)."""
     if fmt == "record":
         return RecordImporter()
     if fmt == "gsm8k":
-        return GSM8KImporter(split=split)
+        return GSM8KImporter(split=split, tools=tuple(tools))
     if fmt == "traces":
         return OlderTraceImporter()
     if fmt == "generic":

@@ -20,6 +20,12 @@ Trace applies it again to whatever it is built from.
 
 The format's own tags are refused where they would corrupt a rendered example, see
 REFUSED_TAGS.
+
+Tool calls (tunix_rt.tools) may appear in the steps: GSM8K's `<<48/2=24>>` and
+`<python>…</python><output>…</output>`. What a record may hold is what renders under any set
+of tools (see `tool_syntax_problems`): each calculator call `<<EXPR=` is followed by its
+result `…>>` in the same step, each python call by `<output>…</output>` at once, and the
+answer holds no call. Text that is not a call (`a << b`, a lone `>>`) stays plain text.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ import re
 from typing import Annotated, Any, Iterator
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from tunix_rt.errors import BadInput
+from tunix_rt.tools import calls, closed_call
 
 FORMAT_TAGS = ("<reasoning>", "</reasoning>", "<answer>", "</answer>")
 """The tags of the model turn (render.target_body writes them, parse_completion reads them)."""
@@ -172,6 +181,19 @@ class Trace(BaseModel):
             raise PydanticCustomError(NO_STEPS, "empty list")
         return self
 
+    @model_validator(mode="after")
+    def _tool_syntax(self) -> "Trace":
+        if problems := tool_syntax_problems(list(self.steps), self.answer):
+            raise ValidationError.from_exception_data("Trace", [
+                InitErrorDetails(type=_fail("tool_syntax", reason), loc=loc, input=None) for loc, reason in problems
+            ])
+        return self
+
+    def tools(self) -> list[str]:
+        """The tools whose calls the steps hold ("calculator", "python"), in NAMES order."""
+        text = "\n".join(self.steps)
+        return [t for t in ("calculator", "python") if closed_call(text, [t]) is not None]
+
     def to_record(self) -> dict[str, Any]:
         """The canonical JSON object: fields in schema order, meta keys sorted."""
         return {
@@ -182,6 +204,32 @@ class Trace(BaseModel):
             "source": self.source,
             "meta": _sorted(self.meta),
         }
+
+
+def tool_syntax_problems(steps: list[str], answer: str) -> list[tuple[tuple, str]]:
+    """(loc, reason) for each malformed tool call: checked with each tool alone and with
+    both, as rendering with any `tools` setting would read the turn (tools.calls)."""
+    problems: list[tuple[tuple, str]] = []
+    for k, step in enumerate(steps):  # a calculator call lies within one line, so one step
+        if "<<" in step and (why := _calls_problem(step, ["calculator"])) is not None:
+            problems.append((("steps", k), why))
+    text = "\n".join(steps)
+    if not problems and "</python>" in text:
+        for tools in (["python"], ["calculator", "python"]):
+            if (why := _calls_problem(text, tools)) is not None:
+                problems.append((("steps",), why))
+                break
+    if closed_call(answer, ["calculator"]) or "<python>" in answer or "</python>" in answer:
+        problems.append((("answer",), "contains a tool call (<<EXPR= or a <python> tag); calls belong in the steps"))
+    return problems
+
+
+def _calls_problem(text: str, tools: list[str]) -> str | None:
+    try:
+        calls(text, tools)
+    except BadInput as e:
+        return str(e)
+    return None
 
 
 def _sorted(value: Any) -> Any:

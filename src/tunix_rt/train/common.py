@@ -24,9 +24,10 @@ def load_data(cfg: TrainConfig, home: Home, tok) -> tuple[list, list, dict[str, 
     ds = load_dataset(cfg.dataset, home)
     records = list(ds.split(cfg.split))[: cfg.limit]
     train, stats = render_dataset(records, tok, cfg.max_seq_len, cfg.system_prompt,
-                                  on_overlong="drop" if cfg.drop_overlong else "fail")
+                                  on_overlong="drop" if cfg.drop_overlong else "fail", tools=cfg.tools)
     held_out = list(ds.split(cfg.eval_split))[: cfg.eval_limit]
-    evals, eval_stats = render_dataset(held_out, tok, cfg.max_seq_len, cfg.system_prompt, on_overlong="drop")
+    evals, eval_stats = render_dataset(held_out, tok, cfg.max_seq_len, cfg.system_prompt, on_overlong="drop",
+                                       tools=cfg.tools)
     facts = {**dataset_facts(cfg, ds, len(records), len(train), len(evals)),
              "max_rendered_len": stats.max_len, "eval_dropped_overlong": eval_stats.dropped_overlong}
     return train, evals, facts
