@@ -28,7 +28,7 @@ overlong filtering). Each rule equals Tunix's `aggregate_loss` mode of the same 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -85,10 +85,17 @@ class DynamicBatch:
         return self.drawn - len(self.groups)
 
 
+def has_variance(rewards: Any) -> bool:
+    """Whether one group's rewards [G] differ (DAPO keeps only such groups)."""
+    return not zero_variance_groups(np.asarray(rewards, dtype=np.float64)[None, :])[0]
+
+
 def select_informative(scored: Iterable[tuple[Any, Any]], n_groups: int,
-                       max_draws: int | None = None) -> DynamicBatch:
+                       max_draws: int | None = None,
+                       keep: Callable[[Any, Any], bool] | None = None) -> DynamicBatch:
     """DAPO dynamic sampling: pull (group, rewards[G]) pairs from `scored` until `n_groups`
-    have non-zero reward variance; zero-variance ones are dropped. The stream is consumed
+    pass `keep(group, rewards)` (default: non-zero reward variance, `has_variance`; GRPO's
+    rule is train.curriculum.keep_rule); the others are dropped. The stream is consumed
     lazily and never past the last group kept, so the driver can generate rollouts on
     demand. Stops early (filled=False) when the stream ends or `max_draws` groups were
     drawn; the driver decides whether a short batch may train."""
@@ -105,7 +112,7 @@ def select_informative(scored: Iterable[tuple[Any, Any]], n_groups: int,
         except StopIteration:
             break
         drawn += 1
-        if not zero_variance_groups(np.asarray(rewards, dtype=np.float64)[None, :])[0]:
+        if keep(group, rewards) if keep is not None else has_variance(rewards):
             kept.append(group)
     return DynamicBatch(kept, drawn, filled=len(kept) == n_groups)
 

@@ -161,7 +161,17 @@ class TrainConfig:
     rewards: dict[str, Any] = field(default_factory=lambda: {"format": 0.5, "answer": 1.0})
     """Reward name (or module:function) -> weight, or -> {weight: w, <param>: value}."""
     dapo_max_draws: int = 4
-    """dapo: draw at most this many times rl_prompts groups to find rl_prompts informative ones."""
+    """dapo and filter_pass_rate: draw at most this many times rl_prompts groups to find
+    rl_prompts the filters keep (a step that runs out trains on what it kept)."""
+    filter_pass_rate: list[float] | None = None
+    """grpo: [low, high]: train only on prompts whose pass rate, estimated from their own G
+    rollouts (the share answered correctly), is within [low, high]; the others are skipped and
+    more drawn within dapo_max_draws (train.curriculum). None: no filter. Any dataset."""
+    curriculum: dict[str, Any] | None = None
+    """grpo on a reasoning-gym dataset: each task's difficulty level moves with its rolling
+    rollout accuracy, prompts generated online at the current levels (train.curriculum):
+    {window: 32, raise_at: 0.75, lower_below: 0.25, start_level: 0, ranges: upper_bound}
+    (true: those defaults; resolved here). None: the dataset's prompts as they are."""
     reward_timeout_s: float = 10.0
     """Most seconds one reward call may take (per completion and reward); a reward that runs
     longer fails the run naming the reward and the record. A judge reward's requests count:
@@ -240,7 +250,12 @@ class TrainConfig:
 
     def _check_rl(self) -> None:
         self._check_choice("rl_loss", ("grpo", "dr_grpo", "dapo"))
+        self._check_prompt_selection()
         if not rolls_out(self.method):
+            for name in ("filter_pass_rate", "curriculum"):
+                if getattr(self, name) is not None:
+                    raise BadInput(f"config: {name} chooses the prompts of an RL method's rollouts; "
+                                   f"method={self.method} has none (use method=grpo, or {name}: null)")
             return
         if self.group_size < 2:
             raise BadInput(f"config: group_size must be >= 2 (advantages compare completions of one prompt), "
@@ -256,6 +271,20 @@ class TrainConfig:
         from tunix_rt.train.rewards import RewardSpec  # here, not at the top: numpy stays out of `--help`
 
         RewardSpec.from_mapping(self.rewards, "config: rewards")  # names, weights, parameters; nothing imported
+
+    def _check_prompt_selection(self) -> None:
+        """filter_pass_rate and curriculum (train.curriculum checks their values); null
+        curriculum and filter are off, true means the curriculum's defaults."""
+        from tunix_rt.train.curriculum import CurriculumSpec, pass_band
+
+        if self.filter_pass_rate is not None:
+            self.filter_pass_rate = list(pass_band(self.filter_pass_rate))
+        if self.curriculum is True:
+            self.curriculum = {}
+        if self.curriculum is False:
+            self.curriculum = None
+        if self.curriculum is not None:
+            self.curriculum = CurriculumSpec.from_mapping(self.curriculum).to_dict()
 
     def _check_tools(self) -> None:
         from tunix_rt.tools import NAMES
@@ -386,6 +415,17 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadInput(f"{source}: {key} must be a number, got {value!r}")
         return float(value)
+    if text.startswith("list[float]"):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.strip("[]").split(",") if v.strip()]
+        try:
+            if not isinstance(value, list) or any(isinstance(v, bool) for v in value):
+                raise TypeError
+            return [float(v) for v in value]
+        except (TypeError, ValueError):
+            raise BadInput(f"{source}: {key} must be a list of numbers, got {value!r}") from None
+    if key == "curriculum" and isinstance(value, bool):
+        return value  # true: the defaults, false: off (resolved in __post_init__)
     if text.startswith("list"):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]

@@ -3,10 +3,13 @@
 One step:
   1. rollouts: P prompts from the seeded prompt order, G completions each from the engine's
      own generator (sampling; seeded by (seed, step, draw) and the row, so a resumed run
-     draws the same rollouts), prompts rendered exactly as SFT and eval render them;
+     draws the same rollouts), prompts rendered exactly as SFT and eval render them (with a
+     curriculum, each replaced by a fresh item of its task at the task's level: train.curriculum);
   2. rewards (train.rewards: weighted, named, each call within reward_timeout_s; a failing or
      overrunning reward fails the run) and group
-     advantages (train.advantages); dapo drops zero-variance groups and draws more prompts;
+     advantages (train.advantages); dapo drops zero-variance groups, filter_pass_rate the
+     groups whose pass rate is outside its band, and more prompts are drawn
+     (train.curriculum.keep_rule, within dapo_max_draws);
   3. the update: prompt + completion sequences, the loss on completion tokens only, per-token
      coefficients for the whole window (train.advantages.token_coefficients), advantages as
      aux, the reference log-probs from the adapter-off model (beta > 0) and, for mu > 1, the
@@ -38,6 +41,7 @@ from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.common import dataset_facts
+from tunix_rt.train.curriculum import keep_rule, make_curriculum
 from tunix_rt.train.data import IGNORE, SeededOrder, collate, position_of, position_state, weighted_spans
 from tunix_rt.train.engine import Engine, Objective
 from tunix_rt.train.faults import fault_point
@@ -122,6 +126,13 @@ class GRPO:
         per_epoch = math.ceil(len(self.items) / cfg.rl_prompts)
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * per_epoch))
         self.dataset = dataset_facts(cfg, ds, len(self.items) + dropped, len(self.items), len(self.eval_items))
+        self.curriculum = (make_curriculum(cfg, ds, [r for r, _ in self.items], self._prompt_of)
+                           if cfg.curriculum is not None else None)
+        self.keep = keep_rule(cfg.rl_loss, cfg.filter_pass_rate)
+
+    def _prompt_of(self, record) -> list[int] | None:
+        kept, _ = self._prompts([record])
+        return kept[0][1] if kept else None
 
     def _prompts(self, records: list) -> tuple[list[tuple[Any, list[int]]], int]:
         """(record, prompt ids) of the records whose prompt leaves room for a completion."""
@@ -145,16 +156,18 @@ class GRPO:
         results = [engine.train_step(batches, self.objective, lr) for _ in range(self.cfg.mu)]
         t2 = time.perf_counter()
         row = self.metrics(groups, drawn, results, batches)
+        if self.curriculum is not None:
+            row.update(self.curriculum.end_step())
         row.update({"rollout_s": t1 - t0, "update_s": t2 - t1,
                     "completions_per_s": sum(len(g.completions) for g in groups) / (t2 - t0)})
         return row, [g.record.id for g in groups]
 
     def rollouts(self, engine: Engine, step: int) -> tuple[list[Group], int]:
-        """P groups (dapo: P informative ones, drawing up to dapo_max_draws x P); returns the
-        groups kept and how many were drawn."""
+        """P groups (dapo, filter_pass_rate: P that curriculum.keep_rule keeps, drawing up to
+        dapo_max_draws x P); returns the groups kept and how many were drawn."""
         cfg = self.cfg
         gen = engine.generator()
-        if cfg.rl_loss != "dapo":
+        if self.keep is None:
             groups = self._draw(gen, step, 0, cfg.rl_prompts)
             return groups, len(groups)
         from tunix_rt.train.advantages import select_informative
@@ -164,15 +177,20 @@ class GRPO:
                 for g in self._draw(gen, step, draw, cfg.rl_prompts):
                     yield g, g.rewards
 
-        kept = select_informative(stream(), cfg.rl_prompts, cfg.dapo_max_draws * cfg.rl_prompts)
+        kept = select_informative(stream(), cfg.rl_prompts, cfg.dapo_max_draws * cfg.rl_prompts, keep=self.keep)
         return kept.groups, kept.drawn
 
     def _draw(self, gen, step: int, draw: int, n: int) -> list[Group]:
         cfg, size = self.cfg, self.cfg.group_size
         picked = [self.items[self.order.take()] for _ in range(n)]
+        if self.curriculum is not None:
+            picked = self.curriculum.prompts(picked, step, draw)
         decode = self._with_tools(cfg.rollout_decode(seed=rollout_seed(cfg.seed, step, draw), batch_size=n * size))
         outs = gen.generate([p for _, p in picked for _ in range(size)], decode)
-        return [self._score(rec, prompt, outs[i * size:(i + 1) * size]) for i, (rec, prompt) in enumerate(picked)]
+        groups = [self._score(rec, prompt, outs[i * size:(i + 1) * size]) for i, (rec, prompt) in enumerate(picked)]
+        if self.curriculum is not None:
+            self.curriculum.observe(groups)
+        return groups
 
     def _with_tools(self, decode):
         """The run's tools in a DecodeConfig (rollouts and the held-out eval decode alike)."""
@@ -262,6 +280,7 @@ class GRPO:
                "zero_variance_share": (drawn - len(groups)) / drawn if self.cfg.rl_loss == "dapo" and drawn else
                float(zero_variance_groups(np.stack([g.rewards for g in groups])).mean()) if groups else 0.0,
                "groups_drawn": drawn,
+               "filter_skipped_share": (drawn - len(groups)) / drawn if drawn else 0.0,
                "kl": stats.get("kl", 0.0) / tokens, "clip_fraction": stats.get("clipped", 0.0) / tokens,
                **(tool_metrics([o for g in groups for o in g.completions]) if self.cfg.tools else {}),
                "completion_tokens": float(np.mean(lengths)) if lengths else 0.0,
@@ -284,14 +303,18 @@ class GRPO:
                 "eval_format_rate": float(np.mean([g.format_ok[0] for g in groups]))}
 
     def state(self) -> dict[str, Any]:
-        return position_state(self.order.position)
+        extra = {"curriculum": self.curriculum.state()} if self.curriculum is not None else {}
+        return {**position_state(self.order.position), **extra}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.order.position = position_of(state)
+        if self.curriculum is not None:
+            self.curriculum.load_state(state["curriculum"])
 
     def summary(self) -> dict[str, Any]:
         cfg = self.cfg
         return {"train_examples": len(self.items), "dropped_overlong": self.dataset["dropped_overlong"],
                 "completions_per_step": cfg.rl_prompts * cfg.group_size,
                 "max_tokens_per_step": cfg.rl_prompts * cfg.group_size * cfg.max_seq_len,
-                "rl_loss": cfg.rl_loss, "rewards": self.rewards.names}
+                "rl_loss": cfg.rl_loss, "rewards": self.rewards.names,
+                **(self.curriculum.summary() if self.curriculum is not None else {})}

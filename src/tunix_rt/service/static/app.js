@@ -106,12 +106,17 @@ function curves(metrics) {
         [line("reward", "total"), ...rewardKeys.map((k) => line(k, k.slice(7), "eval"))], "reward-chart", { y: "reward" }),
       lineChart("rollout accuracy (solid), format rate (dashed)",
         [line("rollout_accuracy", "accuracy"), line("rollout_format_rate", "format rate", "eval")], "rollout-chart", { y: "rate (0–1)" }),
-      lineChart("zero-variance group share", [line("zero_variance_share", "share")], "zero-var-chart", { y: "share (0–1)" }),
+      lineChart("zero-variance group share (solid), skipped by the filters (dashed)",
+        [line("zero_variance_share", "share"), line("filter_skipped_share", "skipped", "eval")], "zero-var-chart", { y: "share (0–1)" }),
       lineChart("KL to the reference (solid), clip fraction (dashed)",
         [line("kl", "KL"), line("clip_fraction", "clip fraction", "eval")], "kl-chart", { y: "KL, fraction" }),
       lineChart("completion length", [line("completion_tokens", "tokens")], "length-chart", { y: "tokens" }),
       lineChart("time per step: rollout (solid), update (dashed)",
         [line("rollout_s", "rollout s"), line("update_s", "update s", "eval")], "time-chart", { y: "seconds" }));
+    // a curriculum run (train.curriculum): each task's difficulty level per step
+    const levelKeys = [...new Set(metrics.flatMap((m) => Object.keys(m.values)))].filter((k) => k.startsWith("curriculum_level_")).sort();
+    if (levelKeys.length) charts.push(lineChart("curriculum level: " + levelKeys.map((k) => k.slice(17)).join(", "),
+      levelKeys.map((k) => line(k, k.slice(17))), "curriculum-chart", { y: "level" }));
   }
   return h("div", { class: "grid" }, charts);
 }

@@ -1,0 +1,278 @@
+"""Which prompts a GRPO step trains on: a difficulty curriculum over reasoning-gym tasks, and
+online filtering of prompts by their estimated pass rate.
+
+Curriculum (`curriculum:` in the config; datasets imported from reasoning-gym):
+- each task of the training split has a level, 0 .. (its curriculum's longest attribute
+  list) - 1, set on reasoning-gym's curriculum with `set_global_level` (an attribute with
+  fewer levels stays at its last). A level's generator config is the task's config as the
+  dataset recorded it, with the curriculum's attributes set by `generate_configuration`
+  (`ranges: upper_bound`: exactly that level's values; `inclusive`: every level up to it);
+- the dataset's seeded order still picks each prompt, so the task mixture is the training
+  split's (its weights as imported); the picked record is then replaced by a fresh item of
+  its task at the task's current level, generated online (`traces.reasoning_gym.make_items`);
+  a generated prompt too long for max_seq_len - rollout_max_new_tokens, or whose question is
+  a held-out record's (the dataset's records outside the training split), keeps the
+  dataset's record instead (counted: curriculum_kept_dataset);
+- after every step each task's window of the last `window` rollout answers at its level
+  (correct as eval scores them, the rollout_accuracy figure) moves the level: up one when
+  the window is full and its accuracy >= raise_at, down one when full and < lower_below;
+  the window empties on a move (what was measured at the old level says nothing of the
+  new one). Levels stay fixed within a step: every draw of a step uses the same ones;
+- online seeds: ONLINE_SEED_LOW + (sha256 of run seed, task, step, draw) mod ONLINE_SEED_SPAN,
+  in [2**31, 2**32); the items of one call use seed .. seed + n - 1 (reasoning-gym seeds
+  item i with seed + i). Dataset imports keep their seeds, item offsets included, below
+  2**31 (traces.reasoning_gym refuses more), so an online prompt never shares a seed with
+  a train, dev or test item. Seeds stay uint32: some tasks seed numpy's global generator;
+- the state (levels, windows, moves) is part of the method's checkpoint state, so a resumed
+  run generates exactly the prompts of an uninterrupted one.
+
+Filtering (`filter_pass_rate: [low, high]`, any dataset): a prompt's pass rate is estimated
+from its own G rollouts (the share answered correctly); a group outside [low, high] is
+skipped and another prompt drawn, at most dapo_max_draws x rl_prompts groups a step (the
+budget DAPO's zero-variance redraw has always had; a step that runs out trains on what it
+kept). `keep_rule` is the one rule: dapo's zero-variance test and the pass-rate band, each
+when configured; advantages.select_informative draws with it.
+
+Metrics (added to GRPO's row): curriculum_level_<task>, curriculum_move_<task> (+1, 0, -1),
+curriculum_window_accuracy_<task> (once its window holds an answer), curriculum_moves,
+curriculum_kept_dataset; filter_skipped_share (groups drawn and skipped / drawn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from tunix_rt.errors import BadInput
+from tunix_rt.ranges import Range, is_int, is_number
+
+ONLINE_SEED_LOW = 2 ** 31
+ONLINE_SEED_SPAN = 2 ** 30
+"""Online seeds lie in [LOW, LOW + SPAN); a call's n items reach at most n - 1 further."""
+RANGE_MODES = ("upper_bound", "inclusive")
+UNIT = Range(0, 1)
+
+
+@dataclass(frozen=True)
+class CurriculumSpec:
+    """The `curriculum:` mapping of a config, validated; its keys and defaults."""
+
+    window: int = 32
+    """Rollout answers (completions) per task the level decision looks at."""
+    raise_at: float = 0.75
+    """Raise a task's level when its full window's accuracy is at least this."""
+    lower_below: float = 0.25
+    """Lower it when the full window's accuracy is below this."""
+    start_level: int = 0
+    """Every task's first level (capped at the task's top level)."""
+    ranges: str = "upper_bound"
+    """How a level becomes a generator config: upper_bound (that level's values) or inclusive
+    (every level from 0 up to it)."""
+
+    @classmethod
+    def from_mapping(cls, data: Any, where: str = "config: curriculum") -> "CurriculumSpec":
+        if not isinstance(data, dict):
+            raise BadInput(f"{where} must be a mapping like {{window: 32, raise_at: 0.75, lower_below: 0.25}} "
+                           f"(or true for the defaults), got {data!r}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise BadInput(f"{where}: unknown key(s) {unknown}; known: {known}")
+        spec = cls(**data)
+        for name, rng, integer in (("window", Range(1), True), ("raise_at", UNIT, False),
+                                   ("lower_below", UNIT, False), ("start_level", Range(0), True)):
+            value = getattr(spec, name)
+            if not is_number(value) or (integer and not is_int(value)) or not rng.holds(value):
+                raise BadInput(f"{where}.{name} must be {'an integer' if integer else 'a number'} {rng}, "
+                               f"got {value!r}")
+        if spec.lower_below >= spec.raise_at:
+            raise BadInput(f"{where}: lower_below ({spec.lower_below}) must be below raise_at ({spec.raise_at})")
+        if spec.ranges not in RANGE_MODES:
+            raise BadInput(f"{where}.ranges must be one of {'|'.join(RANGE_MODES)}, got {spec.ranges!r}")
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def pass_band(value: Any, where: str = "config: filter_pass_rate") -> tuple[float, float]:
+    """[low, high] with 0 <= low <= high <= 1, as a tuple; BadInput otherwise."""
+    if (not isinstance(value, (list, tuple)) or len(value) != 2 or not all(is_number(v) for v in value)
+            or not (UNIT.holds(value[0]) and UNIT.holds(value[1]) and value[0] <= value[1])):
+        raise BadInput(f"{where} must be [low, high] with 0 <= low <= high <= 1 (the pass rates kept), "
+                       f"got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def pass_rate(group) -> float:
+    """A group's estimated pass rate: the share of its rollouts answered correctly."""
+    return float(sum(bool(c) for c in group.correct)) / max(len(group.correct), 1)
+
+
+def keep_rule(rl_loss: str, band: Any) -> Callable[[Any, Any], bool] | None:
+    """Whether a drawn (group, rewards[G]) trains: dapo needs reward variance, a pass-rate band
+    needs the group's pass rate inside it; None when neither applies (every group trains)."""
+    from tunix_rt.train.advantages import has_variance
+
+    low, high = pass_band(band) if band is not None else (None, None)
+    if rl_loss != "dapo" and band is None:
+        return None
+
+    def keep(group, rewards) -> bool:
+        if rl_loss == "dapo" and not has_variance(rewards):
+            return False
+        return band is None or low <= pass_rate(group) <= high
+
+    return keep
+
+
+def online_seed(run_seed: int, task: str, step: int, draw: int) -> int:
+    """The reasoning-gym seed of one online call (see the module docstring)."""
+    digest = hashlib.sha256(f"curriculum:{run_seed}:{task}:{step}:{draw}".encode()).digest()
+    return ONLINE_SEED_LOW + int.from_bytes(digest[:8], "little") % ONLINE_SEED_SPAN
+
+
+class Curriculum:
+    """The tasks' levels and windows, and the prompts of their current levels.
+
+    `tasks`: task -> the generator config the dataset recorded for it (seed and size dropped);
+    `make_items(task, n, seed, config)` -> trace records; `prompt_of(record)` -> its prompt ids,
+    or None when it leaves no room for a completion; `held_out`: questions never trained on."""
+
+    def __init__(self, spec: CurriculumSpec, tasks: dict[str, dict[str, Any]], run_seed: int,
+                 make_items: Callable[..., list], prompt_of: Callable[[Any], Any], held_out: set[str] = frozenset()):
+        from reasoning_gym.factory import create_curriculum, has_curriculum
+
+        missing = [t for t in tasks if not has_curriculum(t)]
+        if missing:
+            raise BadInput(f"config: curriculum: reasoning-gym has no curriculum for task(s) {missing}")
+        self.spec, self.run_seed = spec, run_seed
+        self.make_items, self.prompt_of, self.held_out = make_items, prompt_of, held_out
+        self.base = {t: {k: v for k, v in c.items() if k not in ("seed", "size")} for t, c in sorted(tasks.items())}
+        self.curricula = {t: create_curriculum(t) for t in self.base}
+        self.top = {t: max((len(a.levels) for a in c.attributes.values()), default=1) - 1
+                    for t, c in self.curricula.items()}
+        self.levels = {t: min(spec.start_level, self.top[t]) for t in self.base}
+        self.windows: dict[str, list[int]] = {t: [] for t in self.base}
+        self.moves = {t: 0 for t in self.base}
+        self.kept_dataset = 0
+
+    # ----------------------------------------------------------------- prompts
+    def config_of(self, task: str) -> dict[str, Any]:
+        """The generator config of `task` at its current level (JSON values)."""
+        from reasoning_gym.coaching.base_curriculum import DefaultCurriculumContext, RangeAttributeMode
+
+        cur = self.curricula[task]
+        cur.set_global_level(self.levels[task])
+        context = DefaultCurriculumContext(mode=RangeAttributeMode(self.spec.ranges))
+        made = cur.generate_configuration(defaults=dict(self.base[task]), context=context)
+        out = json.loads(json.dumps(dataclasses.asdict(made)))
+        return {k: v for k, v in out.items() if k not in ("seed", "size")}
+
+    def prompts(self, picked: list[tuple[Any, Any]], step: int, draw: int) -> list[tuple[Any, Any]]:
+        """`picked` ((record, prompt) from the dataset's order) with each record replaced by a
+        fresh item of its task at the task's level (see the module docstring)."""
+        wanted: dict[str, list[int]] = {}
+        for i, (rec, _p) in enumerate(picked):
+            wanted.setdefault(task_of(rec), []).append(i)
+        out = list(picked)
+        for task in sorted(wanted):
+            rows = wanted[task]
+            items = self.make_items(task, len(rows), online_seed(self.run_seed, task, step, draw), self.config_of(task))
+            for i, rec in zip(rows, items):
+                prompt = None if rec.question in self.held_out else self.prompt_of(rec)
+                if prompt is None:
+                    self.kept_dataset += 1
+                    continue
+                out[i] = (rec, prompt)
+        return out
+
+    # ----------------------------------------------------------------- levels
+    def observe(self, groups: list) -> None:
+        """Add the answers of a draw's groups to their tasks' windows (newest last)."""
+        for g in groups:
+            task = task_of(g.record)
+            if task in self.windows:
+                self.windows[task] = (self.windows[task] + [int(bool(c)) for c in g.correct])[-self.spec.window:]
+
+    def end_step(self) -> dict[str, Any]:
+        """Move the levels the windows call for; the step's metrics."""
+        row: dict[str, Any] = {}
+        total = 0
+        for task, win in self.windows.items():
+            acc = sum(win) / len(win) if win else None
+            move = decide(self.spec, acc if len(win) >= self.spec.window else None, self.levels[task], self.top[task])
+            if move:
+                self.levels[task] += move
+                self.windows[task] = []
+                self.moves[task] += 1
+            total += abs(move)
+            row[f"curriculum_level_{task}"] = self.levels[task]
+            row[f"curriculum_move_{task}"] = move
+            if acc is not None:
+                row[f"curriculum_window_accuracy_{task}"] = acc
+        row["curriculum_moves"] = total
+        row["curriculum_kept_dataset"] = self.kept_dataset
+        self.kept_dataset = 0
+        return row
+
+    def state(self) -> dict[str, Any]:
+        return {"levels": dict(self.levels), "windows": {t: list(w) for t, w in self.windows.items()},
+                "moves": dict(self.moves)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if sorted(state["levels"]) != sorted(self.levels):
+            raise BadInput(f"the checkpoint's curriculum tasks {sorted(state['levels'])} are not this run's "
+                           f"{sorted(self.levels)}")
+        self.levels = {t: int(v) for t, v in state["levels"].items()}
+        self.windows = {t: [int(x) for x in w] for t, w in state["windows"].items()}
+        self.moves = {t: int(v) for t, v in state["moves"].items()}
+
+    def summary(self) -> dict[str, Any]:
+        return {"curriculum_tasks": {t: {"level": self.levels[t], "top": self.top[t]} for t in self.levels}}
+
+
+def decide(spec: CurriculumSpec, accuracy: float | None, level: int, top: int) -> int:
+    """+1, -1 or 0: the move of a task at `level` (of 0..top) whose full window has
+    `accuracy` (None: the window is not full yet, no move)."""
+    if accuracy is None:
+        return 0
+    if accuracy >= spec.raise_at and level < top:
+        return 1
+    if accuracy < spec.lower_below and level > 0:
+        return -1
+    return 0
+
+
+def make_curriculum(cfg, ds, records: list, prompt_of: Callable[[Any], Any]) -> Curriculum:
+    """The curriculum of a config (its `curriculum` set) over the tasks of `records` (the
+    training prompts of dataset `ds`); a task's generator config is that of its first record.
+    The questions of ds's records outside the training split are never trained on."""
+    from tunix_rt.traces import reasoning_gym as rg
+    from tunix_rt.traces.schema import validate_trace
+
+    train_ids = {r.id for r in ds.split(cfg.split)}
+    tasks: dict[str, dict[str, Any]] = {}
+    for r in records:
+        task = task_of(r)
+        if not task:
+            raise BadInput(f"config: curriculum needs a dataset imported from reasoning-gym (`tunix-rt data import "
+                           f"reasoning-gym TASK`); record {r.id} of {cfg.dataset} names no reasoning-gym task")
+        tasks.setdefault(task, dict(r.meta["rg"].get("config") or {}))
+
+    def make_items(task: str, n: int, seed: int, config: dict[str, Any]) -> list:
+        return [validate_trace(d) for d in rg.make_items(task, n, seed, config)]
+
+    return Curriculum(CurriculumSpec.from_mapping(cfg.curriculum), tasks, cfg.seed, make_items, prompt_of,
+                      held_out={r.question for r in ds.records if r.id not in train_ids})
+
+
+def task_of(record) -> str:
+    """The reasoning-gym task a record belongs to (meta.rg.task, traces.reasoning_gym's record
+    layout); '' for a record of another source."""
+    rg = (record.meta or {}).get("rg")
+    task = rg.get("task") if isinstance(rg, dict) else None
+    return task if isinstance(task, str) else ""

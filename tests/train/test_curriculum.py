@@ -1,0 +1,339 @@
+"""GRPO's prompt selection (train.curriculum): the level controller's moves on a scripted
+accuracy sequence, the generator config of a level and its online prompts (seeds outside the
+dataset's, held-out questions never trained), the pass-rate band and its redraw budget (one
+rule with dapo's zero-variance filter), the config fields, and `tunix-rt train --config smoke
+dataset=<reasoning-gym dataset> method=grpo curriculum=…` on the torch and the JAX engine,
+with a stop + resume that gives the uninterrupted run's weights, levels and prompts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from requires import require_module
+
+from tunix_rt.errors import BadInput
+
+require_module("reasoning_gym")
+
+TASK = "basic_arithmetic"
+
+
+def records(n: int, seed: int = 1, config: dict | None = None, task: str = TASK) -> list:
+    from tunix_rt.traces import reasoning_gym as rg
+    from tunix_rt.traces.schema import validate_trace
+
+    return [validate_trace(d) for d in rg.make_items(task, n, seed, config or {})]
+
+
+def group(record, correct: list[int], rewards: list[float] | None = None):
+    from tunix_rt.train.grpo import Group
+
+    c = np.array(correct, bool)
+    r = np.array(rewards if rewards is not None else c.astype(float))
+    return Group(record, [], [None] * len(c), r, {}, c, np.ones_like(c))
+
+
+def curriculum(spec=None, tasks=None, prompt_of=lambda r: [1, 2, 3], held_out=frozenset()):
+    from tunix_rt.traces import reasoning_gym as rg
+    from tunix_rt.traces.schema import validate_trace
+    from tunix_rt.train.curriculum import Curriculum, CurriculumSpec
+
+    def make_items(task, n, seed, config):
+        return [validate_trace(d) for d in rg.make_items(task, n, seed, config)]
+
+    return Curriculum(spec or CurriculumSpec(window=4, raise_at=0.75, lower_below=0.25),
+                      tasks if tasks is not None else {TASK: {}}, 0, make_items, prompt_of, held_out=held_out)
+
+
+# ----------------------------------------------------------------------------- the levels
+def test_decide_at_the_thresholds_and_the_ends():
+    from tunix_rt.train.curriculum import CurriculumSpec, decide
+
+    spec = CurriculumSpec(raise_at=0.75, lower_below=0.25)
+    assert decide(spec, None, 2, 4) == 0  # window not full yet
+    assert decide(spec, 0.75, 2, 4) == 1 and decide(spec, 0.74, 2, 4) == 0  # at raise_at: up
+    assert decide(spec, 0.25, 2, 4) == 0 and decide(spec, 0.24, 2, 4) == -1  # below lower_below: down
+    assert decide(spec, 1.0, 4, 4) == 0 and decide(spec, 0.0, 0, 4) == 0  # the top and the floor hold
+
+
+def test_levels_follow_a_scripted_accuracy_sequence():
+    """window 4: each step adds one group of 4 answers; a move empties the window."""
+    cur = curriculum()
+    rec = records(1)[0]
+    assert cur.levels == {TASK: 0} and cur.top == {TASK: 4}  # basic_arithmetic: num_terms has 5 levels
+    script = [  # answers of the step -> (level after, move)
+        ([1, 1, 1, 0], (1, 1)),      # 0.75 >= raise_at: up
+        ([1, 1, 0, 0], (1, 0)),      # 0.5: stays
+        ([1, 1, 1, 1], (2, 1)),      # 1.0: up
+        ([0, 0, 0, 0], (1, -1)),     # 0.0 < 0.25: down
+        ([0, 1, 0, 0], (1, 0)),      # 0.25: not below lower_below
+        ([0, 0, 0, 0], (0, -1)),     # down to the floor
+        ([0, 0, 0, 0], (0, 0)),      # the floor holds
+    ]
+    seen = []
+    for answers, _ in script:
+        cur.observe([group(rec, answers)])
+        row = cur.end_step()
+        seen.append((row[f"curriculum_level_{TASK}"], row[f"curriculum_move_{TASK}"]))
+        assert row["curriculum_moves"] == abs(row[f"curriculum_move_{TASK}"])
+    assert seen == [want for _, want in script]
+    assert cur.state()["moves"] == {TASK: 4}
+
+
+def test_the_window_must_fill_before_a_move_and_rolls():
+    from tunix_rt.train.curriculum import CurriculumSpec
+
+    cur = curriculum(CurriculumSpec(window=6, raise_at=0.5, lower_below=0.2))
+    rec = records(1)[0]
+    cur.observe([group(rec, [1, 1, 1, 1])])
+    row = cur.end_step()
+    assert row[f"curriculum_level_{TASK}"] == 0 and row[f"curriculum_window_accuracy_{TASK}"] == 1.0  # 4 < 6
+    cur.observe([group(rec, [0, 0, 0, 0])])  # window: the last 6 = 1,1,0,0,0,0
+    row = cur.end_step()
+    assert row[f"curriculum_window_accuracy_{TASK}"] == pytest.approx(2 / 6) and row[f"curriculum_move_{TASK}"] == 0
+    assert cur.windows[TASK] == [1, 1, 0, 0, 0, 0]
+
+
+def test_tasks_move_apart_and_the_state_round_trips():
+    other = "chain_sum"
+    cur = curriculum(tasks={TASK: {}, other: {}})
+    a, b = records(1)[0], records(1, task=other)[0]
+    cur.observe([group(a, [1, 1, 1, 1]), group(b, [1, 0, 0, 0])])
+    row = cur.end_step()
+    assert (row[f"curriculum_level_{TASK}"], row[f"curriculum_level_{other}"]) == (1, 0)
+    again = curriculum(tasks={TASK: {}, other: {}})
+    again.load_state(json.loads(json.dumps(cur.state())))
+    assert again.state() == cur.state()
+    with pytest.raises(BadInput, match="curriculum tasks"):
+        curriculum().load_state(cur.state())
+
+
+# ----------------------------------------------------------------------------- online prompts
+def test_a_level_is_the_curriculum_config_over_the_dataset_config():
+    cur = curriculum(tasks={TASK: {"allow_parentheses": False, "seed": 5, "size": 9}})
+    low = cur.config_of(TASK)
+    assert (low["min_terms"], low["max_terms"], low["min_digits"], low["max_digits"]) == (2, 2, 1, 1)
+    assert low["allow_parentheses"] is False and "seed" not in low and "size" not in low
+    cur.levels[TASK] = 3
+    high = cur.config_of(TASK)
+    assert (high["min_terms"], high["max_terms"], high["max_digits"]) == (5, 5, 4)
+    inclusive = curriculum(json_spec(ranges="inclusive"))
+    inclusive.levels[TASK] = 3
+    assert (inclusive.config_of(TASK)["min_terms"], inclusive.config_of(TASK)["max_terms"]) == (2, 5)
+
+
+def json_spec(**over):
+    from tunix_rt.train.curriculum import CurriculumSpec
+
+    return CurriculumSpec.from_mapping({"window": 4, **over})
+
+
+def test_online_prompts_replace_the_picked_records_at_their_level_with_fresh_seeds():
+    from tunix_rt.train.curriculum import ONLINE_SEED_LOW, ONLINE_SEED_SPAN, online_seed
+
+    data = records(3)
+    cur = curriculum()
+    cur.levels[TASK] = 2
+    picked = [(r, [0]) for r in data]
+    out = cur.prompts(picked, step=5, draw=1)
+    seed = online_seed(0, TASK, 5, 1)
+    assert ONLINE_SEED_LOW <= seed < ONLINE_SEED_LOW + ONLINE_SEED_SPAN and seed + 3 < 2 ** 32
+    assert [r.id for r, _ in out] == [f"rg-{TASK}-{seed}-{i}" for i in range(3)]
+    assert all(r.meta["rg"]["config"]["max_terms"] == 4 for r, _ in out)  # level 2: 4 terms
+    assert [p for _, p in out] == [[1, 2, 3]] * 3
+    assert [r.id for r, _ in cur.prompts(picked, step=5, draw=1)] == [r.id for r, _ in out]  # deterministic
+    assert online_seed(0, TASK, 5, 2) != seed and online_seed(1, TASK, 5, 1) != seed
+
+
+def test_held_out_questions_and_overlong_prompts_keep_the_dataset_record():
+    from tunix_rt.train.curriculum import online_seed
+
+    data = records(2)
+    fresh = records(2, seed=online_seed(0, TASK, 0, 0), config=curriculum().config_of(TASK))
+    cur = curriculum(held_out={fresh[0].question})
+    out = cur.prompts([(r, [0]) for r in data], 0, 0)
+    assert [r.id for r, _ in out] == [data[0].id, fresh[1].id]
+    too_long = curriculum(prompt_of=lambda r: None)
+    assert [r.id for r, _ in too_long.prompts([(r, [0]) for r in data], 0, 0)] == [r.id for r in data]
+    assert cur.end_step()["curriculum_kept_dataset"] == 1 and too_long.end_step()["curriculum_kept_dataset"] == 2
+
+
+def test_dataset_seeds_stay_below_the_online_range():
+    """The import's split seeds (and the items they draw) never reach the online seeds."""
+    from tunix_rt.traces import reasoning_gym as rg
+    from tunix_rt.train.curriculum import ONLINE_SEED_LOW
+
+    if not hasattr(rg, "split_seed"):
+        pytest.skip("traces.reasoning_gym has no split_seed yet")
+    most = rg.MAX_N * rg.DRAW_FACTOR + rg.DRAW_SLACK
+    for s in range(200):
+        for split in rg.RG_SPLITS:
+            assert rg.split_seed(s, split) + most <= ONLINE_SEED_LOW, (s, split)
+
+
+# ----------------------------------------------------------------------------- filtering
+def test_the_pass_band_and_dapo_are_one_keep_rule():
+    from tunix_rt.train.curriculum import keep_rule
+
+    rec = records(1)[0]
+    none, half, all_ = group(rec, [0, 0, 0, 0]), group(rec, [1, 1, 0, 0]), group(rec, [1, 1, 1, 1])
+    assert keep_rule("grpo", None) is None  # nothing to filter: every group trains
+    band = keep_rule("grpo", [0.1, 0.9])
+    assert [band(g, g.rewards) for g in (none, half, all_)] == [False, True, False]
+    edges = keep_rule("grpo", [0.5, 1.0])  # the band is closed
+    assert [edges(g, g.rewards) for g in (none, half, all_)] == [False, True, True]
+    dapo = keep_rule("dapo", None)  # reward variance, whatever the answers
+    varied = group(rec, [0, 0, 0, 0], rewards=[0.5, 0.0, 0.5, 0.5])
+    assert [dapo(g, g.rewards) for g in (none, half, all_, varied)] == [False, True, False, True]
+    both = keep_rule("dapo", [0.0, 0.25])
+    assert [both(g, g.rewards) for g in (none, half, varied)] == [False, False, True]
+
+
+def test_the_band_draws_within_the_budget():
+    from tunix_rt.train.advantages import select_informative
+    from tunix_rt.train.curriculum import keep_rule
+
+    rec = records(1)[0]
+    stream = [group(rec, a) for a in ([0, 0], [1, 0], [1, 1], [0, 0], [0, 1], [1, 0])]
+    keep = keep_rule("grpo", [0.2, 0.8])
+    batch = select_informative(((g, g.rewards) for g in stream), 2, 6, keep=keep)
+    assert batch.groups == [stream[1], stream[4]] and batch.drawn == 5 and batch.filled  # lazily: not the 6th
+    short = select_informative(((g, g.rewards) for g in stream), 2, 4, keep=keep)
+    assert short.groups == [stream[1]] and short.drawn == 4 and not short.filled  # the budget ran out
+
+
+@pytest.mark.parametrize("over,said", [
+    (["curriculum={window: 0}"], "curriculum.window must be an integer >= 1"),
+    (["curriculum={raise_at: 0.2, lower_below: 0.3}"], "lower_below (0.3) must be below raise_at (0.2)"),
+    (["curriculum={levels: 3}"], "unknown key(s) ['levels']"),
+    (["curriculum={ranges: last_k}"], "curriculum.ranges must be one of upper_bound|inclusive"),
+    (["curriculum=[1]"], "curriculum must be a mapping"),
+    (["filter_pass_rate=[0.9, 0.1]"], "filter_pass_rate must be [low, high]"),
+    (["filter_pass_rate=[0.1, 2]"], "filter_pass_rate must be [low, high]"),
+    (["filter_pass_rate=[0.1]"], "filter_pass_rate must be [low, high]"),
+    (["filter_pass_rate=[a, b]"], "filter_pass_rate must be a list of numbers"),
+    (["method=sft", "curriculum=true"], "method=sft has none"),
+    (["method=sft", "filter_pass_rate=[0, 1]"], "method=sft has none"),
+])
+def test_config_refuses_bad_settings_naming_the_field(over, said):
+    from tunix_rt.train.config import TrainConfig
+
+    with pytest.raises(BadInput) as e:
+        TrainConfig.load("smoke", ["method=grpo", *over])
+    assert said in str(e.value)
+
+
+def test_config_resolves_the_defaults():
+    from tunix_rt.train.config import TrainConfig
+
+    cfg = TrainConfig.load("smoke", ["method=grpo", "curriculum=true", "filter_pass_rate=0.1,0.9"])
+    assert cfg.curriculum == {"window": 32, "raise_at": 0.75, "lower_below": 0.25, "start_level": 0,
+                              "ranges": "upper_bound"}
+    assert cfg.filter_pass_rate == [0.1, 0.9]
+    off = TrainConfig.load("smoke", ["method=grpo", "curriculum=false"])
+    assert off.curriculum is None and off.filter_pass_rate is None
+    assert TrainConfig.load("smoke", ["method=sft", "curriculum=false"]).curriculum is None
+
+
+# ----------------------------------------------------------------------------- runs
+def rg_dataset(tmp_path: Path, n: int = 24) -> str:
+    path = tmp_path / "rg.jsonl"
+    path.write_text("".join(json.dumps(r.to_record()) + "\n" for r in records(n)))
+    return str(path)
+
+
+def smoke_args(tmp_path, *extra: str) -> list[str]:
+    return ["--config", "smoke", f"dataset={rg_dataset(tmp_path)}", "method=grpo", "max_steps=2",
+            "curriculum={window: 4, start_level: 2}", "rl_prompts=2", "group_size=2",
+            "rollout_max_new_tokens=12", "max_seq_len=128", "eval_limit=2", "batch_size=4",
+            "warmup_steps=0", "device=cpu", *extra]
+
+
+def check_curriculum_run(run: Path) -> list[dict]:
+    """A random tiny model answers nothing: from level 2 the window (4 = 2 prompts x 2) is full
+    after every step and lowers the level, 2 -> 1 -> 0; step 2 drew its prompts at level 1."""
+    from tunix_rt.train.curriculum import online_seed
+    from tunix_rt.train.metrics import read_jsonl
+
+    assert json.loads((run / "run_manifest.json").read_text())["status"] == "succeeded"
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    assert [(r["step"], r[f"curriculum_level_{TASK}"], r[f"curriculum_move_{TASK}"]) for r in rows] == \
+        [(1, 1, -1), (2, 0, -1)]
+    assert all(r["filter_skipped_share"] == 0.0 and r["curriculum_moves"] == 1 for r in rows)
+    order = read_jsonl(run / "data_order.jsonl")
+    assert [o["ids"] for o in order] == [[f"rg-{TASK}-{online_seed(0, TASK, s, 0)}-{i}" for i in range(2)]
+                                         for s in range(2)]
+    state = json.loads(sorted((run / "checkpoints").glob("step-*/state.json"))[-1].read_text())
+    assert state["curriculum"]["levels"] == {TASK: 0}
+    return rows
+
+
+def test_smoke_grpo_with_a_curriculum_on_torch(home, tmp_path, monkeypatch, capsys):
+    from cli_testlib import cli_main
+
+    code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(tmp_path, "engine=torch"))
+    assert code == 0, err[-3000:]
+    check_curriculum_run(next(p for p in home.runs.iterdir() if not p.name.startswith(".")))
+
+
+@pytest.mark.jax
+def test_smoke_grpo_with_a_curriculum_on_jax(home, tmp_path, monkeypatch, capsys):
+    from cli_testlib import cli_main
+
+    require_module("jax")
+    code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(tmp_path, "engine=jax"))
+    assert code == 0, err[-3000:]
+    check_curriculum_run(next(p for p in home.runs.iterdir() if not p.name.startswith(".")))
+
+
+def test_stop_and_resume_keeps_the_levels_and_is_bit_exact(home, tmp_path):
+    """Stopped after step 1 (checkpoint step-000001: level 1), resumed: the same prompts,
+    levels, rewards and final weights as an uninterrupted run; with a pass-rate band."""
+    from safetensors.numpy import load_file
+
+    from tunix_rt.train.config import TrainConfig
+    from tunix_rt.train.driver import train
+    from tunix_rt.train.metrics import read_jsonl
+    from tunix_rt.train.run import RunStopped
+
+    over = [a for a in smoke_args(tmp_path, "engine=torch", "lora_dropout=0.1",
+                                  "filter_pass_rate=[0, 0.5]") if a not in ("--config", "smoke")]
+    cfg = TrainConfig.load("smoke", over)
+    with pytest.raises(RunStopped):
+        train(cfg, home, should_stop=lambda: True)
+    run = next(p for p in home.runs.iterdir() if not p.name.startswith("."))
+    assert json.loads((run / "checkpoints/step-000001/state.json").read_text())["curriculum"]["levels"] == {TASK: 1}
+    train(cfg, home, resume=run.name)
+    ref = train(cfg, home)
+    got = load_file(str(run / "final/adapter/adapter_model.safetensors"))
+    want = load_file(str(ref / "final/adapter/adapter_model.safetensors"))
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+    keys = ("step", "loss", "reward", f"curriculum_level_{TASK}", "filter_skipped_share", "groups_drawn")
+    rows = lambda d: [tuple(r[k] for k in keys) for r in read_jsonl(d / "metrics.jsonl") if "loss" in r]
+    assert rows(run) == rows(ref) and [r[3] for r in rows(ref)] == [1, 0]
+    assert read_jsonl(run / "data_order.jsonl") == read_jsonl(ref / "data_order.jsonl")
+
+
+def test_the_band_filters_any_dataset_and_a_step_that_keeps_nothing_still_runs(home, tmp_path):
+    """Plain traces (no task, a numeric answer, as GSM8K): the tiny model answers nothing, so
+    a band [0.5, 1] skips every group of the dapo_max_draws x rl_prompts budget, and [0, 0.5]
+    keeps the first rl_prompts."""
+    import train_testlib
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.curriculum import keep_rule
+    from tunix_rt.train.grpo import GRPO
+    from tunix_rt.train.torch_engine import TorchEngine
+
+    cfg = train_testlib.rl_cfg(tmp_path, engine="torch", filter_pass_rate=[0.5, 1.0], dapo_max_draws=2)
+    tok = load_tokenizer(cfg.model, home)
+    engine, method = TorchEngine(cfg), GRPO(cfg, home, tok)
+    engine.devices()
+    engine.setup(ensure_model(cfg.model, home), tok)
+    row, ids = method.step(engine, 0, 1e-2)
+    assert ids == [] and row["groups_drawn"] == 4 and row["filter_skipped_share"] == 1.0 and row["loss"] == 0.0
+    method.keep = keep_rule("grpo", [0.0, 0.5])
+    row, ids = method.step(engine, 1, 1e-2)
+    assert len(ids) == 2 and row["groups_drawn"] == 2 and row["filter_skipped_share"] == 0.0
