@@ -161,17 +161,21 @@ def test_held_out_questions_and_overlong_prompts_keep_the_dataset_record():
     assert cur.end_step()["curriculum_kept_dataset"] == 1 and too_long.end_step()["curriculum_kept_dataset"] == 2
 
 
-def test_dataset_seeds_stay_below_the_online_range():
-    """The import's split seeds (and the items they draw) never reach the online seeds."""
-    from tunix_rt.traces import reasoning_gym as rg
-    from tunix_rt.train.curriculum import ONLINE_SEED_LOW
+def test_online_seeds_pass_over_the_dataset_own_item_seeds():
+    from tunix_rt.train.curriculum import dataset_seeds, online_seed
 
-    if not hasattr(rg, "split_seed"):
-        pytest.skip("traces.reasoning_gym has no split_seed yet")
-    most = rg.MAX_N * rg.DRAW_FACTOR + rg.DRAW_SLACK
-    for s in range(200):
-        for split in rg.RG_SPLITS:
-            assert rg.split_seed(s, split) + most <= ONLINE_SEED_LOW, (s, split)
+    first = online_seed(0, TASK, 5, 1, 3)
+    assert online_seed(0, TASK, 5, 1, 3, [(first - 10, first - 1), (first + 3, first + 9)]) == first  # missed
+    moved = online_seed(0, TASK, 5, 1, 3, [(first + 2, first + 2)])  # its third item's seed is taken
+    assert moved != first and not moved <= first + 2 <= moved + 2
+    data = records(3, seed=first + 1)  # a dataset drawn right where the online items would fall
+    spans = dataset_seeds(data)
+    assert spans == {TASK: [(first + 1, first + 3)]}
+    cur = curriculum()
+    cur.avoid = spans
+    out = cur.prompts([(r, [0]) for r in data], step=5, draw=1)
+    seeds = {int(r.id.rsplit("-", 2)[1]) for r, _ in out}
+    assert seeds == {online_seed(0, TASK, 5, 1, 3, spans[TASK])} and first not in seeds
 
 
 # ----------------------------------------------------------------------------- filtering

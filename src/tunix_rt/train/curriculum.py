@@ -19,10 +19,11 @@ Curriculum (`curriculum:` in the config; datasets imported from reasoning-gym):
   the window empties on a move (what was measured at the old level says nothing of the
   new one). Levels stay fixed within a step: every draw of a step uses the same ones;
 - online seeds: ONLINE_SEED_LOW + (sha256 of run seed, task, step, draw) mod ONLINE_SEED_SPAN,
-  in [2**31, 2**32); the items of one call use seed .. seed + n - 1 (reasoning-gym seeds
-  item i with seed + i). Dataset imports keep their seeds, item offsets included, below
-  2**31 (traces.reasoning_gym refuses more), so an online prompt never shares a seed with
-  a train, dev or test item. Seeds stay uint32: some tasks seed numpy's global generator;
+  in [2**31, 2**31 + 2**30); the items of one call use seed .. seed + n - 1 (reasoning-gym
+  seeds item i with seed + i). A seed whose items would reach a seed of one of the dataset's
+  own items of that task (train, dev and test: each record keeps meta.rg.seed and index) is
+  passed over for the next attempt's hash, so an online prompt never shares a seed with a
+  record of the dataset. Seeds stay uint32: some tasks seed numpy's global generator;
 - the state (levels, windows, moves) is part of the method's checkpoint state, so a resumed
   run generates exactly the prompts of an uninterrupted one.
 
@@ -129,10 +130,32 @@ def keep_rule(rl_loss: str, band: Any) -> Callable[[Any, Any], bool] | None:
     return keep
 
 
-def online_seed(run_seed: int, task: str, step: int, draw: int) -> int:
-    """The reasoning-gym seed of one online call (see the module docstring)."""
-    digest = hashlib.sha256(f"curriculum:{run_seed}:{task}:{step}:{draw}".encode()).digest()
-    return ONLINE_SEED_LOW + int.from_bytes(digest[:8], "little") % ONLINE_SEED_SPAN
+def online_seed(run_seed: int, task: str, step: int, draw: int, n: int = 1,
+                avoid: list[tuple[int, int]] = ()) -> int:
+    """The reasoning-gym seed of one online call of n items: the first attempt whose seeds
+    seed .. seed + n - 1 miss every [low, high] of `avoid` (see the module docstring)."""
+    attempt = 0
+    while True:
+        text = f"curriculum:{run_seed}:{task}:{step}:{draw}" + (f":{attempt}" if attempt else "")
+        seed = ONLINE_SEED_LOW + int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") % ONLINE_SEED_SPAN
+        if all(seed + n - 1 < low or seed > high for low, high in avoid):
+            return seed
+        attempt += 1
+
+
+def dataset_seeds(records: list) -> dict[str, list[tuple[int, int]]]:
+    """task -> the [seed, seed + largest index] spans of the reasoning-gym seeds its records
+    were drawn from (meta.rg.seed, meta.rg.index)."""
+    top: dict[tuple[str, int], int] = {}
+    for r in records:
+        rg = (r.meta or {}).get("rg")
+        if isinstance(rg, dict) and isinstance(rg.get("seed"), int) and isinstance(rg.get("index"), int):
+            key = (rg.get("task"), rg["seed"])
+            top[key] = max(top.get(key, 0), rg["index"])
+    out: dict[str, list[tuple[int, int]]] = {}
+    for (task, seed), last in sorted(top.items()):
+        out.setdefault(task, []).append((seed, seed + last))
+    return out
 
 
 class Curriculum:
@@ -140,10 +163,12 @@ class Curriculum:
 
     `tasks`: task -> the generator config the dataset recorded for it (seed and size dropped);
     `make_items(task, n, seed, config)` -> trace records; `prompt_of(record)` -> its prompt ids,
-    or None when it leaves no room for a completion; `held_out`: questions never trained on."""
+    or None when it leaves no room for a completion; `held_out`: questions never trained on;
+    `avoid`: task -> the seed spans of the dataset's items (online seeds stay out of them)."""
 
     def __init__(self, spec: CurriculumSpec, tasks: dict[str, dict[str, Any]], run_seed: int,
-                 make_items: Callable[..., list], prompt_of: Callable[[Any], Any], held_out: set[str] = frozenset()):
+                 make_items: Callable[..., list], prompt_of: Callable[[Any], Any], held_out: set[str] = frozenset(),
+                 avoid: dict[str, list[tuple[int, int]]] | None = None):
         from reasoning_gym.factory import create_curriculum, has_curriculum
 
         missing = [t for t in tasks if not has_curriculum(t)]
@@ -151,6 +176,7 @@ class Curriculum:
             raise BadInput(f"config: curriculum: reasoning-gym has no curriculum for task(s) {missing}")
         self.spec, self.run_seed = spec, run_seed
         self.make_items, self.prompt_of, self.held_out = make_items, prompt_of, held_out
+        self.avoid = avoid or {}
         self.base = {t: {k: v for k, v in c.items() if k not in ("seed", "size")} for t, c in sorted(tasks.items())}
         self.curricula = {t: create_curriculum(t) for t in self.base}
         self.top = {t: max((len(a.levels) for a in c.attributes.values()), default=1) - 1
@@ -181,7 +207,8 @@ class Curriculum:
         out = list(picked)
         for task in sorted(wanted):
             rows = wanted[task]
-            items = self.make_items(task, len(rows), online_seed(self.run_seed, task, step, draw), self.config_of(task))
+            seed = online_seed(self.run_seed, task, step, draw, len(rows), self.avoid.get(task, []))
+            items = self.make_items(task, len(rows), seed, self.config_of(task))
             for i, rec in zip(rows, items):
                 prompt = None if rec.question in self.held_out else self.prompt_of(rec)
                 if prompt is None:
@@ -267,7 +294,8 @@ def make_curriculum(cfg, ds, records: list, prompt_of: Callable[[Any], Any]) -> 
         return [validate_trace(d) for d in rg.make_items(task, n, seed, config)]
 
     return Curriculum(CurriculumSpec.from_mapping(cfg.curriculum), tasks, cfg.seed, make_items, prompt_of,
-                      held_out={r.question for r in ds.records if r.id not in train_ids})
+                      held_out={r.question for r in ds.records if r.id not in train_ids},
+                      avoid=dataset_seeds(ds.records))
 
 
 def task_of(record) -> str:
