@@ -97,6 +97,9 @@ def test_sampled_line_and_metrics_from_hand_made_samples():
     a = sampled_prediction([_sample("", False), _sample("7.0", True), _sample("8", False), _sample("7", True)])
     b = sampled_prediction([_sample("9", False), _sample("7", True), _sample("$7", True), _sample("9.0", False)])
     c = sampled_prediction([_sample("", False)] * 4)  # nobody answered: sample 0 on top, wrong
+    fallback = dict(_sample("7", False), answer_source="fallback")  # an untagged number: no vote
+    d = sampled_prediction([fallback, fallback, _sample("8", False), _sample("7", True)])
+    assert (d["majority_answer"], d["majority_votes"], d["majority_sample"], d["correct"]) == ("8", 1, 2, False)
     assert (a["majority_answer"], a["majority_votes"], a["majority_sample"], a["answer"], a["correct"]) == ("7", 2, 1, "7.0", True)
     assert (b["majority_answer"], b["majority_sample"], b["correct"], b["n_correct"]) == ("9", 0, False, 2)
     assert (c["majority_answer"], c["majority_sample"], c["correct"], c["n_correct"]) == ("", -1, False, 0)

@@ -17,7 +17,9 @@ estimators): each item is decoded K times and predictions.jsonl keeps ONE line p
 every reader of the format (compare, the registry, the report, the web UI) keeps working:
 - the line's own fields (completion, answer, correct, format_ok, n_tokens, …) are those of
   the majority vote's sample (the earliest sample carrying the winning answer; sample 0 when
-  no sample answered), so `correct` is the item's maj@K correctness;
+  no sample answered), so `correct` is the item's maj@K correctness. The votes are the
+  tagged answers (answer_source "tag"): as for accuracy, only an answer in <answer> tags
+  counts, so a fallback number neither votes nor wins;
 - `samples`: all K samples in order, each with the per-completion fields (completion,
   reasoning, answer, correct, format_ok, n_tokens, finish_reason, …);
 - `n_samples` K, `n_correct`, `majority_answer` (normalised, "" when none), `majority_votes`,
@@ -54,7 +56,8 @@ from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.files import atomic_dir
 from tunix_rt.eval.generate import DecodeConfig, Generation, Generator
 from tunix_rt.eval.passk import majority_vote, sampled_metrics
-from tunix_rt.eval.scoring import by_category, category_of, metrics, score_completion
+from tunix_rt.eval.scoring import SOURCE_TAG  # sampled_prediction's votes: tagged answers only
+from tunix_rt.eval.scoring import by_category, category_of, metrics, score_record
 from tunix_rt.home import Home
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, prompt_ids
 
@@ -324,7 +327,7 @@ def generate_samples(gen: Generator, prompts: list[list[int]], decode: DecodeCon
 def sampled_prediction(samples: list[dict]) -> dict:
     """One item's line from its K per-sample predictions (module doc): the majority vote's
     sample on top, all K under `samples`."""
-    vote = majority_vote([s["answer"] for s in samples])
+    vote = majority_vote([s["answer"] if s.get("answer_source", SOURCE_TAG) == SOURCE_TAG else None for s in samples])
     top = samples[vote.sample if vote.sample is not None else 0]
     return top | {
         "n_samples": len(samples),
@@ -369,7 +372,7 @@ def prediction(record, prompt: list[int], out: Generation) -> dict:
     """One predictions.jsonl line (DESIGN §2 fields first, then ours)."""
     from tunix_rt.train.arith import find_claims
 
-    s = score_completion(out.text, record.answer)
+    s = score_record(out.text, record)  # the record's own scorer (meta.scorer; numeric by default)
     claims = find_claims(s.reasoning)
     return {
         "id": record.id,
