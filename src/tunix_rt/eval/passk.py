@@ -14,7 +14,7 @@ pass@k is the mean over items; pass@1 is then the mean share of correct samples.
 Majority vote (maj@K): the samples' extracted answers are normalised
 (`tunix_rt.render.normalize_answer`: a number in lowest terms, else lower-cased text without
 punctuation) and each distinct normalised answer counts its votes; samples without an
-answer do not vote. Ties go to the answer whose first vote came earliest (the lowest sample
+answer do not vote (the eval passes only tagged answers, eval.runner.sampled_prediction). Ties go to the answer whose first vote came earliest (the lowest sample
 index), so the vote is a pure function of the samples in order. The item is right under
 maj@K when the winning answer is (the representative sample, the earliest one carrying
 it, is correct); an item where no sample answered is wrong.
