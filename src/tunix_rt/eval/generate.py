@@ -17,6 +17,16 @@ The contract (the JAX engine's `tunix_rt.eval.jax_generate` implements the same)
   `keys=` (one int or tuple of ints per prompt), so a prompt's sample does not depend on
   which other prompts share its batch or when they stop.
 - `on_tokens(n)` is called as tokens are produced (for progress bars and tokens/s).
+- Tools (`cfg.tools`, names from `tunix_rt.tools.NAMES`; empty: none, and decoding is what it
+  was without them, bit for bit): each row runs the decoding rule of `tunix_rt.tools` through
+  its own `ToolRow`. When the model's newest token closes a call in the row's model turn (the
+  part of the turn the prompt already holds, then the completion), a token whose text runs
+  past the closing marker is replaced by the encoding of its text up to the marker, the tool
+  runs, and its result's ids are fed to that row one per step instead of its own picks, while
+  the other rows go on sampling; then the model resumes. Forced ids count toward
+  `max_new_tokens`; the row's noise stays keyed by (seed, key, step), so a row decodes the same
+  in any batch. `Generation.tool_mask` marks the tool-written ids (1) among `ids`;
+  `Generation.tool_calls` lists each call as {"tool", "call", "result", "error"}.
 
 The PyTorch generator is a lean loop over a transformers model (plain, PEFT-wrapped, or
 merged): one prefill that computes logits for the last position only (the 262K-vocabulary
@@ -36,12 +46,14 @@ transformers forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.sampling import Key, check_keys, gumbel, row_seed, sample_full
 from tunix_rt.ranges import AT_LEAST_0, AT_LEAST_1, Range, number_problem
+from tunix_rt.tools import check_tools, closed_call, respond
 
 if TYPE_CHECKING:  # torch stays out of `tunix-rt --help`
     import torch
@@ -72,11 +84,15 @@ class DecodeConfig:
     """Sampling only: seeds one RNG per prompt, (seed, prompt index)."""
     batch_size: int = 8
     """Prompts decoded together."""
+    tools: tuple[str, ...] = ()
+    """Tools the model may call while it decodes (tunix_rt.tools.NAMES; empty: none). A list
+    is taken as the tuple of its names."""
 
     def __post_init__(self) -> None:
         problem = self.problem({name: getattr(self, name) for name in DECODE_RANGES})
         if problem:
             raise BadInput(problem)
+        object.__setattr__(self, "tools", tuple(check_tools(self.tools, "tools")))
 
     @classmethod
     def problem(cls, values: Mapping[str, Any], prefix: str = "") -> str | None:
@@ -103,6 +119,7 @@ class DecodeConfig:
             "top_k": self.top_k,
             "seed": self.seed,
             "batch_size": self.batch_size,
+            **({"tools": list(self.tools)} if self.tools else {}),  # no key without tools: as before
         }
 
 
@@ -114,6 +131,10 @@ class Generation:
     text: str
     n_tokens: int
     finish_reason: str  # "stop" | "length"
+    tool_mask: list[int] = field(default_factory=list)
+    """0/1 per id of `ids` (1: written by a tool, forced; 0: the model's); `finish` fills it."""
+    tool_calls: list[dict] = field(default_factory=list)
+    """Each call in order: {"tool", "call" (its body), "result" (what the tool wrote), "error"}."""
 
 
 class Generator(Protocol):
@@ -127,14 +148,103 @@ class Generator(Protocol):
     ) -> list[Generation]: ...
 
 
-def finish(ids: list[int], stop_ids: Sequence[int], tok: "ChatTokenizer", max_new_tokens: int) -> Generation:
-    """Build a Generation from the ids one prompt produced (shared by both engines)."""
+def finish(ids: list[int], stop_ids: Sequence[int], tok: "ChatTokenizer", max_new_tokens: int,
+           tools: "ToolRow | None" = None) -> Generation:
+    """Build a Generation from the ids one prompt produced (shared by both engines); `tools`:
+    the row's ToolRow when it decoded with tools (its mask and calls)."""
     stopped = bool(ids) and ids[-1] in stop_ids
     body = ids[:-1] if stopped else ids
     reason = FINISH_STOP if stopped else FINISH_LENGTH
     if not stopped and len(ids) < max_new_tokens:
         raise TunixRtError(f"generation ended after {len(ids)} < {max_new_tokens} tokens without a stop token")
-    return Generation(ids=list(ids), text=tok.decode(body), n_tokens=len(ids), finish_reason=reason)
+    if tools is not None and tools.ids != list(ids):
+        raise TunixRtError("a row's tool record does not hold the ids it generated")
+    mask = list(tools.mask) if tools is not None else [0] * len(ids)
+    calls = [dict(c) for c in tools.calls] if tools is not None else []
+    return Generation(ids=list(ids), text=tok.decode(body), n_tokens=len(ids), finish_reason=reason,
+                      tool_mask=mask, tool_calls=calls)
+
+
+def turn_ids(prompt: Sequence[int], tok: "ChatTokenizer") -> list[int]:
+    """The part of the model turn a prompt already holds: its ids after the last
+    "<start_of_turn>model\n" (none when the prompt ends with exactly that, as
+    render.prompt_ids makes it; none when its last turn is not the model's)."""
+    prompt = list(prompt)
+    head = [tok.sot_id] + tok.encode("model\n")
+    at = max((i for i, t in enumerate(prompt) if t == tok.sot_id), default=-1)
+    return prompt[at + len(head):] if at >= 0 and prompt[at: at + len(head)] == head else []
+
+
+class ToolRow:
+    """One row's side of decoding with tools (the rule of `tunix_rt.tools`): the ids it
+    emitted, which of them a tool wrote, the calls it made, and the ids still to force.
+
+    Every decode step the generator hands the row's pick to `take` and feeds the model the id
+    it returns: the next forced id while any is pending (the pick is ignored), else the pick,
+    unless the pick closes a call: then the pick, or, when its text runs past the call's
+    closing marker, the encoding of its text up to the marker (the model's ids, the rest of
+    them forced next), then the ids of the tool's result (tool-written). Stop ids are left to
+    the generator. Serving and chat decode one row at a time through the same class."""
+
+    def __init__(self, tok: "ChatTokenizer", tools: Sequence[str], prompt: Sequence[int] = ()):
+        self.tok = tok
+        self.tools = tuple(check_tools(tools))
+        self.turn = turn_ids(prompt, tok)
+        """The model turn's ids the prompt holds (its text counts for the calls)."""
+        self.stop_ids = frozenset(tok.stop_ids)
+        self.ids: list[int] = []
+        self.mask: list[int] = []
+        self.calls: list[dict] = []
+        self.pending: deque[tuple[int, int]] = deque()
+        """(id, tool-written 0/1) still to force, in order."""
+        self._text = (0, tok.decode(self.turn))  # (len(ids) it decodes, the turn's text)
+
+    @property
+    def forcing(self) -> bool:
+        """Whether the next `take` ignores the pick (a forced id is pending)."""
+        return bool(self.pending)
+
+    def text(self) -> str:
+        """The model turn so far (the prompt's part, then every id taken), decoded."""
+        n, text = self._text
+        if n != len(self.ids):
+            text = self.tok.decode(self.turn + self.ids)
+            self._text = (len(self.ids), text)
+        return text
+
+    def take(self, picked: int) -> int:
+        """The id this row emits this step, given the model's pick; recorded."""
+        if self.pending:
+            token, written = self.pending.popleft()
+            self.ids.append(token)
+            self.mask.append(written)
+            return token
+        token = int(picked)
+        if token not in self.stop_ids:
+            token = self._model_token(token)
+        self.ids.append(token)
+        self.mask.append(0)
+        return token
+
+    def _model_token(self, token: int) -> int:
+        since = len(self.text())
+        text = self.tok.decode(self.turn + self.ids + [token])
+        found = closed_call(text, self.tools, since)
+        if found is None:
+            self._text = (len(self.ids) + 1, text)
+            return token
+        end, call = found
+        own = self.tok.encode(text[since:end]) if end < len(text) else [token]
+        result = respond(call)
+        self.calls.append({"tool": call.tool, "call": call.body, "result": result.text, "error": result.error})
+        self.pending.extend((t, 0) for t in own[1:])
+        self.pending.extend((t, 1) for t in self.tok.encode(result.text))
+        return own[0]
+
+
+def tool_rows(prompts: Sequence[Sequence[int]], cfg: DecodeConfig, tok: "ChatTokenizer") -> "list[ToolRow] | None":
+    """One ToolRow per prompt when `cfg` names tools, else None (decoding as without tools)."""
+    return [ToolRow(tok, cfg.tools, p) for p in prompts] if cfg.tools else None
 
 
 def length_sorted_batches(prompts: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
@@ -174,14 +284,17 @@ class TorchGenerator:
         out: list[Generation | None] = [None] * len(prompts)
         with torch.inference_mode():
             for batch in length_sorted_batches(prompts, cfg.batch_size):
+                tools = tool_rows([prompts[i] for i in batch], cfg, self.tok)
                 rows = self._decode_batch([list(prompts[i]) for i in batch], cfg,
-                                          [keys[i] for i in batch], on_tokens)
-                for i, ids in zip(batch, rows):
-                    out[i] = finish(ids, self.stop_ids, self.tok, cfg.max_new_tokens)
+                                          [keys[i] for i in batch], on_tokens, tools)
+                for r, (i, ids) in enumerate(zip(batch, rows)):
+                    out[i] = finish(ids, self.stop_ids, self.tok, cfg.max_new_tokens, tools and tools[r])
         return out  # type: ignore[return-value]
 
-    def _decode_batch(self, prompts, cfg: DecodeConfig, keys, on_tokens) -> list[list[int]]:
-        """Decode one batch; returns each row's generated ids (stop token included)."""
+    def _decode_batch(self, prompts, cfg: DecodeConfig, keys, on_tokens,
+                      tools: "list[ToolRow] | None" = None) -> list[list[int]]:
+        """Decode one batch; returns each row's generated ids (stop token included). `tools`:
+        one ToolRow per row, which turns each pick into the id the row emits (see ToolRow)."""
         import torch
         from transformers import DynamicCache
 
@@ -212,6 +325,8 @@ class TorchGenerator:
 
         nxt = pick(logits, cfg, noise(0))
         for step in range(cfg.max_new_tokens):
+            if tools is not None:  # forced ids replace picks; the rows are fed what they emit
+                nxt = torch.tensor([tools[r].take(t) for r, t in zip(alive, nxt.tolist())], device=dev)
             for row, t in zip(alive, nxt.tolist()):
                 outs[row].append(t)
             if on_tokens:

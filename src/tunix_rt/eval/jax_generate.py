@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from tunix_rt.errors import BadInput
-from tunix_rt.eval.generate import DecodeConfig, Generation, finish, length_sorted_batches
+from tunix_rt.eval.generate import DecodeConfig, Generation, ToolRow, finish, length_sorted_batches, tool_rows
+from tunix_rt.eval.sampling import Key, check_keys
 
 BUCKET = 64
 
@@ -96,21 +97,30 @@ class JaxGenerator:
         return self
 
     def generate(self, prompts: Sequence[Sequence[int]], cfg: DecodeConfig,
-                 on_tokens: Callable[[int], None] | None = None) -> list[Generation]:
+                 on_tokens: Callable[[int], None] | None = None, *,
+                 keys: Sequence[Key] | None = None) -> list[Generation]:
+        """`keys`: one sampling key per prompt (default: its index); a prompt's draws come from
+        its own generator seeded by (cfg.seed, key), one draw per decode step, so a prompt
+        samples the same in any batch (a forced tool id takes its step's draw too)."""
         import jax
 
         if any(len(p) == 0 for p in prompts):
             raise BadInput("cannot generate from an empty prompt")
+        keys = check_keys(keys, len(prompts)) if keys is not None else list(range(len(prompts)))
         out: list[Generation | None] = [None] * len(prompts)
         with jax.set_mesh(self.mesh):
             for batch in length_sorted_batches(prompts, cfg.batch_size):
-                rngs = None if cfg.greedy else [np.random.default_rng([cfg.seed, i]) for i in batch]
-                rows = self._decode_batch([list(prompts[i]) for i in batch], cfg, rngs, on_tokens)
-                for i, ids in zip(batch, rows):
-                    out[i] = finish(ids, self.stop_ids, self.tok, cfg.max_new_tokens)
+                rngs = None if cfg.greedy else [np.random.default_rng([cfg.seed, *_parts(keys[i])]) for i in batch]
+                tools = tool_rows([prompts[i] for i in batch], cfg, self.tok)
+                rows = self._decode_batch([list(prompts[i]) for i in batch], cfg, rngs, on_tokens, tools)
+                for r, (i, ids) in enumerate(zip(batch, rows)):
+                    out[i] = finish(ids, self.stop_ids, self.tok, cfg.max_new_tokens, tools and tools[r])
         return out  # type: ignore[return-value]
 
-    def _decode_batch(self, prompts, cfg: DecodeConfig, rngs, on_tokens) -> list[list[int]]:
+    def _decode_batch(self, prompts, cfg: DecodeConfig, rngs, on_tokens,
+                      tools: list[ToolRow] | None = None) -> list[list[int]]:
+        """Decode one batch; `tools`: one ToolRow per row, which turns each pick into the id
+        the row emits and is fed (see eval.generate.ToolRow)."""
         import jax.numpy as jnp
 
         b = len(prompts)
@@ -128,6 +138,10 @@ class JaxGenerator:
         for step in range(cfg.max_new_tokens):
             nxt = _pick(logits, cfg, rngs)
             producing = np.flatnonzero(alive)
+            if tools is not None:  # forced ids replace picks
+                nxt = np.array(nxt)
+                for r in producing:
+                    nxt[r] = tools[r].take(int(nxt[r]))
             for r in producing:
                 outs[r].append(int(nxt[r]))
                 if nxt[r] in self.stop_ids:
@@ -140,6 +154,11 @@ class JaxGenerator:
             logits, cache = self._step(self.state, jnp.asarray(nxt[:, None].astype(np.int32)),
                                        jnp.int32(width + step), jnp.asarray(valid), cache)
         return outs
+
+
+def _parts(key: Key) -> tuple[int, ...]:
+    """A key as a tuple of ints (k is the same key as (k,))."""
+    return key if isinstance(key, tuple) else (key,)
 
 
 def _init_cache(model, batch: int, size: int) -> dict:
