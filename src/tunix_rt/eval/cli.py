@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunix_rt import devices
+from tunix_rt.errors import BadInput
 from tunix_rt.eval.generate import DecodeConfig
 
 out = Console()
@@ -21,7 +22,7 @@ err = Console(stderr=True)
 
 
 def eval_cmd(
-    dataset: Annotated[str, typer.Option("--dataset", "-d", help="Dataset NAME, NAME@VERSION, or a trace JSONL path.")],
+    dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Dataset NAME, NAME@VERSION, or a trace JSONL path (required unless --harness).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Catalog name or HF model dir (a run's final/merged too). Optional with --adapter RUN: the run's base model.")] = None,
     adapter: Annotated[Optional[str], typer.Option("--adapter", help="A run id, a run dir, or a PEFT adapter dir.")] = None,
     split: Annotated[Optional[str], typer.Option("--split", help="train | dev | all (default: dev; all for a JSONL path).")] = None,
@@ -38,9 +39,22 @@ def eval_cmd(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write the eval here (default: runs/<run>/eval/<eval_id>/ for a run, else <home>/evals/<eval_id>/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print eval_summary.json instead of the table.")] = False,
     judge: Annotated[Optional[Path], typer.Option("--judge", help="A YAML judge config (url, model, rubric, score_pattern, …): adds judge_score.")] = None,
+    harness: Annotated[Optional[str], typer.Option("--harness", help="Run lm-evaluation-harness tasks instead (comma-separated: gsm8k_cot,arc_easy,… or local ones): one eval per task.")] = None,
+    harness_include: Annotated[Optional[Path], typer.Option("--harness-include", help="A directory of lm-eval task YAMLs (searched before lm-eval's own).")] = None,
+    harness_fewshot: Annotated[Optional[int], typer.Option("--harness-fewshot", help="Few-shot examples per prompt (default: each task's own).")] = None,
+    harness_plain: Annotated[bool, typer.Option("--harness-plain", help="lm-eval's plain-text prompts (no chat turns, no system prompt).")] = False,
 ) -> None:
     """Evaluate a base model, a run's LoRA adapter or a merged model on a dataset split:
-    writes predictions.jsonl and eval_summary.json."""
+    writes predictions.jsonl and eval_summary.json. With --harness: lm-eval's tasks on the
+    same model, one eval per task (tunix_rt.eval.harness)."""
+    if harness is not None:
+        if dataset or split or judge or samples != 1:
+            raise BadInput("--harness runs lm-eval's tasks: --dataset, --split, --judge and --samples do not apply")
+        return harness_cmd(harness, model, adapter, harness_include, harness_fewshot, not harness_plain, limit, engine,
+                           device, DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                                top_k=top_k, seed=seed, batch_size=batch_size), out_dir, as_json)
+    if not dataset:
+        raise BadInput("--dataset is required (or --harness TASKS)")
     from tunix_rt.eval.runner import EvalRequest, run_eval
     from tunix_rt.rundir import SUMMARY
 
@@ -61,6 +75,40 @@ def eval_cmd(
         print(json.dumps(summary, indent=2))
     else:
         print_summary(summary, path)
+
+
+def harness_cmd(tasks: str, model, adapter, include, fewshot, chat: bool, limit, engine: str, device: str,
+                decode: DecodeConfig, out_dir, as_json: bool) -> None:
+    """`tunix-rt eval --harness`: run lm-eval, record each task's eval, print the figures."""
+    from tunix_rt.eval.harness import HarnessRequest, parse_tasks, run_harness
+    from tunix_rt.registry.record import record_eval
+    from tunix_rt.rundir import SUMMARY
+
+    req = HarnessRequest(tasks=parse_tasks(tasks), model=model, adapter=adapter, include=include, num_fewshot=fewshot,
+                         chat=chat, limit=limit, engine=engine, device=device, decode=decode, out=out_dir)
+    with GenerationProgress() as progress:
+        paths, _ = run_harness(req, on_start=progress.start, on_tokens=progress.advance)
+    summaries = []
+    for path in paths:
+        record_eval(path)
+        summaries.append(json.loads((path / SUMMARY).read_text(encoding="utf-8")))
+    if as_json:
+        print(json.dumps(summaries, indent=2))
+        return
+    t = Table(title=f"lm-eval on {summaries[0]['model'] if summaries else model} (adapter: "
+                    f"{summaries[0]['adapter'] if summaries else adapter})")
+    for col in ("task", "metric", "value", "stderr", "n"):
+        t.add_column(col, justify="left" if col in ("task", "metric") else "right")
+    for s in summaries:
+        figures = s["harness"]["results"]
+        for key, value in s["metrics"].items():
+            if "," in key:
+                stderr = figures.get(key.replace(",", "_stderr,", 1))
+                t.add_row(s["harness"]["task"], key, f"{value:.4f}",
+                          f"{stderr:.4f}" if isinstance(stderr, (int, float)) else "-", str(s["metrics"]["n"]))
+    out.print(t)
+    for path in paths:
+        out.print(f"wrote {escape(str(path))}", highlight=False)
 
 
 class GenerationProgress:
