@@ -51,7 +51,10 @@ def sh(cmd: list[str], timeout: float, log: Path) -> tuple[int, str]:
 
 def run_dir(text: str) -> Path | None:
     m = re.findall(r"(/\S+/runs/[\w.-]+)", text)
-    return Path(m[-1]) if m else None
+    if m:
+        return Path(m[-1])
+    named = re.findall(r"^run (\S+)$", text, re.M)  # a stage cut by its time limit printed only its id
+    return Path(os.environ["TUNIX_RT_HOME"]) / "runs" / named[-1] if named else None
 
 
 def metrics(run: Path) -> list[dict]:
@@ -186,7 +189,7 @@ def main() -> None:
 
     def grpo():
         r = train(["--config", "gpu-grpo", "--engine", "torch", f"model={m270}", "max_steps=4",
-                   dev_t, "rollout_max_new_tokens=128"] + common, 150, skip=1)
+                   dev_t, "rollout_max_new_tokens=128"] + common, 200, skip=1)
         comp = r.get("completion_tokens_median")  # the mean completion length of a step
         if comp and r.get("rollout_s_median"):
             rows = (2 if args.cpu_dry else 8) * 4  # rl_prompts x group_size of gpu-grpo (cpu-dry: 2 x 4)
