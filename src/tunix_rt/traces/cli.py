@@ -70,9 +70,11 @@ def import_(
     max_reject_rate: Annotated[float, typer.Option("--max-reject-rate", help="With --quarantine: fail above this share of bad lines.")] = DEFAULT_MAX_REJECT_RATE,
     allow_network: Annotated[bool, typer.Option("--allow-network", help="Allow hf: sources to download from the Hugging Face hub.")] = False,
     max_line_bytes: MaxLineBytes = DEFAULT_MAX_LINE_BYTES,
+    tools: Annotated[Optional[str], typer.Option("--tools", help="gsm8k: 'calculator' keeps the <<48/2=24>> notes as tool calls.")] = None,
 ) -> None:
     """Import a JSONL source as a dataset version under <home>/datasets/NAME/VERSION."""
-    req = ImportRequest(fmt, source, name, version, dev_fraction, quarantine, max_reject_rate, allow_network, max_line_bytes)
+    req = ImportRequest(fmt, source, name, version, dev_fraction, quarantine, max_reject_rate, allow_network, max_line_bytes,
+                        tools=_tool_names(tools))
     local = None if source.startswith("hf:") else Path(source)
     with _Progress(local, f"importing {source}") as bar:
         result = import_dataset(req, Home.resolve(), on_progress=bar.update)
@@ -86,6 +88,11 @@ def import_(
     splits = ds.manifest["splits"]
     print(f"{verb} {ds.ref}: {len(ds.records)} records (train {splits['train']}, dev {splits['dev']}), "
           f"sha256 {ds.sha256}, at {ds.path}")
+
+
+def _tool_names(value: str | None) -> tuple[str, ...]:
+    """'calculator' or 'calculator,python' → a tuple of names (checked by their user)."""
+    return tuple(t.strip() for t in value.split(",") if t.strip()) if value else ()
 
 
 @app.command()
@@ -156,12 +163,15 @@ def render(
     max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", help="Drop (and count) longer examples.")] = None,
     system_prompt: Annotated[Optional[str], typer.Option("--system-prompt", help="Override the default system prompt.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON array, one object per example.")] = False,
+    tools: Annotated[Optional[str], typer.Option("--tools", help="Tools of the run, e.g. 'calculator': their results get loss mask 0.")] = None,
 ) -> None:
     """Show what training sees: token ids, loss mask, prompt and target text.
 
-    supervised_text is the decode of the masked-in tokens and must equal target_text."""
+    supervised_text is the decode of the masked-in tokens and must equal target_text
+    (with --tools: model_text, the target without what the tools wrote)."""
     from tunix_rt.models.store import load_tokenizer
     from tunix_rt.render import DEFAULT_SYSTEM_PROMPT, render_dataset, supervised_text
+    from tunix_rt.tools import check_tools
 
     if limit < 1:
         raise BadInput("--limit must be at least 1")
@@ -170,19 +180,22 @@ def render(
     tok = load_tokenizer(model, home)
     traces = ds.split(split)[:limit]
     rendered, stats = render_dataset(traces, tok, max_seq_len or sys.maxsize,
-                                     DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt)
+                                     DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt,
+                                     tools=check_tools(_tool_names(tools), "--tools"))
     if stats.dropped_overlong:
         err.print(f"dropped {stats.dropped_overlong} example(s) over --max-seq-len {max_seq_len}: "
                   f"{', '.join(stats.dropped_ids)}", markup=False)
     out = [
         {"id": r.id, "n_tokens": len(r.ids), "prompt_len": r.prompt_len, "ids": r.ids, "loss_mask": r.loss_mask,
-         "prompt_text": r.prompt_text, "target_text": r.target_text, "supervised_text": supervised_text(r, tok)}
+         "prompt_text": r.prompt_text, "target_text": r.target_text, "supervised_text": supervised_text(r, tok),
+         **({"model_text": r.model_text} if r.model_text is not None else {})}
         for r in rendered
     ]
     if json_out:
         print(json.dumps(out, ensure_ascii=False))
         return
     for ex in out:
-        print(f"── {ex['id']}: {ex['n_tokens']} tokens, {ex['n_tokens'] - ex['prompt_len']} supervised ──")
+        print(f"── {ex['id']}: {ex['n_tokens']} tokens, {sum(ex['loss_mask'])} supervised ──")
         print(ex["prompt_text"] + ex["target_text"])
-        print(f"supervised == target: {ex['supervised_text'] == ex['target_text']}\n")
+        what = "model_text" if "model_text" in ex else "target"
+        print(f"supervised == {what}: {ex['supervised_text'] == ex.get('model_text', ex['target_text'])}\n")

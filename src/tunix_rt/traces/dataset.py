@@ -3,7 +3,8 @@ load them back, and split them.
 
     <home>/datasets/<name>/<version>/data.jsonl     canonical trace records, one per line
     <home>/datasets/<name>/<version>/manifest.json  name, version, source, importer,
-        created_at, count, sha256 (of data.jsonl), split rule, per-split counts
+        created_at, count, sha256 (of data.jsonl), split rule, per-split counts, and
+        `tools` when the records carry tool calls (["calculator"])
     <home>/datasets/<name>/<version>/rejects.jsonl  only with --quarantine and rejects
 
 data.jsonl is serialised canonically (fields in schema order, meta keys sorted, UTF-8,
@@ -219,10 +220,15 @@ class ImportRequest:
     """The file's own name when `source` is a stored copy of it (an API upload is kept as
     uploads/<sha256>.jsonl): GSM8K ids take their split part from this name, as they do from
     the path's name otherwise, so an upload and `data import` of one file give the same ids."""
+    tools: tuple[str, ...] = ()
+    """("calculator",): GSM8K's calculator notes stay in the steps as tool calls."""
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
             raise BadInput(f"unknown format {self.fmt!r}; known: {', '.join(FORMATS)}")
+        if self.tools and (self.fmt != "gsm8k" or set(self.tools) != {"calculator"}):
+            raise BadInput(f"--tools {','.join(self.tools)}: only 'calculator', and only for gsm8k "
+                           "(other formats keep their tool calls as written)")
         for what, value in (("--name", self.name), ("--version", self.version)):
             if value is not None and not _NAME.fullmatch(value):
                 raise BadInput(f"{what} {value!r}: use letters, digits, '.', '_' or '-' (not starting with '.' or '-')")
@@ -369,7 +375,7 @@ def import_dataset(req: ImportRequest, home: Home | None = None,
 def _read_source(req: ImportRequest, home: Home, staging: Path,
                  on_progress: Callable[[int], None] | None) -> Scan:
     src, label, split = _resolve_source(req, home, staging)
-    result = scan(src, get_importer(req.fmt, split), label=label, max_line_bytes=req.max_line_bytes,
+    result = scan(src, get_importer(req.fmt, split, req.tools), label=label, max_line_bytes=req.max_line_bytes,
                   on_progress=on_progress)
     _check_rejects(req, result)
     (staging / "source.jsonl").unlink(missing_ok=True)  # a downloaded hf: source
@@ -391,6 +397,8 @@ def _store(req: ImportRequest, home: Home, result: Scan, staging: Path) -> Impor
     source = req.source if req.source.startswith("hf:") else str(Path(req.source).resolve())
     created = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
     manifest = _manifest(req.name, version, source, result, digest, req.dev_fraction, created)
+    if tools := [t for t in ("calculator", "python") if any(t in r.tools() for r in result.records)]:
+        manifest["tools"] = tools  # the records carry calls of these tools (tunix_rt.tools)
     files = {DATA: data}
     if req.quarantine and result.errors:
         files[REJECTS] = _rejects_bytes(result)
