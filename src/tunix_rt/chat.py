@@ -1,6 +1,9 @@
 """`tunix-rt chat MODEL_OR_RUN`: talk to a model in the terminal, on the same scheduler and
 generator that /v1/chat/completions serves (so a reply here is the API's reply).
 
+A run trained with tools (its config.yaml `tools`) chats with them: a calculator call in a
+reply is answered by the tool, as in training and eval; `--no-tools` turns them off.
+
 Each line you type is a user turn; the conversation so far is the prompt of the next one.
 Commands: /reset (forget the conversation), /system [TEXT] (show or set the system prompt;
 `/system -` clears it), /quit. Ctrl-C stops a reply and keeps what was said; Ctrl-C or
@@ -91,16 +94,18 @@ def chat_cmd(
     top_p: Annotated[Optional[float], typer.Option(help="Nucleus sampling mass.")] = None,
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
+    tools: Annotated[bool, typer.Option("--tools/--no-tools", help="Use the run's tools (its config.yaml `tools`).")] = True,
 ) -> None:
     """Chat with a model or a trained run in the terminal (history, /reset, /system)."""
     given = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
-    cfg = DecodeConfig(**{k: v for k, v in given.items() if v is not None})
-    served = load(model, Home.resolve().ensure(), ServeConfig(device=device, max_models=1, max_batch=1, max_queue=1))
-    session = ChatSession(served, cfg)
+    served = load(model, Home.resolve().ensure(),
+                  ServeConfig(device=device, max_models=1, max_batch=1, max_queue=1, tools=tools))
+    session = ChatSession(served, served.decoding(DecodeConfig(**{k: v for k, v in given.items() if v is not None})))
     # Ctrl-C is how a reply is stopped and the chat left: take it even where the parent
     # started us with SIGINT ignored (a background job, some test runners), which Python keeps
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"chatting with {model}{' (run)' if served.run_id else ''}; {HELP}", flush=True)
+    with_tools = f", tools: {', '.join(served.tools)}" if served.tools else ""
+    print(f"chatting with {model}{' (run)' if served.run_id else ''}{with_tools}; {HELP}", flush=True)
     try:
         _loop(session)
     except KeyboardInterrupt:  # Ctrl-C between the prompt and a reply (printing, a command) leaves too

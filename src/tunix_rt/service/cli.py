@@ -19,6 +19,7 @@ def serve(
     max_tokens: Annotated[Optional[int], typer.Option(help="Cap on a request's max_tokens (default 1024).")] = None,
     load_wait: Annotated[Optional[float], typer.Option(help="Seconds a request for a model not loaded waits for a loaded "
                                                             "one to finish its requests before a 503 (default 30).")] = None,
+    tools: Annotated[bool, typer.Option("--tools/--no-tools", help="Served runs call their tools (config.yaml `tools`).")] = True,
 ) -> None:
     """Serve the registry API and the web UI. The token is created on first start (stored in
     <home>/service_token, mode 0600) and printed."""
@@ -30,7 +31,8 @@ def serve(
     home = Home.resolve().ensure()
     token, created = load_or_create_token(home)
     given = {"serve_device": device, "serve_max_models": max_models, "serve_max_batch": max_batch,
-             "serve_max_queue": max_queue, "serve_max_tokens": max_tokens, "serve_load_wait_s": load_wait}
+             "serve_max_queue": max_queue, "serve_max_tokens": max_tokens, "serve_load_wait_s": load_wait,
+             "serve_tools": None if tools else False}
     settings = Settings.from_home(home, **{k: v for k, v in given.items() if v is not None})
     app = create_app(settings)
     shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host

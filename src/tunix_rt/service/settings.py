@@ -48,6 +48,8 @@ class Settings(BaseModel):
     serve_load_wait_s: float = Field(30.0, ge=0)
     """How long a request for a model that is not loaded waits for a loaded one to finish its
     requests (a model in use is never unloaded) before a 503 with Retry-After."""
+    serve_tools: bool = True
+    """Served runs decode with their tools (config.yaml `tools`); False: no model uses tools."""
 
     @classmethod
     def from_home(cls, home: Home | None = None, **overrides) -> "Settings":

@@ -1,7 +1,12 @@
 """Which models can be served, and the loaded ones: a catalog name or a run id, resolved
 exactly as `tunix-rt eval` resolves `--model` / `--adapter` (a run's LoRA adapter merged
-into its base model, or its merged weights; the run's system prompt), loaded on first use
-and kept in an LRU of at most `max_models`."""
+into its base model, or its merged weights; the run's system prompt and tools), loaded on
+first use and kept in an LRU of at most `max_models`.
+
+A run trained with tools (its config.yaml `tools: [calculator]`) is served with them by
+default: a reply's calls are answered by the tool, as in training and eval
+(`ServedModel.decoding`); `ServeConfig(tools=False)` (`tunix-rt serve --no-tools`, `tunix-rt
+chat --no-tools`) serves every model without, and a request may turn them off for itself."""
 
 from __future__ import annotations
 
@@ -9,11 +14,12 @@ import collections
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
 from tunix_rt.models.catalog import PRESETS
 from tunix_rt.models.store import MODEL_MANIFEST, installed_dir
@@ -49,6 +55,8 @@ class ServeConfig:
     max_queue: int = 64
     load_wait_s: float = 30.0
     """How long a load waits for a loaded model to go idle before ModelsBusy."""
+    tools: bool = True
+    """Decode with each run's tools (its config.yaml `tools`); False: every model without."""
 
 
 @dataclass
@@ -63,10 +71,27 @@ class ServedModel:
     max_prompt_chars: int = 0
     """Characters of message text past which the prompt cannot fit the context whatever the
     tokenization (0: no bound known); checked before tokenizing."""
+    tools: tuple[str, ...] = ()
+    """The tools its replies call (the run's, unless the server turned them off)."""
 
     @property
     def tok(self):
         return self.scheduler.gen.tok
+
+    def decoding(self, cfg: DecodeConfig, tools: bool = True) -> DecodeConfig:
+        """A request's decoding with this model's tools (tools=False: without any)."""
+        return replace(cfg, tools=self.tools if tools else ())
+
+
+def run_tools(run_dir: Path | None) -> tuple[str, ...]:
+    """The tools a run trained with (its config.yaml `tools`; none for a catalog model or a
+    run from before tools existed)."""
+    from tunix_rt.eval.runner import run_config
+    from tunix_rt.tools import check_tools
+
+    if run_dir is None:
+        return ()
+    return tuple(check_tools(run_config(run_dir).get("tools") or [], f"{run_dir.name}/config.yaml: tools"))
 
 
 def run_has_weights(run_dir: Path) -> bool:
@@ -80,11 +105,21 @@ def available(home: Home) -> list[dict]:
     for name, preset in PRESETS.items():
         manifest = installed_dir(name, home) / MODEL_MANIFEST
         if preset.tiny or manifest.is_file():
-            out.append({"id": name, "kind": "catalog", "created": int(manifest.stat().st_mtime) if manifest.is_file() else 0})
+            out.append({"id": name, "kind": "catalog", "created": int(manifest.stat().st_mtime) if manifest.is_file() else 0,
+                        "tools": []})
     runs = [d for d in home.runs.glob("*") if d.is_dir() and run_has_weights(d)] if home.runs.is_dir() else []
     for d in sorted(runs, key=lambda d: d.stat().st_mtime, reverse=True):
-        out.append({"id": d.name, "kind": "run", "created": int(d.stat().st_mtime)})
+        out.append({"id": d.name, "kind": "run", "created": int(d.stat().st_mtime), "tools": list(_listed_tools(d))})
     return out
+
+
+def _listed_tools(run_dir: Path) -> tuple[str, ...]:
+    """A listed run's tools; one whose config.yaml cannot be read is listed without (loading
+    it says why), so one broken run does not hide the others."""
+    try:
+        return run_tools(run_dir)
+    except TunixRtError:
+        return ()
 
 
 def eval_request(model_id: str, home: Home):
@@ -133,7 +168,7 @@ def load(model_id: str, home: Home, cfg: ServeConfig, on_idle: Callable[[], None
     ctx = int(getattr(gen.model.config, "max_position_embeddings", 0) or 0)
     sched = Scheduler(gen, cfg.max_batch, cfg.max_queue, name=model_id, on_idle=on_idle)
     return ServedModel(model_id, sched, target.system_prompt, ctx, target.run_dir.name if target.run_dir else None,
-                       max_prompt_chars(tok, ctx))
+                       max_prompt_chars(tok, ctx), run_tools(target.run_dir) if cfg.tools else ())
 
 
 class ModelCache:

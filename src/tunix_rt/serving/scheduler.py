@@ -13,6 +13,13 @@ layout eval's left-padded batches have, so a row decodes as it would alone (gree
 equals `tunix-rt eval`'s). On any other architecture the transformers forward steps the
 batch and newcomers join at the next batch.
 
+With tools (a request whose DecodeConfig names them: a run's `tools`, by default), each row
+decodes through its own `eval.generate.ToolRow`, the rule every generator follows: when the
+model's token closes a call, the tool runs and its result's ids are fed to that row one per
+step instead of its own picks, while the other rows go on decoding; the forced text streams
+to the client like the model's (the reply holds the results as they were forced), and the
+row's noise stays keyed by (seed, choice, step), so a row decodes as it would alone.
+
 Rows leave the batch when they stop (a stop token, a stop string, max tokens) or when
 their request is cancelled (a client that disconnects), so a slot frees at the next step.
 Waiting requests beyond `max_queue` are refused (QueueFull → 429).
@@ -27,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.eval.generate import FINISH_LENGTH, FINISH_STOP, DecodeConfig, left_pad, pick, position_ids
+from tunix_rt.eval.generate import FINISH_LENGTH, FINISH_STOP, DecodeConfig, ToolRow, left_pad, pick, position_ids
 from tunix_rt.eval.sampling import gumbel, row_seed
 
 GREEDY = DecodeConfig(temperature=0.0)
@@ -90,12 +97,19 @@ class Request:
 
 
 class _Row:
-    """One choice in flight: its ids, and how much of its text was already sent."""
+    """One choice in flight: its ids, how much of its text was already sent, and its side of
+    decoding with tools (None without)."""
 
-    def __init__(self, req: Request, index: int) -> None:
+    def __init__(self, req: Request, index: int, tok) -> None:
         self.req, self.index = req, index
         self.ids: list[int] = []
         self.sent = 0
+        self.tools = ToolRow(tok, req.cfg.tools, req.prompt) if req.cfg.tools else None
+
+    def take(self, picked: int) -> int:
+        """The id this row emits (and is fed next) for the model's pick: a forced one while
+        a tool's result is pending (see eval.generate.ToolRow)."""
+        return self.tools.take(picked) if self.tools is not None else picked
 
     @property
     def room(self) -> int:
@@ -346,7 +360,7 @@ class Scheduler:
     def _admit(self, reqs: list[Request]) -> None:
         import torch
 
-        rows = [_Row(q, i) for q in reqs for i in range(q.n)]
+        rows = [_Row(q, i, self.gen.tok) for q in reqs for i in range(q.n)]
         room = max(r.room for r in self.rows + rows)
         if self.rows:
             self.joined_running += 1
@@ -376,9 +390,17 @@ class Scheduler:
                           for i, r in enumerate(rows)])
 
     def _emit(self, tokens: "torch.Tensor", rows: list[_Row], offset: int) -> None:
-        """Push each row's token; rows that finished leave the batch."""
+        """Push each row's token (a tool's forced id replaces its pick, and is what the row is
+        fed next); rows that finished leave the batch."""
+        import torch
+
+        picked = tokens.tolist()
+        taken = [r.take(t) for r, t in zip(rows, picked)]
+        if taken != picked:
+            at = torch.tensor(taken, dtype=self.next_tokens.dtype, device=self.next_tokens.device)
+            self.next_tokens = torch.cat([self.next_tokens[:offset], at, self.next_tokens[offset + len(rows):]])
         decode = self.gen.tok.decode
-        done = [offset + i for i, (r, t) in enumerate(zip(rows, tokens.tolist())) if r.push(t, self.stop_ids, decode)]
+        done = [offset + i for i, (r, t) in enumerate(zip(rows, taken)) if r.push(t, self.stop_ids, decode)]
         self._remove(set(done))
 
     def _drop_cancelled(self) -> None:

@@ -5,7 +5,10 @@ Behind the same bearer token as the rest of the API (the middleware denies by de
 A model is a catalog name or a run id (tunix_rt.serving.models); messages render with our
 chat template (tunix_rt.serving.template), the system prompt defaulting to the run's; the
 decoding defaults are DecodeConfig's (greedy unless a temperature is given), max_tokens is
-capped by Settings.serve_max_tokens. Errors use OpenAI's body: {"error": {"message",
+capped by Settings.serve_max_tokens. A run trained with tools decodes with them (its
+config.yaml `tools`: each call answered by the tool, the result in the reply's text as it was
+forced); `"use_tools": false` in a request (not OpenAI's field) turns them off for it, and
+/v1/models lists each model's tools. Errors use OpenAI's body: {"error": {"message",
 "type", "param", "code"}}.
 
 The body is strict: numbers and flags of the wrong JSON type are refused (never coerced
@@ -111,6 +114,8 @@ class ChatCompletionRequest(RealUnicode):
     presence_penalty: StrictFloat | None = None
     frequency_penalty: StrictFloat | None = None
     response_format: dict[str, Any] | None = None
+    use_tools: StrictBool = True
+    """Not in OpenAI's schema: decode with the model's tools (a run's config.yaml `tools`)."""
 
     @model_validator(mode="after")
     def _supported(self) -> "ChatCompletionRequest":
@@ -146,7 +151,7 @@ def model_cache(app: FastAPI) -> ModelCache:
         app.state.serve_threads = anyio.CapacityLimiter(SERVE_THREADS)
         cache = app.state.models = ModelCache(s.home_obj, ServeConfig(
             device=s.serve_device, max_models=s.serve_max_models, max_batch=s.serve_max_batch,
-            max_queue=s.serve_max_queue, load_wait_s=s.serve_load_wait_s))
+            max_queue=s.serve_max_queue, load_wait_s=s.serve_load_wait_s, tools=s.serve_tools))
     return cache
 
 
@@ -188,7 +193,8 @@ def show_model(model_id: str, settings: SettingsDep) -> dict:
 
 
 def _model_obj(m: dict) -> dict:
-    return {"id": m["id"], "object": "model", "created": m["created"], "owned_by": "tunix-rt", "kind": m["kind"]}
+    return {"id": m["id"], "object": "model", "created": m["created"], "owned_by": "tunix-rt", "kind": m["kind"],
+            "tools": m["tools"]}
 
 
 @router.post("/chat/completions", response_model=None)
@@ -237,7 +243,7 @@ async def _prompt(app: FastAPI, body: ChatCompletionRequest, served: ServedModel
     """Prompt ids and decoding; a prompt that cannot fit the context is refused by its
     length in characters first, and tokenized off the event loop."""
     messages = [m.message() for m in body.messages]
-    cfg = body.decode_config(cap)
+    cfg = served.decoding(body.decode_config(cap), body.use_tools)
     chars = sum(len(m.content) for m in messages)
     if served.max_prompt_chars and chars > served.max_prompt_chars:
         raise _context_exceeded(f"{chars:,} characters of messages cannot fit the model's context of "

@@ -412,6 +412,33 @@ function splitAnswer(text) {
   return { reasoning: reasoning ?? (answer === null ? text : ""), answer: answer ?? "" };
 }
 
+// Tool results inside a model turn (tunix_rt.tools): the calculator writes what follows a call
+// "<<EXPR=" up to ">>" on its line, the python tool an <output>…</output> block. Marked only
+// for a model that decodes with that tool, where the text after a closed call is the tool's
+// by construction (a result still streaming runs to the end of the text so far).
+function toolPieces(text, tools) {
+  const kinds = [tools.includes("calculator") ? "<<[^\\n<>=]*=" : null, tools.includes("python") ? "<output>" : null].filter(Boolean);
+  if (!kinds.length) return [{ text, tool: false }];
+  const re = new RegExp(kinds.join("|"), "g"), out = [];
+  let at = 0, m;
+  while ((m = re.exec(text))) {
+    const python = m[0] === "<output>", start = python ? m.index : m.index + m[0].length, closer = python ? "</output>" : ">>";
+    let end = text.indexOf(closer, start);
+    end = end < 0 ? text.length : end + closer.length;
+    const nl = text.indexOf("\n", start);
+    if (!python && nl >= 0 && nl < end) end = nl;
+    if (start > at) out.push({ text: text.slice(at, start), tool: false });
+    if (end > start) out.push({ text: text.slice(start, end), tool: true });
+    at = re.lastIndex = Math.max(end, m.index + m[0].length);
+  }
+  if (at < text.length) out.push({ text: text.slice(at), tool: false });
+  return out;
+}
+
+function showTurn(el, text, tools) {
+  el.replaceChildren(...toolPieces(text, tools).map((p) => p.tool ? h("span", { class: "tool", title: "written by the tool" }, p.text) : p.text));
+}
+
 async function streamChat(body, signal, onText) {
   const res = await fetch("/v1/chat/completions", { method: "POST", signal, body: JSON.stringify(Object.assign({}, body, { stream: true, stream_options: { include_usage: true } })),
     headers: { Authorization: "Bearer " + token(), "Content-Type": "application/json" } });
@@ -444,6 +471,8 @@ async function playgroundPage(params) {
   const question = h("textarea", { id: "question", rows: 3, placeholder: "Ask a question, e.g. What is 12 * 7?" });
   const system = h("input", { id: "system", size: 60, placeholder: "system prompt (default: the run's, or the training default)" });
   const maxTokens = h("input", { id: "max-tokens", type: "number", min: 1, placeholder: "server default" });
+  const useTools = h("input", { id: "use-tools", type: "checkbox", checked: true });
+  const toolsOf = (id) => ((models.find((m) => m.id === id) || {}).tools || []);
   const panes = h("div", { class: "cols", "data-testid": "panes" });
   const stop = h("button", { id: "stop", disabled: true, onclick: () => playAborts.forEach((c) => c.abort()) }, "Stop");
   const ask = async (ev) => {
@@ -455,13 +484,18 @@ async function playgroundPage(params) {
     await Promise.all(chosen.map(async (model, k) => {
       const reasoning = h("pre", { "data-testid": "reasoning" }), answer = h("pre", { class: "answer", "data-testid": "answer" });
       const status = h("p", { class: "muted", "data-testid": "pane-status" }, "waiting…");
-      panes.append(h("div", { class: "pane", "data-testid": "pane-" + k }, h("h2", {}, model), h("b", {}, "Reasoning"), reasoning, h("b", {}, "Answer"), answer, status));
+      const tools = useTools.checked ? toolsOf(model) : [];
+      panes.append(h("div", { class: "pane", "data-testid": "pane-" + k }, h("h2", {}, model),
+        tools.length ? h("p", { class: "muted", "data-testid": "pane-tools" }, "tools: " + tools.join(", ") + " · ", h("span", { class: "tool" }, "tool results"), " are the tool's, not the model's") : null,
+        h("b", {}, "Reasoning"), reasoning, h("b", {}, "Answer"), answer, status));
       const ctl = new AbortController(); playAborts.push(ctl);
       const body = { model, messages };
       if (maxTokens.value) body.max_tokens = Number(maxTokens.value);
+      if (!useTools.checked) body.use_tools = false;
+      const fill = (text) => { const p = splitAnswer(text); showTurn(reasoning, p.reasoning, tools); showTurn(answer, p.answer, tools); };
       try {
-        const out = await streamChat(body, ctl.signal, (text) => { const p = splitAnswer(text); reasoning.textContent = p.reasoning; answer.textContent = p.answer; status.textContent = "streaming…"; });
-        const p = splitAnswer(out.text); reasoning.textContent = p.reasoning; answer.textContent = p.answer;
+        const out = await streamChat(body, ctl.signal, (text) => { fill(text); status.textContent = "streaming…"; });
+        fill(out.text);
         reasoning.dataset.raw = out.text;
         status.textContent = `finished: ${out.finish}` + (out.usage ? ` · ${out.usage.completion_tokens} tokens` : "");
       } catch (e) { status.textContent = e.name === "AbortError" ? "stopped" : "error: " + e.message; status.className = e.name === "AbortError" ? "muted" : "error"; }
@@ -470,7 +504,8 @@ async function playgroundPage(params) {
   };
   show(h("h1", {}, "Playground"),
     h("form", { class: "card", onsubmit: ask },
-      h("div", { class: "row" }, labelled("model A", a), labelled("model B", b), labelled("max tokens", maxTokens)),
+      h("div", { class: "row" }, labelled("model A", a), labelled("model B", b), labelled("max tokens", maxTokens),
+        labelled("use the runs' tools", useTools)),
       h("div", { class: "row" }, labelled("system prompt", system)), h("label", { for: "question" }, "question"), question,
       h("div", { class: "row" }, h("button", { type: "submit", id: "ask" }, "Ask"), stop)),
     panes);

@@ -1,0 +1,86 @@
+"""The playground with tools, in headless chromium: a run trained with tools is listed with
+them, its pane says so and marks the tools' results apart from the model's text (a styled
+span per calculator result / python output), and "use the runs' tools" unchecked asks the
+server to decode without them (the reply then equals /v1's with use_tools false)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from requires import require_chromium
+from service_testlib import TOKEN, LiveServer, live_app
+
+pytestmark = pytest.mark.browser
+
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+RUN = "grpo-tiny-tools"
+
+
+@pytest.fixture
+def page_on(home):
+    chromium = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    from tunix_rt.models.store import ensure_model
+
+    run = home.runs / RUN
+    shutil.copytree(ensure_model("tiny-gemma3", home), run / "final" / "merged")
+    (run / "config.yaml").write_text(yaml.safe_dump({"model": "tiny-gemma3", "system_prompt": "", "tools": ["calculator"]}))
+    with sync_playwright() as p, LiveServer(live_app(home, home.database_url)) as srv:
+        browser = p.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+        page = browser.new_page()
+        page.set_default_timeout(30000)
+        page.goto(f"{srv.url}/#token={TOKEN}")
+        page.goto(f"{srv.url}/#/playground")
+        page.wait_for_selector(f"#play-a option[value='{RUN}']", state="attached")
+        try:
+            yield srv, page
+        finally:
+            browser.close()
+            if getattr(srv.server.config.app.state, "models", None) is not None:
+                srv.server.config.app.state.models.close()
+
+
+def test_tool_results_are_marked_apart_from_the_model_text(page_on):
+    _, page = page_on
+    pieces = page.evaluate("toolPieces('So <<3*4=12>>12 apples, <<1/0=error>> and <<2+', ['calculator'])")
+    assert pieces == [{"text": "So <<3*4=", "tool": False}, {"text": "12>>", "tool": True},
+                      {"text": "12 apples, <<1/0=", "tool": False}, {"text": "error>>", "tool": True},
+                      {"text": " and <<2+", "tool": False}]
+    python = page.evaluate("toolPieces('<python>print(2)</python><output>2\\n</output> so <<1=', ['python'])")
+    assert python == [{"text": "<python>print(2)</python>", "tool": False}, {"text": "<output>2\n</output>", "tool": True},
+                      {"text": " so <<1=", "tool": False}]
+    assert page.evaluate("toolPieces('a <<3*4=12>>', [])") == [{"text": "a <<3*4=12>>", "tool": False}]
+    marked = page.evaluate("""() => { const el = document.body.appendChild(document.createElement('pre'));
+        showTurn(el, 'So <<3*4=12>>12.', ['calculator']);
+        return [el.textContent, [...el.querySelectorAll('span.tool')].map((s) => s.textContent),
+                getComputedStyle(el.querySelector('span.tool')).backgroundColor]; }""")
+    assert marked[0] == "So <<3*4=12>>12." and marked[1] == ["12>>"] and marked[2] not in ("", "rgba(0, 0, 0, 0)")
+
+
+def test_a_run_with_tools_is_asked_with_them_unless_unchecked(page_on):
+    import httpx
+
+    srv, page = page_on
+    page.select_option("#play-a", RUN)
+    page.fill("#question", "What is 3*4?")
+    page.fill("#max-tokens", "6")
+    page.click("#ask")
+    page.wait_for_selector("[data-testid=pane-0] [data-testid=pane-status]:has-text('finished')")
+    assert "tools: calculator" in page.inner_text("[data-testid=pane-0] [data-testid=pane-tools]")
+    page.uncheck("#use-tools")
+    page.click("#ask")
+    page.wait_for_selector("[data-testid=pane-0] [data-testid=pane-status]:has-text('finished')")
+    assert page.locator("[data-testid=pane-0] [data-testid=pane-tools]").count() == 0
+    got = page.get_attribute("[data-testid=pane-0] [data-testid=reasoning]", "data-raw")
+    r = httpx.post(srv.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60,
+                   json={"model": RUN, "messages": [{"role": "user", "content": "What is 3*4?"}], "max_tokens": 6,
+                         "use_tools": False})
+    assert got == r.json()["choices"][0]["message"]["content"] != ""
+    listed = httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}).json()["data"]
+    assert {m["id"]: m["tools"] for m in listed}[RUN] == ["calculator"]
+    assert {m["id"]: m["tools"] for m in listed}["tiny-gemma3"] == []
