@@ -23,7 +23,7 @@ import torch
 from eval_testlib import QUESTIONS
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.generate import DecodeConfig, ToolRow, TorchGenerator, turn_ids
-from tunix_rt.eval.runner import load_model
+from tunix_rt.models.hf import load_causal_lm
 from tunix_rt.render import prompt_ids
 from tunix_rt.tools import Call, respond
 
@@ -77,7 +77,7 @@ def build_steered(d):
     from tunix_rt.models.tokenizer import ChatTokenizer
 
     tok = ChatTokenizer.from_file(d)
-    model = load_model(d, None, "cpu")
+    model = load_causal_lm(d, dtype="fp32", device="cpu", attn="eager").eval()
     prompts = the_prompts(tok)
     swaps = steering_swaps(model, tok, prompts)
     swap_rows(model.get_input_embeddings().weight, swaps)
