@@ -15,6 +15,10 @@ GRPO's update writes a group's prompt once and its completions after it as branc
 (`collate_shared`): `segments` says which branch a position belongs to, and the torch engine
 builds the 4D mask from it (loss.shared_prefix_masks).
 
+Labels come from each example's loss mask (render.py): a token a tool wrote (render with
+`tools`) has mask 0, so it is never a label here, in either engine, since both read these
+batches.
+
 Batches are numpy arrays: the JAX engine feeds them as they are and the torch engine makes
 tensors of them on its device (`torch_engine.on_device`), so this module needs no torch.
 """
