@@ -25,7 +25,7 @@ def eval_cmd(
     dataset: Annotated[Optional[str], typer.Option("--dataset", "-d", help="Dataset NAME, NAME@VERSION, or a trace JSONL path (required unless --harness).")] = None,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Catalog name or HF model dir (a run's final/merged too). Optional with --adapter RUN: the run's base model.")] = None,
     adapter: Annotated[Optional[str], typer.Option("--adapter", help="A run id, a run dir, or a PEFT adapter dir.")] = None,
-    split: Annotated[Optional[str], typer.Option("--split", help="train | dev | all (default: dev; all for a JSONL path).")] = None,
+    split: Annotated[Optional[str], typer.Option("--split", help="train | dev | test | all (default: dev; all for a JSONL path; test: reasoning-gym datasets).")] = None,
     limit: Annotated[Optional[int], typer.Option("--limit", help="Only the first N records of the split.")] = None,
     engine: Annotated[str, typer.Option("--engine", help="auto | torch | jax (auto: JAX for gpu/tpu or where torch is missing, as train picks)")] = "auto",
     device: Annotated[str, typer.Option("--device", help=devices.HELP)] = "auto",

@@ -80,7 +80,8 @@ class EvalRequest:
     adapter: str | None = None
     """A run id, a run dir, or a PEFT adapter dir."""
     split: str | None = None
-    """train|dev|all; None: dev for a named dataset, all for a JSONL path."""
+    """train|dev|test|all (test: datasets whose records carry their split, reasoning-gym's);
+    None: dev for a named dataset, all for a JSONL path."""
     limit: int | None = None
     """Evaluate only the first N records of the split."""
     engine: str = "auto"
@@ -103,8 +104,8 @@ class EvalRequest:
             raise BadInput(f"device for engine {self.engine} must be one of {'|'.join(DEVICES[self.engine])}, got {self.device!r}")
         if self.limit is not None and self.limit < 1:
             raise BadInput(f"limit must be >= 1, got {self.limit}")
-        if self.split not in (None, "train", "dev", "all"):
-            raise BadInput(f"split must be train, dev or all, got {self.split!r}")
+        if self.split not in (None, "train", "dev", "test", "all"):
+            raise BadInput(f"split must be train, dev, test or all, got {self.split!r}")
         if not self.model and not self.adapter:
             raise BadInput("give --model (and optionally --adapter RUN_OR_DIR)")
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:

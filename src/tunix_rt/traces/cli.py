@@ -26,6 +26,8 @@ from tunix_rt.traces.dataset import (
     split_counts,
 )
 from tunix_rt.traces.importers import FORMATS
+
+RG_FORMAT = "reasoning-gym"
 from tunix_rt.traces.reader import DEFAULT_MAX_LINE_BYTES, scan
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -61,9 +63,9 @@ class _Progress:
 
 @app.command("import")
 def import_(
-    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=f"Input format: {' | '.join(FORMATS)}.")],
-    source: Annotated[str, typer.Argument(metavar="SRC", help="A JSONL file, or hf:OWNER/NAME\\[/CONFIG]\\[@SPLIT] with --allow-network.")],
-    name: Annotated[str, typer.Option("--name", help="Dataset name.")],
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help=f"Input format: {' | '.join(FORMATS)} | {RG_FORMAT}.")],
+    source: Annotated[str, typer.Argument(metavar="SRC", help="A JSONL file, or hf:OWNER/NAME\\[/CONFIG]\\[@SPLIT] with --allow-network; for reasoning-gym: TASK\\[,TASK…].")],
+    name: Annotated[Optional[str], typer.Option("--name", help="Dataset name (reasoning-gym: default rg-TASK).")] = None,
     version: Annotated[Optional[str], typer.Option("--version", help="Version (default: reuse identical content, else the next vN).")] = None,
     dev_fraction: Annotated[float, typer.Option("--dev-fraction", help="Share of records in the dev split (by id hash).")] = DEFAULT_DEV_FRACTION,
     quarantine: Annotated[bool, typer.Option("--quarantine", help="Keep going past bad lines; write them to rejects.jsonl.")] = False,
@@ -71,8 +73,23 @@ def import_(
     allow_network: Annotated[bool, typer.Option("--allow-network", help="Allow hf: sources to download from the Hugging Face hub.")] = False,
     max_line_bytes: MaxLineBytes = DEFAULT_MAX_LINE_BYTES,
     tools: Annotated[Optional[str], typer.Option("--tools", help="gsm8k: 'calculator' keeps the <<48/2=24>> notes as tool calls.")] = None,
+    n: Annotated[Optional[int], typer.Option("--n", help="reasoning-gym: records in train.")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="reasoning-gym: the seed train/dev/test seeds derive from.")] = None,
+    config: Annotated[Optional[str], typer.Option("--config", help="reasoning-gym: the task's difficulty config as JSON ({task: {...}} for several).")] = None,
+    weights: Annotated[Optional[str], typer.Option("--weights", help="reasoning-gym: the mixture's weights, one per task (e.g. 3,1).")] = None,
+    dev_n: Annotated[Optional[int], typer.Option("--dev-n", help="reasoning-gym: records in dev (default n // 4).")] = None,
+    test_n: Annotated[Optional[int], typer.Option("--test-n", help="reasoning-gym: records in test (default n // 4).")] = None,
 ) -> None:
-    """Import a JSONL source as a dataset version under <home>/datasets/NAME/VERSION."""
+    """Import a JSONL source as a dataset version under <home>/datasets/NAME/VERSION, or draw
+    reasoning-gym tasks (`data import reasoning-gym TASK[,TASK…] --n N --seed S`): train, dev
+    and test from seeds derived from S, no question in two splits, offline."""
+    rg_opts = {"--n": n, "--seed": seed, "--config": config, "--weights": weights, "--dev-n": dev_n, "--test-n": test_n}
+    if fmt == RG_FORMAT:
+        return _import_reasoning_gym(source, name, version, n, seed, config, weights, dev_n, test_n)
+    if given := [k for k, v in rg_opts.items() if v is not None]:
+        raise BadInput(f"{given[0]} is for `data import {RG_FORMAT}` only")
+    if name is None:
+        raise BadInput("--name is required (the dataset's name)")
     req = ImportRequest(fmt, source, name, version, dev_fraction, quarantine, max_reject_rate, allow_network, max_line_bytes,
                         tools=_tool_names(tools))
     local = None if source.startswith("hf:") else Path(source)
@@ -93,6 +110,32 @@ def import_(
 def _tool_names(value: str | None) -> tuple[str, ...]:
     """'calculator' or 'calculator,python' → a tuple of names (checked by their user)."""
     return tuple(t.strip() for t in value.split(",") if t.strip()) if value else ()
+
+
+def _import_reasoning_gym(tasks: str, name: str | None, version: str | None, n: int | None, seed: int | None,
+                          config: str | None, weights: str | None, dev_n: int | None, test_n: int | None) -> None:
+    from tunix_rt.traces.reasoning_gym import TaskImport, import_tasks
+
+    if n is None or seed is None:
+        raise BadInput(f"data import {RG_FORMAT} needs --n and --seed")
+    try:
+        cfg = json.loads(config) if config is not None else {}
+    except ValueError as e:
+        raise BadInput(f"--config: not JSON ({e})") from None
+    try:
+        w = tuple(float(x) for x in weights.split(",")) if weights is not None else None
+    except ValueError:
+        raise BadInput(f"--weights {weights!r}: comma-separated numbers, one per task") from None
+    req = TaskImport(tuple(t.strip() for t in tasks.split(",")), n, seed, cfg, w, dev_n, test_n, name, version)
+    result = import_tasks(req, Home.resolve())
+    ds = result.dataset
+    from tunix_rt.registry.record import record_dataset
+
+    record_dataset(ds.path)
+    splits = ds.manifest["splits"]
+    verb = "already imported as" if result.reused else "imported"
+    print(f"{verb} {ds.ref}: {len(ds.records)} records (train {splits['train']}, dev {splits['dev']}, "
+          f"test {splits['test']}), sha256 {ds.sha256}, at {ds.path}")
 
 
 @app.command()

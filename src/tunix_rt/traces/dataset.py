@@ -12,7 +12,10 @@ data.jsonl is serialised canonically (fields in schema order, meta keys sorted, 
 the same bytes and the same sha256; created_at lives only in the manifest.
 
 The split is a pure function of the record id: `sha256(id) mod 10000 < dev_fraction *
-10000` → dev. A record never moves between train and dev when the dataset grows.
+10000` → dev. A record never moves between train and dev when the dataset grows. Such a
+dataset has no test split. A dataset built from records that carry their own split
+(`import_records`, e.g. reasoning-gym tasks drawn from one seed per split) says so in its
+split rule (RECORD_SPLIT_METHOD): each record's `meta.split` is train, dev or test.
 
 An import is written to a temp dir beside its version, fsynced, and renamed into place
 last (files.atomic_dir): on any error nothing is left behind.
@@ -27,10 +30,11 @@ import re
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import tunix_rt
 from tunix_rt.errors import BadInput, TunixRtError
@@ -44,7 +48,9 @@ DEFAULT_DEV_FRACTION = 0.05
 DEFAULT_MAX_REJECT_RATE = 0.001
 SPLIT_BUCKETS = 10_000
 SPLIT_METHOD = "int(sha256(id utf-8).hexdigest(), 16) % 10000 < round(dev_fraction * 10000) -> dev, else train"
-SPLITS = ("train", "dev", "all")
+SPLITS = ("train", "dev", "test", "all")
+RECORD_SPLIT_METHOD = "meta.split of each record (train | dev | test)"
+RECORD_SPLITS = ("train", "dev", "test")
 DATA, MANIFEST, REJECTS = "data.jsonl", "manifest.json", "rejects.jsonl"
 VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parent / "assets" / "gsm8k" / "train.jsonl"
 """GSM8K's train split (MIT), shipped inside the package so a wheel install has it too."""
@@ -100,11 +106,16 @@ class Dataset:
         return f"{self.name}@{self.version}"
 
     def split(self, which: str) -> list[Trace]:
-        """The records of "train", "dev" or "all", in file order."""
+        """The records of "train", "dev", "test" (records with their own split only) or "all",
+        in file order."""
         if which not in SPLITS:
             raise BadInput(f"unknown split {which!r}; use one of {', '.join(SPLITS)}")
         if which == "all":
             return list(self.records)
+        if self.manifest["split"].get("method") == RECORD_SPLIT_METHOD:
+            return [r for r in self.records if r.meta.get("split") == which]
+        if which not in ("train", "dev"):
+            raise BadInput(f"{self.ref} has no {which} split (its records split by id hash: train, dev)")
         return [r for r in self.records if split_of(r.id, self.dev_fraction) == which]
 
 
@@ -229,9 +240,7 @@ class ImportRequest:
         if self.tools and (self.fmt != "gsm8k" or set(self.tools) != {"calculator"}):
             raise BadInput(f"--tools {','.join(self.tools)}: only 'calculator', and only for gsm8k "
                            "(other formats keep their tool calls as written)")
-        for what, value in (("--name", self.name), ("--version", self.version)):
-            if value is not None and not _NAME.fullmatch(value):
-                raise BadInput(f"{what} {value!r}: use letters, digits, '.', '_' or '-' (not starting with '.' or '-')")
+        check_names(self.name, self.version)
         if not 0.0 <= self.dev_fraction < 1.0:
             raise BadInput(f"--dev-fraction {self.dev_fraction}: must be in [0, 1)")
         if not 0.0 <= self.max_reject_rate <= 1.0:
@@ -240,6 +249,13 @@ class ImportRequest:
             raise BadInput("max_line_bytes must be positive")
         if self.source_name is not None and not _FILE_NAME.fullmatch(self.source_name):
             raise BadInput(f"source name {self.source_name!r}: a bare file name (no path), 1-255 characters")
+
+
+def check_names(name: str, version: str | None) -> None:
+    """A dataset name and version (None: the next one) usable as directory names."""
+    for what, value in (("--name", name), ("--version", version)):
+        if value is not None and not _NAME.fullmatch(value):
+            raise BadInput(f"{what} {value!r}: use letters, digits, '.', '_' or '-' (not starting with '.' or '-')")
 
 
 @dataclass
@@ -347,11 +363,12 @@ def _rejects_bytes(result: Scan) -> bytes:
     return b"".join(json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n" for r in rows)
 
 
-def _reusable(req: ImportRequest, existing: list[dict[str, Any]], digest: str) -> dict[str, Any] | None:
+def _reusable(version: str | None, existing: list[dict[str, Any]], digest: str,
+              same_split: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
     """An existing version with the same bytes and split rule, if this request may reuse it."""
     for m in existing:
-        same = m.get("sha256") == digest and m.get("split", {}).get("dev_fraction") == req.dev_fraction
-        if same and req.version in (None, m["version"]):
+        same = m.get("sha256") == digest and same_split(m.get("split", {}))
+        if same and version in (None, m["version"]):
             return m
     return None
 
@@ -362,14 +379,44 @@ def import_dataset(req: ImportRequest, home: Home | None = None,
     source is staged in a temp dir beside the datasets, removed on the way out whatever
     happens; the version itself is published by _commit."""
     home = (home or Home.resolve()).ensure()
-    root = home.datasets / req.name
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{req.name}-", dir=home.datasets))
-    try:
+    with _staging(home, req.name) as staging:
         return _store(req, home, _read_source(req, home, staging, on_progress), staging)
+
+
+@contextmanager
+def _staging(home: Home, name: str) -> Iterator[Path]:
+    """A hidden temp dir beside the datasets for one import, removed on the way out whatever
+    happens (and the dataset's own dir with it when the import left it empty)."""
+    root = home.datasets / name
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=home.datasets))
+    try:
+        yield staging
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         if root.is_dir() and not any(root.iterdir()):
             root.rmdir()
+
+
+def import_records(records: list[Trace], name: str, version: str | None, source: str, importer: str,
+                   extra: dict[str, Any], home: Home | None = None) -> ImportResult:
+    """Store records that carry their own split (meta.split: train | dev | test) as a dataset
+    version, the way import_dataset stores a file's (same versions, reuse of identical
+    content, atomic publish). `extra` goes into the manifest (what the importer drew, how)."""
+    check_names(name, version)
+    if bad := [r.id for r in records if r.meta.get("split") not in RECORD_SPLITS]:
+        raise BadInput(f"record {bad[0]}: meta.split must be one of {', '.join(RECORD_SPLITS)}")
+    rule = {"method": RECORD_SPLIT_METHOD}
+    counts = {s: sum(r.meta["split"] == s for r in records) for s in RECORD_SPLITS}
+
+    def manifest_of(version: str, digest: str, created: str) -> dict[str, Any]:
+        return {"name": name, "version": version, "source": source, "importer": importer, "created_at": created,
+                "count": len(records), "sha256": digest, "split": rule, "splits": counts,
+                "input_lines": len(records), "rejected_lines": 0, "tunix_rt_version": tunix_rt.__version__, **extra}
+
+    home = (home or Home.resolve()).ensure()
+    with _staging(home, name) as staging:
+        ds, reused = _publish(home, name, version, records, staging, manifest_of, lambda r: r == rule, {})
+    return ImportResult(ds, reused)
 
 
 def _read_source(req: ImportRequest, home: Home, staging: Path,
@@ -384,29 +431,40 @@ def _read_source(req: ImportRequest, home: Home, staging: Path,
 
 def _store(req: ImportRequest, home: Home, result: Scan, staging: Path) -> ImportResult:
     """Reuse an identical version, or publish a new one."""
-    root = home.datasets / req.name
-    data = canonical_bytes(result.records)
-    digest = hashlib.sha256(data).hexdigest()
-    existing = list_versions(home, req.name)
-    if (same := _reusable(req, existing, digest)) is not None:  # same bytes: same records
-        ds = Dataset(req.name, same["version"], root / same["version"], same, digest, result.records)
-        return ImportResult(ds, True, result.bad_lines, result.errors)
-    version = req.version or _next_version(existing)
-    if (root / version).exists():
-        raise BadInput(f"{req.name}@{version} already exists with different content; choose another --version")
     source = req.source if req.source.startswith("hf:") else str(Path(req.source).resolve())
+    rejects = {REJECTS: _rejects_bytes(result)} if req.quarantine and result.errors else {}
+
+    def manifest_of(version: str, digest: str, created: str) -> dict[str, Any]:
+        manifest = _manifest(req.name, version, source, result, digest, req.dev_fraction, created)
+        if tools := [t for t in ("calculator", "python") if any(t in r.tools() for r in result.records)]:
+            manifest["tools"] = tools  # the records carry calls of these tools (tunix_rt.tools)
+        return {**manifest, "rejects": REJECTS} if rejects else manifest
+
+    ds, reused = _publish(home, req.name, req.version, result.records, staging, manifest_of,
+                          lambda rule: rule.get("dev_fraction") == req.dev_fraction, rejects)
+    return ImportResult(ds, reused, result.bad_lines, result.errors)
+
+
+def _publish(home: Home, name: str, version: str | None, records: list[Trace], staging: Path,
+             manifest_of: Callable[[str, str, str], dict[str, Any]],
+             same_split: Callable[[dict[str, Any]], bool], extra_files: dict[str, bytes]) -> tuple[Dataset, bool]:
+    """(the dataset, reused): an existing version with identical content and split rule, or a
+    new one (`version`, else the next vN) published by _commit."""
+    root = home.datasets / name
+    data = canonical_bytes(records)
+    digest = hashlib.sha256(data).hexdigest()
+    existing = list_versions(home, name)
+    if (same := _reusable(version, existing, digest, same_split)) is not None:  # same bytes: same records
+        return Dataset(name, same["version"], root / same["version"], same, digest, records), True
+    version = version or _next_version(existing)
+    if (root / version).exists():
+        raise BadInput(f"{name}@{version} already exists with different content; choose another --version")
     created = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-    manifest = _manifest(req.name, version, source, result, digest, req.dev_fraction, created)
-    if tools := [t for t in ("calculator", "python") if any(t in r.tools() for r in result.records)]:
-        manifest["tools"] = tools  # the records carry calls of these tools (tunix_rt.tools)
-    files = {DATA: data}
-    if req.quarantine and result.errors:
-        files[REJECTS] = _rejects_bytes(result)
-        manifest["rejects"] = REJECTS
-    files[MANIFEST] = (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    manifest = manifest_of(version, digest, created)
+    files = {DATA: data, **extra_files,
+             MANIFEST: (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode("utf-8")}
     _commit(root / version, files, staging)
-    ds = Dataset(req.name, version, root / version, manifest, digest, result.records)
-    return ImportResult(ds, False, result.bad_lines, result.errors)
+    return Dataset(name, version, root / version, manifest, digest, records), False
 
 
 def _commit(target: Path, files: dict[str, bytes], staging: Path) -> None:

@@ -32,8 +32,8 @@ consecutive seeds (S, S+1, S+2) would share almost every item; hashed seeds are 
 apart on average. On top of that a question already drawn (in an earlier split, or earlier
 in the same split) is skipped, so no question appears twice anywhere: the splits are
 disjoint by construction, whatever the task's question space. Splits are filled in the
-order test, dev, train (the held-out sets first, so they stay the same for a seed when only
---n changes… as long as the dev/test sizes do). Each record's split is `meta.split`; the
+order test, dev, train (the held-out sets first: with --dev-n and --test-n fixed, a larger
+--n only adds train records). dev and test hold n // 4 records each unless given. Each record's split is `meta.split`; the
 dataset's split rule says so (traces.dataset.RECORD_SPLIT_METHOD).
 
 A mixture (`TASK1,TASK2 --weights 3,1`) gives each task a share of every split's count by
@@ -47,12 +47,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import threading
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterator
 
 from tunix_rt.errors import BadInput
-from tunix_rt.traces.schema import RecordError, make_trace
+from tunix_rt.home import Home
+from tunix_rt.traces.dataset import ImportResult, import_records
+from tunix_rt.traces.schema import RecordError, make_trace, validate_trace
 
 SOURCE = "reasoning-gym"
 SCORER_PREFIX = "rg:"
@@ -215,3 +218,150 @@ def make_items(task: str, n: int, seed: int, config: dict[str, Any]) -> list[dic
         raise BadInput(f"n must be an integer in [1, {MAX_N}], got {n!r}")
     full = task_config(task, config)
     return [_record(task, seed, full, idx, entry) for idx, entry in _entries(task, seed, full, n)]
+
+
+# --- the import: splits from derived seeds, a mixture, no question twice --------------------
+
+
+def split_seed(seed: int, split: str) -> int:
+    """The seed a split draws from: the first 4 bytes of sha256("tunix-rt/rg/SEED/SPLIT")."""
+    return int.from_bytes(hashlib.sha256(f"tunix-rt/rg/{seed}/{split}".encode()).digest()[:4], "big")
+
+
+def shares(count: int, weights: list[float]) -> list[int]:
+    """`count` split by `weights` (largest remainder; ties to the earlier task); sums to count."""
+    total = sum(weights)
+    exact = [count * w / total for w in weights]
+    out = [int(x) for x in exact]
+    by_rest = sorted(range(len(weights)), key=lambda i: (-(exact[i] - out[i]), i))
+    for i in by_rest[: count - sum(out)]:
+        out[i] += 1
+    return out
+
+
+@dataclass(frozen=True)
+class TaskImport:
+    """What `data import reasoning-gym` takes; defaults and checks live here."""
+
+    tasks: tuple[str, ...]
+    n: int
+    """Records in train."""
+    seed: int
+    config: dict[str, Any] = field(default_factory=dict)
+    """One task: its config fields. Several: {task: {fields}} (a task left out: its defaults)."""
+    weights: tuple[float, ...] | None = None
+    """The mixture's weights, one per task (None: equal)."""
+    dev_n: int | None = None
+    """Records in dev (None: n // 4, at least 1)."""
+    test_n: int | None = None
+    """Records in test (None: n // 4, at least 1)."""
+    name: str | None = None
+    """Dataset name (None: rg-<task>[-<task>…], cut to 100 characters)."""
+    version: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tasks or any(not t for t in self.tasks):
+            raise BadInput("TASK: give one or more reasoning-gym task names, comma-separated")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise BadInput(f"TASK: {','.join(self.tasks)} names a task twice")
+        for t in self.tasks:
+            check_task(t)
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise BadInput(f"--n {self.n}: must be in [1, {MAX_N}]")
+        for what, v in (("--dev-n", self.dev_n), ("--test-n", self.test_n)):
+            if v is not None and not 0 <= v <= MAX_N:
+                raise BadInput(f"{what} {v}: must be in [0, {MAX_N}]")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise BadInput(f"--seed {self.seed}: must be a non-negative integer")
+        if self.weights is not None:
+            if len(self.weights) != len(self.tasks):
+                raise BadInput(f"--weights: {len(self.weights)} weight(s) for {len(self.tasks)} task(s)")
+            if not all(math.isfinite(w) and w > 0 for w in self.weights):
+                raise BadInput(f"--weights {','.join(map(str, self.weights))}: each must be a positive number")
+        self.configs()  # a bad config fails here, before anything is drawn
+
+    def configs(self) -> dict[str, dict[str, Any]]:
+        """Each task's full config (task_config)."""
+        cfg = self.config
+        if not isinstance(cfg, dict):
+            raise BadInput(f"--config: expected a JSON object, got {type(cfg).__name__}")
+        if len(self.tasks) == 1 and not (cfg and set(cfg) <= set(self.tasks)):
+            return {self.tasks[0]: task_config(self.tasks[0], cfg)}
+        if unknown := sorted(set(cfg) - set(self.tasks)):
+            raise BadInput(f"--config: with several tasks, key it by task name ({unknown[0]!r} is not one of "
+                           f"{', '.join(self.tasks)})")
+        return {t: task_config(t, cfg.get(t, {})) for t in self.tasks}
+
+    def counts(self) -> dict[str, int]:
+        held_out = max(1, self.n // 4)
+        return {"train": self.n, "dev": held_out if self.dev_n is None else self.dev_n,
+                "test": held_out if self.test_n is None else self.test_n}
+
+    def dataset_name(self) -> str:
+        return self.name or ("rg-" + "-".join(self.tasks))[:100]
+
+
+def draw_records(req: TaskImport) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The records of every split (train, dev, test order; tasks interleaved by their share)
+    and the manifest's account of how they were drawn."""
+    configs, counts = req.configs(), req.counts()
+    weights = list(req.weights or [1.0] * len(req.tasks))
+    seen: set[str] = set()
+    by_split: dict[str, list[dict[str, Any]]] = {}
+    drawn: dict[str, dict[str, int]] = {}
+    for split in FILL_ORDER:
+        per_task = dict(zip(req.tasks, shares(counts[split], weights)))
+        drawn[split] = per_task
+        lists = [_draw(t, k, split_seed(req.seed, split), configs[t], split, seen) for t, k in per_task.items()]
+        by_split[split] = _interleave(lists)
+    records = [r for split in RG_SPLITS for r in by_split[split]]
+    account = {"tasks": list(req.tasks), "weights": weights, "seed": req.seed,
+               "split_seeds": {s: split_seed(req.seed, s) for s in RG_SPLITS}, "counts": drawn,
+               "configs": configs, "reasoning_gym_version": _rg_version(),
+               "rule": "split seed = first 4 bytes of sha256('tunix-rt/rg/SEED/SPLIT'); splits drawn test, dev, "
+                       "train; a question already drawn is skipped"}
+    return records, account
+
+
+def _draw(task: str, k: int, seed: int, config: dict[str, Any], split: str, seen: set[str]) -> list[dict[str, Any]]:
+    """k records of a task from `seed`, skipping questions in `seen` (which it extends)."""
+    out: list[dict[str, Any]] = []
+    if k == 0:
+        return out
+    limit = k * DRAW_FACTOR + DRAW_SLACK
+    for idx, entry in _entries(task, seed, config, limit):
+        if entry.get("question") in seen:
+            continue
+        rec = _record(task, seed, config, idx, entry)
+        rec["meta"] = {**rec["meta"], "split": split}
+        seen.add(rec["question"])
+        out.append(rec)
+        if len(out) == k:
+            return out
+    raise BadInput(f"{task}: only {len(out)} new distinct questions for {split} in {limit} draws (needed {k}); "
+                   "its question space at this config is too small: lower --n or raise the difficulty (--config)")
+
+
+def _interleave(lists: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Records of several tasks spread evenly (item j of a task with k items sits at (j+½)/k),
+    so the first records of a split are already a mixture (eval --limit)."""
+    keyed = [((j + 0.5) / len(lst), t, rec) for t, lst in enumerate(lists) for j, rec in enumerate(lst)]
+    return [rec for _, _, rec in sorted(keyed, key=lambda x: (x[0], x[1]))]
+
+
+def _rg_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reasoning-gym")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def import_tasks(req: TaskImport, home: Home | None = None) -> ImportResult:
+    """Draw the records and store them as a dataset version (traces.dataset.import_records:
+    atomic, versioned; the same request twice reuses the version)."""
+    records, account = draw_records(req)
+    traces = [validate_trace(r) for r in records]
+    source = f"reasoning-gym:{','.join(req.tasks)}?n={req.n}&seed={req.seed}"
+    return import_records(traces, req.dataset_name(), req.version, source, SOURCE, {"reasoning_gym": account}, home)

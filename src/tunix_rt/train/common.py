@@ -23,6 +23,10 @@ def load_data(cfg: TrainConfig, home: Home, tok) -> tuple[list, list, dict[str, 
 
     ds = load_dataset(cfg.dataset, home)
     records = list(ds.split(cfg.split))[: cfg.limit]
+    if bare := [r.id for r in records if not r.steps]:
+        raise BadInput(f"dataset {ds.ref} split {cfg.split}: {len(bare)} record(s) without reasoning steps (e.g. {bare[0]}): "
+                       "verifier records (reasoning-gym) are for RL and eval; SFT needs worked solutions "
+                       "(use method=grpo, or SFT on traces generated for them)")
     train, stats = render_dataset(records, tok, cfg.max_seq_len, cfg.system_prompt,
                                   on_overlong="drop" if cfg.drop_overlong else "fail", tools=cfg.tools)
     held_out = list(ds.split(cfg.eval_split))[: cfg.eval_limit]

@@ -197,11 +197,11 @@ class GRPO:
         return dataclasses.replace(decode, tools=tuple(self.cfg.tools))
 
     def _score(self, record, prompt: list[int], outs: list) -> Group:
-        from tunix_rt.eval.scoring import score_completion
+        from tunix_rt.eval.scoring import score_record
 
         texts = [o.text for o in outs]
         total, parts = self.rewards.score([record] * len(outs), texts, [tool_use(o, self.tok) for o in outs])
-        scores = [score_completion(t, record.answer) for t in texts]
+        scores = [score_record(t, record) for t in texts]
         return Group(record, prompt, outs, total, parts, np.array([s.correct for s in scores]),
                      np.array([s.format_ok for s in scores]))
 

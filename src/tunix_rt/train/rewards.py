@@ -11,7 +11,8 @@ once per completion by `RewardSet.score` and handed to every reward.
 
 Built-ins (a factory per name; its parameters are the factory's keyword arguments):
 - `format`: 1 when eval's `format_ok` holds, else 0.
-- `answer`: 1 when eval's `correct` holds, else 0.
+- `answer`: 1 when eval's `correct` holds, else 0: by the record's own scorer (meta.scorer:
+  numeric by default, `math`, `rg:<task>`; eval.scoring.score).
 - `answer_close(rel_tol=0.1)`: 1 when correct; else, when the tagged answer and the gold
   are numbers, 1 - err / rel_tol floored at 0 with err = |pred - gold| / |gold| (a linear
   decay: 1% off earns 0.9, 5% off 0.5, 10% or more 0); 0 when gold is 0 or either is not
@@ -87,7 +88,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.eval.scoring import score_completion
+from tunix_rt.eval.scoring import score_completion, score_record
 from tunix_rt.render import END_OF_TURN, parse_completion, parse_number
 from tunix_rt.traces.schema import Trace
 from tunix_rt.train.arith import find_claims
@@ -139,7 +140,7 @@ def format_reward() -> Reward:
 
 def answer_reward() -> Reward:
     def correct(record: Trace, completion: str, reasoning: str | None, answer: str | None) -> float:
-        return float(score_completion(completion, record.answer).correct)
+        return float(score_record(completion, record).correct)
 
     return correct
 
@@ -148,7 +149,7 @@ def answer_close_reward(rel_tol: float = 0.1) -> Reward:
     _check_positive("answer_close", "rel_tol", rel_tol)
 
     def answer_close(record: Trace, completion: str, reasoning: str | None, answer: str | None) -> float:
-        if score_completion(completion, record.answer).correct:
+        if score_record(completion, record).correct:
             return 1.0
         pred, gold = parse_number(answer), parse_number(record.answer)
         if pred is None or gold is None or gold == 0:
