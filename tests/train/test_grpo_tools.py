@@ -2,8 +2,9 @@
 
 - the reference objective: a tool token's log-probabilities (policy, old, reference) change
   neither the loss nor the gradient;
-- the torch engine's update on GRPO's own batches (one row per sample and shared-prompt
-  rows): changing the tool-written token changes nothing, changing a model token does;
+- each engine's update on GRPO's own batches (torch: one row per sample and shared-prompt
+  rows; JAX: one row per sample): changing a tool-written token changes neither the loss
+  nor the gradient, while without the tool mask the same change moves the gradient;
 - `arith` ignores a claim whose result a tool wrote; `tool_error` counts failed calls;
 - a completion's ToolUse locates the tool-written text from its tool_mask;
 - `tunix-rt train --config smoke tools=[calculator] method=grpo` completes on both engines.
@@ -45,13 +46,13 @@ def test_reference_objective_ignores_tool_written_tokens():
     assert unmasked.loss != pytest.approx(policy_loss(lp, old, ref, adv, coef, **kw).loss)
 
 
-def _setup(home, tmp_path, **over):
+def _setup(home, tmp_path, engine="torch", **over):
     from tunix_rt.models.store import ensure_model, load_tokenizer
-    from tunix_rt.train.torch_engine import TorchEngine
+    from tunix_rt.train.engines import engine_class
 
-    cfg = rl_cfg(tmp_path, engine="torch", lora_dropout=0.0, batch_size=4, beta=0.5, **over)
+    cfg = rl_cfg(tmp_path, engine=engine, lora_dropout=0.0, batch_size=4, beta=0.5, **over)
     tok = load_tokenizer(cfg.model, home)
-    engine, method = TorchEngine(cfg), GRPO(cfg, home, tok)
+    engine, method = engine_class(engine)(cfg), GRPO(cfg, home, tok)
     engine.devices()
     engine.setup(ensure_model(cfg.model, home), tok)
     return cfg, tok, engine, method
@@ -75,21 +76,33 @@ def _groups(method, tok, last_tool_id: int, masked: bool) -> list[Group]:
 
 
 def _loss_and_grads(engine, method, groups, shared: bool):
+    batches = method.update_batches(groups, shared=shared)
+    for b in batches:
+        b.aux["ref_logp"] = engine.token_logprobs(b, adapter=False)
+        b.aux["old_logp"] = np.zeros(b.labels.shape, np.float32)
+    if engine.name == "jax":
+        from tunix_rt.train.jax_engine import flat
+
+        loss, _, grads = engine.gradients(batches, method.objective)
+        return loss, {n: torch.from_numpy(np.array(g, np.float32)) for n, g in flat(grads).items()}
     for p in engine.trainable.values():
         p.grad = None
     loss = 0.0
-    for b in method.update_batches(groups, shared=shared):
-        b.aux["ref_logp"] = engine.token_logprobs(b, adapter=False)
-        b.aux["old_logp"] = np.zeros(b.labels.shape, np.float32)
+    for b in batches:
         part, _ = engine.objective_sum(b, method.objective)
         part.backward()
         loss += float(part.detach())
     return loss, {n: p.grad.clone() for n, p in engine.trainable.items()}
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["row-per-sample", "shared-prompt"])
-def test_the_update_ignores_tool_written_tokens(home, tmp_path, shared):
-    cfg, tok, engine, method = _setup(home, tmp_path, max_seq_len=128)
+@pytest.mark.parametrize("kind,shared", [("torch", False), ("torch", True), pytest.param("jax", False, marks=pytest.mark.jax)],
+                         ids=["torch-row-per-sample", "torch-shared-prompt", "jax-row-per-sample"])
+def test_the_update_ignores_tool_written_tokens(home, tmp_path, kind, shared):
+    if kind == "jax":
+        from requires import require_module
+
+        require_module("jax")
+    cfg, tok, engine, method = _setup(home, tmp_path, kind, max_seq_len=128)
     twelve = tok.encode("12>>")
     a, b = twelve[-1], tok.encode(" apples")[-1]
     assert a != b
@@ -184,8 +197,8 @@ def test_smoke_grpo_with_the_calculator_completes(home, engine):
 
         require_module("jax")
     args = ["train", "--config", "smoke", "--device", "cpu", "--engine", engine, "tools=[calculator]",
-            "method=grpo", "max_steps=2", "limit=8", "rl_prompts=2", "group_size=2", "batch_size=4",
-            "rollout_max_new_tokens=8", "eval_limit=2", "eval_interval=2", "save_interval=2",
+            "method=grpo", "max_steps=2", "limit=4", "rl_prompts=2", "group_size=2", "batch_size=4",
+            "rollout_max_new_tokens=4", "eval_limit=4", "eval_interval=2", "save_interval=2",
             "rewards={format: 0.5, answer: 1.0, tool_error: 0.1, arith: 0.2}"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
