@@ -136,12 +136,14 @@ def _rg_dataset(cli, n="16"):
     assert r.code == 0, r.err
 
 
-def test_sft_refuses_a_dataset_without_reasoning(cli, home):
+def test_sft_refuses_a_dataset_without_reasoning(cli, home, tiny_tok):
+    from tunix_rt.train.common import load_data
+    from tunix_rt.train.config import TrainConfig
+
     _rg_dataset(cli)
-    r = cli("train", "--config", "smoke", "dataset=arith", "max_steps=1", "warmup_steps=0", "engine=torch",
-            "device=cpu")
-    assert r.code == 2, (r.out, r.err)
-    assert "without reasoning steps" in r.err and "method=grpo" in r.err
+    cfg = TrainConfig.load("smoke", ["dataset=arith", "max_steps=1", "warmup_steps=0"])
+    with pytest.raises(BadInput, match=r"16 record\(s\) without reasoning steps .*\(use method=grpo"):
+        load_data(cfg, home, tiny_tok)
 
 
 def test_grpo_smoke_on_a_reasoning_gym_dataset(cli, home):
