@@ -198,7 +198,8 @@ class LeanGemma:
     def _rms(self, x: "torch.Tensor", w: "torch.Tensor") -> "torch.Tensor":
         import torch
 
-        return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * w
+        xf = x.float()  # as transformers' Gemma RMSNorm: fp32 inside, the input's dtype out
+        return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)) * w).to(x.dtype)
 
     def step(self, tokens: "torch.Tensor", st: DecodeState) -> "torch.Tensor":
         """Feed one token per row ([B]); returns the next-token logits [B, vocab] (fp32)."""
@@ -256,8 +257,8 @@ class LeanGemma:
         import torch.nn.functional as F
 
         x = F.embedding(tokens[:, None], self.embed) * self.embed_scale  # [B, 1, D]
-        rope = {kind: (c[st.pos][:, None, None, :], s[st.pos][:, None, None, :])
-                for kind, (c, s) in self._tables.items()}
+        rope = {kind: (c[st.pos][:, None, None, :].to(x.dtype), s[st.pos][:, None, None, :].to(x.dtype))
+                for kind, (c, s) in self._tables.items()}  # fp32 tables, cast as transformers does
         for i, lyr in enumerate(self.layers):
             x = self._layer_step(x, lyr, st.keys[i], st.values[i], st, rope[lyr.rope])
         st.cur += 1
