@@ -171,12 +171,12 @@ def main() -> None:
     stage("sft_lora", lambda: train(["--config", "gpu", "--engine", "torch", f"model={m270}", "max_steps=3" if args.cpu_dry else "max_steps=12",
                                      dev_t] + common, 150))
 
-    def sft_full():
+    def sft_full(extra: list[str]):
         r = train(["--config", "gpu", "--engine", "torch", f"model={m1b}", "finetune=full", "max_steps=10",
-                   "batch_size=8", "lr=1e-5", dev_t] + common, 180)
+                   "batch_size=8", "lr=1e-5", dev_t] + common + extra, 180)
         from tunix_rt.models.catalog import get_preset
 
-        n = get_preset("gemma3-1b").param_count
+        n = get_preset("gemma3-1b").param_count()
         if r.get("step_s_median") and peak:
             r["params"] = n
             r["tflops"] = 6 * n * r["tokens_per_step_mean"] / r["step_s_median"] / 1e12
@@ -185,7 +185,8 @@ def main() -> None:
             r["measured_over_predicted"] = r["peak_mem_gib"] / r["predicted_gib"]
         return r
 
-    stage("sft_full", sft_full)
+    stage("sft_full", lambda: sft_full([]))
+    stage("sft_full_packed", lambda: sft_full(["packing=true", "max_seq_len=2048"]))
 
     def grpo():
         r = train(["--config", "gpu-grpo", "--engine", "torch", f"model={m270}", "max_steps=4",
