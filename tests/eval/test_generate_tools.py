@@ -241,3 +241,14 @@ def test_jax_sampling_with_a_calculator_is_the_same_in_any_batch(jax_steered):
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_head_moved_to_another_dtype_gets_no_stale_screen(tiny_dirs):
+    """module.to() swaps a parameter's data without moving its version counter: the shared
+    screen of the old fp32 head must not serve the moved one (seen moving a model to CUDA)."""
+    from tunix_rt.eval.fast_gemma import LeanGemma
+
+    model = load_causal_lm(tiny_dirs["tiny-gemma3"], dtype="fp32", device="cpu", attn="eager").eval()
+    first = LeanGemma.for_model(model).screen()
+    model.to(torch.float64)
+    assert LeanGemma.for_model(model).screen() is None, f"a stale screen (built: {first is not None})"

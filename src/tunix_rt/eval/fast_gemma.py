@@ -322,8 +322,16 @@ def _rotate_half(x: "torch.Tensor") -> "torch.Tensor":
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-#: id(head tensor) -> (weakref to it, its version, its screen): one screen per head version
+#: id(head tensor) -> (weakref to it, its version, where its data is, its screen): one screen
+#: per head version and storage
 _SCREENS: dict[int, tuple] = {}
+
+
+def _storage(head) -> tuple:
+    """Where the head's numbers are: `module.to(...)` (another device or dtype) swaps a
+    parameter's data without moving its version counter, so the version alone would hand a
+    CPU screen to a head that now lives on the GPU."""
+    return head.device, head.dtype, head.data_ptr()
 
 
 def _shared_screen(head, version: int | None, softcap):
@@ -333,10 +341,10 @@ def _shared_screen(head, version: int | None, softcap):
 
     key = id(head)
     hit = _SCREENS.get(key)
-    if hit is not None and hit[0]() is head and version is not None and hit[1] == version:
-        return hit[2]
+    if hit is not None and hit[0]() is head and version is not None and hit[1:3] == (version, _storage(head)):
+        return hit[3]
     screen = ScreenedArgmax.build(head.detach(), softcap)
     if version is not None:  # an inference tensor keeps no version: nothing proves it unchanged
-        _SCREENS[key] = (weakref.ref(head, lambda _r, k=key: _SCREENS.pop(k, None)), version, screen)
+        _SCREENS[key] = (weakref.ref(head, lambda _r, k=key: _SCREENS.pop(k, None)), version, _storage(head), screen)
     return screen
 
