@@ -243,23 +243,28 @@ def test_config_resolves_the_defaults():
 
 
 # ----------------------------------------------------------------------------- runs
-def rg_dataset(tmp_path: Path, n: int = 24) -> str:
-    path = tmp_path / "rg.jsonl"
-    path.write_text("".join(json.dumps(r.to_record()) + "\n" for r in records(n)))
-    return str(path)
+def import_rg(monkeypatch, capsys) -> str:
+    """`tunix-rt data import reasoning-gym basic_arithmetic --n 64 --seed 1`: its dataset name."""
+    from cli_testlib import cli_main
+
+    code, _out, err = cli_main(monkeypatch, capsys, "data", "import", "reasoning-gym", TASK, "--n", "64", "--seed", "1")
+    assert code == 0, err[-2000:]
+    return f"rg-{TASK}"
 
 
-def smoke_args(tmp_path, *extra: str) -> list[str]:
-    return ["--config", "smoke", f"dataset={rg_dataset(tmp_path)}", "method=grpo", "max_steps=2",
+def smoke_args(dataset: str, *extra: str) -> list[str]:
+    return ["--config", "smoke", f"dataset={dataset}", "method=grpo", "max_steps=2",
             "curriculum={window: 4, start_level: 2}", "rl_prompts=2", "group_size=2",
-            "rollout_max_new_tokens=12", "max_seq_len=128", "eval_limit=2", "batch_size=4",
+            "rollout_max_new_tokens=4", "max_seq_len=128", "eval_limit=1", "batch_size=4",
             "warmup_steps=0", "device=cpu", *extra]
 
 
 def check_curriculum_run(run: Path) -> list[dict]:
     """A random tiny model answers nothing: from level 2 the window (4 = 2 prompts x 2) is full
     after every step and lowers the level, 2 -> 1 -> 0; step 2 drew its prompts at level 1."""
-    from tunix_rt.train.curriculum import online_seed
+    from tunix_rt.home import Home
+    from tunix_rt.traces.dataset import load_dataset
+    from tunix_rt.train.curriculum import dataset_seeds, online_seed
     from tunix_rt.train.metrics import read_jsonl
 
     assert json.loads((run / "run_manifest.json").read_text())["status"] == "succeeded"
@@ -268,32 +273,34 @@ def check_curriculum_run(run: Path) -> list[dict]:
         [(1, 1, -1), (2, 0, -1)]
     assert all(r["filter_skipped_share"] == 0.0 and r["curriculum_moves"] == 1 for r in rows)
     order = read_jsonl(run / "data_order.jsonl")
-    assert [o["ids"] for o in order] == [[f"rg-{TASK}-{online_seed(0, TASK, s, 0)}-{i}" for i in range(2)]
+    avoid = dataset_seeds(load_dataset(f"rg-{TASK}", Home.resolve()).records)[TASK]
+    assert len(avoid) == 3  # train, dev, test: each from its own seed
+    assert [o["ids"] for o in order] == [[f"rg-{TASK}-{online_seed(0, TASK, s, 0, 2, avoid)}-{i}" for i in range(2)]
                                          for s in range(2)]
     state = json.loads(sorted((run / "checkpoints").glob("step-*/state.json"))[-1].read_text())
     assert state["curriculum"]["levels"] == {TASK: 0}
     return rows
 
 
-def test_smoke_grpo_with_a_curriculum_on_torch(home, tmp_path, monkeypatch, capsys):
+def test_smoke_grpo_with_a_curriculum_on_torch(home, monkeypatch, capsys):
     from cli_testlib import cli_main
 
-    code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(tmp_path, "engine=torch"))
+    code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(import_rg(monkeypatch, capsys), "engine=torch"))
     assert code == 0, err[-3000:]
     check_curriculum_run(next(p for p in home.runs.iterdir() if not p.name.startswith(".")))
 
 
 @pytest.mark.jax
-def test_smoke_grpo_with_a_curriculum_on_jax(home, tmp_path, monkeypatch, capsys):
+def test_smoke_grpo_with_a_curriculum_on_jax(home, monkeypatch, capsys):
     from cli_testlib import cli_main
 
     require_module("jax")
-    code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(tmp_path, "engine=jax"))
+    code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(import_rg(monkeypatch, capsys), "engine=jax"))
     assert code == 0, err[-3000:]
     check_curriculum_run(next(p for p in home.runs.iterdir() if not p.name.startswith(".")))
 
 
-def test_stop_and_resume_keeps_the_levels_and_is_bit_exact(home, tmp_path):
+def test_stop_and_resume_keeps_the_levels_and_is_bit_exact(home, monkeypatch, capsys):
     """Stopped after step 1 (checkpoint step-000001: level 1), resumed: the same prompts,
     levels, rewards and final weights as an uninterrupted run; with a pass-rate band."""
     from safetensors.numpy import load_file
@@ -303,7 +310,7 @@ def test_stop_and_resume_keeps_the_levels_and_is_bit_exact(home, tmp_path):
     from tunix_rt.train.metrics import read_jsonl
     from tunix_rt.train.run import RunStopped
 
-    over = [a for a in smoke_args(tmp_path, "engine=torch", "lora_dropout=0.1",
+    over = [a for a in smoke_args(import_rg(monkeypatch, capsys), "engine=torch", "lora_dropout=0.1",
                                   "filter_pass_rate=[0, 0.5]") if a not in ("--config", "smoke")]
     cfg = TrainConfig.load("smoke", over)
     with pytest.raises(RunStopped):
