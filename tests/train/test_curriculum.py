@@ -148,6 +148,17 @@ def test_online_prompts_replace_the_picked_records_at_their_level_with_fresh_see
     assert online_seed(0, TASK, 5, 2) != seed and online_seed(1, TASK, 5, 1) != seed
 
 
+def test_a_mixture_replaces_each_pick_by_its_own_task_at_its_own_level():
+    other = "chain_sum"
+    cur = curriculum(tasks={TASK: {}, other: {}})
+    cur.levels[other] = 3
+    picked = [(r, [0]) for r in (records(1)[0], records(1, task=other)[0], records(2)[1])]
+    out = cur.prompts(picked, 0, 0)
+    assert [r.meta["rg"]["task"] for r, _ in out] == [TASK, other, TASK]  # the dataset's mixture
+    assert [r.meta["rg"]["config"] == cur.config_of(r.meta["rg"]["task"]) for r, _ in out] == [True] * 3
+    assert out[1][0].meta["rg"]["config"] != curriculum(tasks={other: {}}).config_of(other)  # level 3, not 0
+
+
 def test_held_out_questions_and_overlong_prompts_keep_the_dataset_record():
     from tunix_rt.train.curriculum import online_seed
 
