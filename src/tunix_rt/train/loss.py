@@ -49,7 +49,7 @@ def phi(objective: Objective, logp: torch.Tensor, aux: torch.Tensor | None):
     if objective.beta:
         value = value + objective.beta * k3
         grad = grad + objective.beta * (1.0 - torch.exp(d))
-    stats = torch.stack([(~take).float().sum(), k3.sum(), ratio.sum(), torch.tensor(float(logp.numel()))])
+    stats = torch.stack([(~take).float().sum(), k3.sum(), ratio.sum(), torch.tensor(float(logp.numel()), device=logp.device)])
     return value, grad, stats
 
 
