@@ -138,7 +138,8 @@ def main() -> None:
         from tunix_rt.models.catalog import get_preset
         from tunix_rt.models.tiny import build_tiny
 
-        for name in () if args.cpu_dry else ("gemma3-270m", "gemma3-1b"):
+        names = ("gemma3-270m",) + (("gemma3-1b",) if want("sft_full") or want("sft_full_packed") else ())
+        for name in () if args.cpu_dry else names:
             if not (work / name / "config.json").exists():
                 build_tiny(get_preset(name), work / name)
         return {"dirs": [str(work / n) for n in ("gemma3-270m", "gemma3-1b")]}
