@@ -35,6 +35,7 @@ def page_on(home):
         page = browser.new_page()
         page.set_default_timeout(30000)
         page.goto(f"{srv.url}/#token={TOKEN}")
+        page.wait_for_selector("#nav a[href='#/playground']", state="visible")  # the token is kept: logged in
         page.goto(f"{srv.url}/#/playground")
         page.wait_for_selector(f"#play-a option[value='{RUN}']", state="attached")
         try:
@@ -84,3 +85,21 @@ def test_a_run_with_tools_is_asked_with_them_unless_unchecked(page_on):
     listed = httpx.get(srv.url + "/v1/models", headers={"Authorization": f"Bearer {TOKEN}"}).json()["data"]
     assert {m["id"]: m["tools"] for m in listed}[RUN] == ["calculator"]
     assert {m["id"]: m["tools"] for m in listed}["tiny-gemma3"] == []
+
+
+def test_an_rl_run_with_tools_charts_its_tool_calls_and_errors(page_on, home):
+    import json
+
+    from registry_testlib import write_run
+    from tunix_rt.registry.record import record_run
+
+    srv, page = page_on
+    run = write_run(home, "grpo-20261122-080000-cd56", steps=3, ckpts=(3,))
+    rows = [{"step": s, "loss": 0.01 * s, "lr": 2e-5, "grad_norm": 0.5, "reward": 0.2 * s, "reward_answer": 0.1 * s,
+             "tool_calls": 4 * s, "tool_errors": s - 1, "tool_tokens": 12 * s} for s in range(1, 4)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record_run(run)
+    page.goto(f"{srv.url}/#/run/{run.name}")
+    page.wait_for_selector("[data-testid=tool-chart] polyline", state="attached")
+    assert page.locator("[data-testid=tool-chart] polyline").count() == 2  # calls, errors
+    assert "tool errors" in page.text_content("[data-testid=tool-chart]")

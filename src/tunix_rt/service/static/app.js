@@ -117,6 +117,9 @@ function curves(metrics) {
     const levelKeys = [...new Set(metrics.flatMap((m) => Object.keys(m.values)))].filter((k) => k.startsWith("curriculum_level_")).sort();
     if (levelKeys.length) charts.push(lineChart("curriculum level: " + levelKeys.map((k) => k.slice(17)).join(", "),
       levelKeys.map((k) => line(k, k.slice(17))), "curriculum-chart", { y: "level" }));
+    // a run with tools (train.grpo): the step's tool calls and the calls that erred
+    if (pts("tool_calls").length) charts.push(lineChart("tool calls per step (solid), tool errors (dashed)",
+      [line("tool_calls", "calls"), line("tool_errors", "errors", "eval")], "tool-chart", { y: "calls" }));
   }
   return h("div", { class: "grid" }, charts);
 }
