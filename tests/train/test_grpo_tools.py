@@ -21,9 +21,9 @@ import torch
 from tunix_rt.eval.generate import Generation
 from tunix_rt.traces.schema import Trace
 from tunix_rt.train.data import IGNORE
-from tunix_rt.train.grpo import GRPO, Group, tool_use
+from tunix_rt.train.grpo import GRPO, Group
 from tunix_rt.train.metrics import read_jsonl
-from tunix_rt.train.rewards import NO_TOOLS, RewardSet, ToolUse
+from tunix_rt.train.rewards import NO_TOOLS, RewardSet, ToolUse, tool_use
 from tunix_rt.train.rl_objective import policy_loss
 from train_testlib import one_torch_thread, rl_cfg  # noqa: E402,F401 (autouse fixture)
 

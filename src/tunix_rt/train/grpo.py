@@ -85,21 +85,6 @@ def unlabel_observations(batch, spans: list, written: list[np.ndarray]):
     return batch
 
 
-def tool_use(gen, tok):
-    """A completion's ToolUse for the rewards: the character spans of its text the tools
-    wrote (from its tool_mask: each run of tool-written ids, located by decoding the prefixes,
-    so the spans index `gen.text` exactly), its calls and its errors."""
-    from tunix_rt.train.rewards import NO_TOOLS, ToolUse
-
-    if not gen.tool_calls:
-        return NO_TOOLS
-    mask = tool_written(gen)[:len(gen.ids) - (gen.finish_reason == "stop")]  # text holds no stop token
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))  # starts and ends of runs of 1s
-    at = [len(tok.decode(gen.ids[:k])) for k in edges]
-    return ToolUse(tuple(zip(at[::2], at[1::2])), len(gen.tool_calls),
-                   sum(bool(c["error"]) for c in gen.tool_calls))
-
-
 def tool_metrics(outs: list) -> dict[str, int]:
     """A step's tool use over its rollouts: calls closed, calls that erred, tool-written tokens."""
     return {"tool_calls": sum(len(o.tool_calls) for o in outs),
@@ -198,6 +183,7 @@ class GRPO:
 
     def _score(self, record, prompt: list[int], outs: list) -> Group:
         from tunix_rt.eval.scoring import score_record
+        from tunix_rt.train.rewards import tool_use
 
         texts = [o.text for o in outs]
         total, parts = self.rewards.score([record] * len(outs), texts, [tool_use(o, self.tok) for o in outs])

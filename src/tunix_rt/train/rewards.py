@@ -55,7 +55,8 @@ as the number 0 or 1).
 A reward may also take a keyword-only parameter `tools` (detected from its signature): it
 then receives the completion's `ToolUse` (which characters of the completion a tool wrote,
 how many calls, how many errors), as the rollout recorded it; a completion scored without
-that record (no tools) gets `NO_TOOLS`. Nothing else changes for the other rewards.
+that record (no tools) gets `NO_TOOLS`; `tool_use(generation, tok)` makes it from a generated
+completion (its tool_mask and tool_calls). Nothing else changes for the other rewards.
 
 A reward call has a time limit (`RewardSet(timeout_s=…)`, a run's `reward_timeout_s`): one
 that runs longer (a sleep, a loop, a hung request) stops the run the same way. Rewards run
@@ -109,6 +110,21 @@ class ToolUse:
 
 
 NO_TOOLS = ToolUse()
+
+
+def tool_use(gen, tok) -> ToolUse:
+    """What the tools did in a generated completion (an eval.generate.Generation): the
+    character spans of its text they wrote (each run of ids its tool_mask marks, located by
+    decoding the prefixes, so the spans index `gen.text` exactly), its calls, its errors."""
+    if not gen.tool_calls:
+        return NO_TOOLS
+    body = len(gen.ids) - (gen.finish_reason == "stop")  # the text holds no stop token
+    mask = np.asarray(gen.tool_mask[:body], np.int64)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))  # starts and ends of runs of 1s
+    at = [len(tok.decode(gen.ids[:k])) for k in edges]
+    return ToolUse(tuple(zip(at[::2], at[1::2])), len(gen.tool_calls), sum(bool(c["error"]) for c in gen.tool_calls))
+
+
 RewardFactory = Callable[..., Reward]
 
 _REGISTRY: dict[str, RewardFactory] = {}
