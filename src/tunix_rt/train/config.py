@@ -177,6 +177,25 @@ class TrainConfig:
     longer fails the run naming the reward and the record. A judge reward's requests count:
     set this above its timeout_s x (max_retries + 1)."""
 
+    # ----- preference optimisation (method: dpo; train.preference) ------------------------
+    pref_loss: str = "dpo"
+    """dpo (sigmoid DPO with label_smoothing), ipo, simpo (length-normalised, margin
+    simpo_gamma, no reference) or orpo (NLL on chosen + orpo_lambda x odds-ratio term, no
+    reference). dpo and ipo need finetune=lora: the reference is the adapter-off model."""
+    pref_beta: float = 0.1
+    """beta of dpo, ipo (its tau) and simpo (SimPO's paper uses 2.0-2.5); the implicit reward
+    is pref_beta x (logp - ref_logp) (simpo: x the mean logp)."""
+    label_smoothing: float = 0.0
+    """dpo and simpo: the assumed share of flipped labels (conservative DPO), in [0, 0.5)."""
+    simpo_gamma: float = 0.5
+    """simpo: the target reward margin gamma (the logits are mean-logp margin - gamma / beta)."""
+    orpo_lambda: float = 0.1
+    """orpo: weight of the odds-ratio term (TRL's ORPOConfig calls it beta)."""
+    pairs: str = "dataset"
+    """Where the pairs come from: dataset (a prompt/chosen/rejected JSONL given as `dataset`,
+    traces.pairs) or rollouts (group_size completions per prompt of the trace dataset from
+    the current model, ranked by `rewards`: the best against the worst where they differ)."""
+
     def __post_init__(self) -> None:
         if self.method in ("lora", "full"):  # configs written before method meant sft|grpo
             self.method, self.finetune = "sft", self.method
@@ -190,6 +209,8 @@ class TrainConfig:
         self._check_choice("device", devices.NAMES)
         self._check_choice("split", ("train", "dev", "all"))
         self._check_choice("eval_split", ("train", "dev", "all"))
+        self._check_choice("pref_loss", ("dpo", "ipo", "simpo", "orpo"))
+        self._check_choice("pairs", ("dataset", "rollouts"))
         if not self.dataset:
             raise BadInput("config: dataset is required (a dataset name or a trace JSONL path)")
         if (self.max_steps is None) == (self.epochs is None):
@@ -370,6 +391,8 @@ RANGES: dict[str, Range] = {
     "group_size": AT_LEAST_1, "rl_prompts": AT_LEAST_1,
     "epsilon": Range(0, 1, low_open=True, high_open=True), "epsilon_high": ABOVE_0, "beta": AT_LEAST_0,
     "mu": AT_LEAST_1, "dapo_max_draws": AT_LEAST_1, "reward_timeout_s": ABOVE_0,
+    "pref_beta": ABOVE_0, "label_smoothing": Range(0, 0.5, high_open=True), "simpo_gamma": AT_LEAST_0,
+    "orpo_lambda": AT_LEAST_0,
 }
 #: the rollout decoding settings: TrainConfig field -> the DecodeConfig field it sets
 ROLLOUT = {"rollout_max_new_tokens": "max_new_tokens", "rollout_temperature": "temperature",
