@@ -35,6 +35,7 @@ def eval_cmd(
     top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass (sampling only).")] = DecodeConfig.top_p,
     top_k: Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: all; sampling only).")] = DecodeConfig.top_k,
     seed: Annotated[int, typer.Option("--seed", help="Sampling seed.")] = DecodeConfig.seed,
+    tools: Annotated[Optional[str], typer.Option("--tools", help="Tools the model may call while it decodes: calculator,python, or none (default: the run's own tools; none for a catalog model).")] = None,
     samples: Annotated[int, typer.Option("--samples", help="Completions per item (needs --temperature > 0): reports pass@k and maj@K; sample j of item i is seeded by (seed, i, j).")] = 1,
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Write the eval here (default: runs/<run>/eval/<eval_id>/ for a run, else <home>/evals/<eval_id>/).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print eval_summary.json instead of the table.")] = False,
@@ -52,7 +53,8 @@ def eval_cmd(
             raise BadInput("--harness runs lm-eval's tasks: --dataset, --split, --judge and --samples do not apply")
         return harness_cmd(harness, model, adapter, harness_include, harness_fewshot, not harness_plain, limit, engine,
                            device, DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                                top_k=top_k, seed=seed, batch_size=batch_size), out_dir, as_json)
+                                                top_k=top_k, seed=seed, batch_size=batch_size,
+                                                tools=tool_names(tools) or ()), out_dir, as_json)
     if not dataset:
         raise BadInput("--dataset is required (or --harness TASKS)")
     from tunix_rt.eval.runner import EvalRequest, run_eval
@@ -63,7 +65,7 @@ def eval_cmd(
     from tunix_rt.eval.judge import JudgeConfig
 
     req = EvalRequest(dataset=dataset, model=model, adapter=adapter, split=split, limit=limit,
-                      engine=engine, device=device, decode=decode, samples=samples, out=out_dir,
+                      engine=engine, device=device, decode=decode, samples=samples, out=out_dir, tools=tool_names(tools),
                       judge=JudgeConfig.from_yaml(judge) if judge else None)
     with GenerationProgress() as progress:
         path = run_eval(req, on_start=progress.start, on_tokens=progress.advance)
@@ -225,3 +227,12 @@ def print_compare(r: dict) -> None:
         ok = bar not in r["failed_bars"]
         out.print(f"{'[green]pass' if ok else '[red]FAIL'}[/] B {bar['metric']} = {_fmt(bar['value'])} "
                   f"(bar {bar['bar']:g})")
+
+
+def tool_names(text: str | None) -> tuple[str, ...] | None:
+    """--tools: None (the run's own), "none" (no tools) or comma-separated names (checked by
+    DecodeConfig)."""
+    if text is None:
+        return None
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    return () if names in ((), ("none",)) else names

@@ -383,3 +383,17 @@ def pick(logits: "torch.Tensor", cfg: DecodeConfig, noise: "torch.Tensor | None"
     if cfg.greedy:
         return logits.argmax(dim=-1)
     return sample_full(logits, noise, cfg)
+
+
+def tool_spans(gen: Generation, tok: "ChatTokenizer") -> tuple[tuple[int, int], ...]:
+    """The [start, end) character spans of `gen.text` that tools wrote: each run of
+    tool-written ids (`gen.tool_mask`), located by decoding the prefixes, so the spans index
+    the text exactly (the stop token is not in the text)."""
+    import numpy as np
+
+    if not any(gen.tool_mask):
+        return ()
+    mask = np.asarray(gen.tool_mask[:len(gen.ids) - (gen.finish_reason == FINISH_STOP)], np.int64)
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))  # starts and ends of runs of 1s
+    at = [len(tok.decode(gen.ids[:k])) for k in edges]
+    return tuple(zip(at[::2], at[1::2]))

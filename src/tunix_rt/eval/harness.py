@@ -226,6 +226,7 @@ class TunixRtLM(LM):
         tok = load_tokenizer(target.tokenizer, home)
         device = resolve_device(engine, device)
         gen = make_generator(engine, target, tok, device)
+        decode = target.decode(decode, decode.tools or None)  # the run's tools unless some were asked
         return cls(gen, tok, decode, scorer=getattr(gen, "model", None), device=device, **callbacks)
 
     @classmethod

@@ -38,6 +38,8 @@ generator without per-prompt keys (the JAX engine's) keys each row by its positi
 
 from __future__ import annotations
 
+import dataclasses
+
 import inspect
 import json
 import secrets
@@ -90,6 +92,9 @@ class EvalRequest:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     samples: int = 1
     """Completions per item (> 1 needs temperature > 0): pass@k and maj@K (module doc)."""
+    tools: tuple[str, ...] | None = None
+    """Tools the model may call while it decodes (tunix_rt.tools); None: the run's own (its
+    config's `tools`; none for a catalog model), () : none."""
     out: Path | None = None
     """Write here instead of the default place."""
     judge: "JudgeConfig | None" = None
@@ -125,6 +130,12 @@ class Target:
     system_prompt: str
     tokenizer: str
     """Where the tokenizer is read: the model dir when it has tokenizer.json, else the base model."""
+    tools: tuple[str, ...] = ()
+    """The tools the run trained with (its config's `tools`): what eval decodes with by default."""
+
+    def decode(self, decode: DecodeConfig, tools: tuple[str, ...] | None = None) -> DecodeConfig:
+        """`decode` with the tools asked (None: this target's own)."""
+        return dataclasses.replace(decode, tools=self.tools if tools is None else tuple(tools))
 
 
 # ---------------------------------------------------------------------------------------
@@ -179,8 +190,9 @@ def resolve_target(req: EvalRequest, home: Home) -> Target:
         run_dir = run_of_adapter(Path(req.model))  # runs/<id>/final/merged
     cfg = run_config(run_dir) if run_dir else None
     system_prompt = cfg["system_prompt"] if cfg else DEFAULT_SYSTEM_PROMPT
+    tools = tuple(cfg.get("tools") or ()) if cfg else ()
     if merged_dir is not None:
-        return Target(str(merged_dir), merged_dir, None, run_dir, system_prompt, _tokenizer_of(merged_dir, cfg))
+        return Target(str(merged_dir), merged_dir, None, run_dir, system_prompt, _tokenizer_of(merged_dir, cfg), tools)
     name = req.model or (cfg["model"] if cfg else None)
     if not name:
         raise BadInput(f"--adapter {req.adapter}: no run config to read the base model from; give --model")
@@ -189,7 +201,7 @@ def resolve_target(req: EvalRequest, home: Home) -> Target:
         trained_on = ensure_model(cfg["model"], home)
         if trained_on.resolve() != model_dir.resolve():
             raise BadInput(f"the adapter was trained on {cfg['model']} ({trained_on}), not {req.model} ({model_dir})")
-    return Target(name, model_dir, adapter_dir, run_dir, system_prompt, _tokenizer_of(model_dir, cfg))
+    return Target(name, model_dir, adapter_dir, run_dir, system_prompt, _tokenizer_of(model_dir, cfg), tools)
 
 
 def _tokenizer_of(model_dir: Path, cfg: dict | None) -> str:
@@ -269,15 +281,18 @@ def run_eval(
     if on_start:
         on_start(len(prompts) * k, len(prompts) * k * req.decode.max_new_tokens)
     g0 = time.perf_counter()
-    outs = generate_samples(gen, prompts, req.decode, k, on_tokens)
+    decode = target.decode(req.decode, req.tools)
+    outs = generate_samples(gen, prompts, decode, k, on_tokens)
     gen_s = time.perf_counter() - g0
     if k == 1:
-        preds = [prediction(r, p, o) for r, p, o in zip(records, prompts, outs)]
+        preds = [prediction(r, p, o, tok, decode.tools) for r, p, o in zip(records, prompts, outs)]
         scores, categories = metrics(preds).to_dict(), by_category(preds)
     else:
-        preds = [sampled_prediction([prediction(r, p, o) for o in outs[i * k:(i + 1) * k]])
+        preds = [sampled_prediction([prediction(r, p, o, tok, decode.tools) for o in outs[i * k:(i + 1) * k]])
                  for i, (r, p) in enumerate(zip(records, prompts))]
         scores, categories = sampled_scores(preds)
+    if decode.tools:
+        scores.update(tool_scores(preds if k == 1 else flat_samples(preds)))
     if req.judge is not None:
         from tunix_rt.eval.judge import judge_predictions
 
@@ -292,7 +307,7 @@ def run_eval(
         "device": device,
         "dataset": {"name": ds.name, "version": ds.version, "split": split, "sha256": ds.sha256, "n": len(records)},
         "system_prompt": target.system_prompt,
-        "decoding": req.decode.to_dict() | ({"samples": k, "sample_keys": SAMPLE_KEYS} if k > 1 else {}),
+        "decoding": decode.to_dict() | ({"samples": k, "sample_keys": SAMPLE_KEYS} if k > 1 else {}),
         "metrics": scores,
         "by_category": categories,
         "started_at": started,
@@ -340,6 +355,17 @@ def sampled_prediction(samples: list[dict]) -> dict:
     }
 
 
+def tool_scores(preds: list[dict]) -> dict[str, float]:
+    """Tool use over completions: calls and tool-written tokens per completion, the share
+    of calls that erred, the share of completions that called a tool."""
+    n = len(preds) or 1
+    calls = [c for p in preds for c in p.get("tool_calls", [])]
+    return {"tool_calls_per_item": round(len(calls) / n, 6),
+            "tool_error_rate": round(sum(bool(c["error"]) for c in calls) / len(calls), 6) if calls else 0.0,
+            "tool_use_rate": round(sum(bool(p.get("tool_calls")) for p in preds) / n, 6),
+            "tool_tokens_per_item": round(sum(p.get("tool_tokens", 0) for p in preds) / n, 3)}
+
+
 def flat_samples(preds: list[dict]) -> list[dict]:
     """Every sample of sampled lines as a prediction of its own (its item's fields on it)."""
     return [{f: p[f] for f in ITEM_FIELDS if f in p} | s for p in preds for s in p["samples"]]
@@ -369,13 +395,19 @@ def eval_dest(req: EvalRequest, target: Target, home: Home, dataset: str, split:
     return dest
 
 
-def prediction(record, prompt: list[int], out: Generation) -> dict:
-    """One predictions.jsonl line (DESIGN §2 fields first, then ours)."""
+def prediction(record, prompt: list[int], out: Generation, tok=None, tools: tuple[str, ...] = ()) -> dict:
+    """One predictions.jsonl line (DESIGN §2 fields first, then ours). With tools (`tok`
+    given): the calls (tool, call, result, error) and the tokens the tools wrote; the arith
+    claims are the model's own (a claim a tool wrote is not counted)."""
+    from tunix_rt.eval.generate import tool_spans
     from tunix_rt.train.arith import find_claims
 
     s = score_record(out.text, record)  # the record's own scorer (meta.scorer; numeric by default)
-    claims = find_claims(s.reasoning)
-    return {
+    spans = tool_spans(out, tok) if tok is not None else ()
+    start = out.text.find(s.reasoning) if spans and s.reasoning else 0  # the reasoning's place in the text
+    claims = find_claims(s.reasoning, [(a - start, b - start) for a, b in spans])
+    used = {"tool_calls": [dict(c) for c in out.tool_calls], "tool_tokens": int(sum(out.tool_mask))} if tools else {}
+    return used | {
         "id": record.id,
         "question": record.question,
         "gold": record.answer,

@@ -114,15 +114,12 @@ NO_TOOLS = ToolUse()
 
 def tool_use(gen, tok) -> ToolUse:
     """What the tools did in a generated completion (an eval.generate.Generation): the
-    character spans of its text they wrote (each run of ids its tool_mask marks, located by
-    decoding the prefixes, so the spans index `gen.text` exactly), its calls, its errors."""
+    character spans of its text they wrote (eval.generate.tool_spans), its calls, its errors."""
+    from tunix_rt.eval.generate import tool_spans
+
     if not gen.tool_calls:
         return NO_TOOLS
-    body = len(gen.ids) - (gen.finish_reason == "stop")  # the text holds no stop token
-    mask = np.asarray(gen.tool_mask[:body], np.int64)
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))  # starts and ends of runs of 1s
-    at = [len(tok.decode(gen.ids[:k])) for k in edges]
-    return ToolUse(tuple(zip(at[::2], at[1::2])), len(gen.tool_calls), sum(bool(c["error"]) for c in gen.tool_calls))
+    return ToolUse(tool_spans(gen, tok), len(gen.tool_calls), sum(bool(c["error"]) for c in gen.tool_calls))
 
 
 RewardFactory = Callable[..., Reward]
