@@ -196,6 +196,25 @@ class TrainConfig:
     traces.pairs) or rollouts (group_size completions per prompt of the trace dataset from
     the current model, ranked by `rewards`: the best against the worst where they differ)."""
 
+    # ----- distillation (method: distill; train.distill, train.kd_loss) ------------------
+    teacher: str | None = None
+    """distill: the teacher, a catalog model, a model directory or a run (its final/merged, or
+    its LoRA adapter merged into its base, as `init` resolves a run); its tokenizer must be the
+    student's (vocabulary and special ids, checked). Only a method with a teacher takes one."""
+    kd_loss: str = "forward_kl"
+    """distill: forward_kl (KL(teacher || student), mode-covering), reverse_kl (KL(student ||
+    teacher), mode-seeking) or jsd (TRL GKD's generalised Jensen-Shannon with kd_beta)."""
+    kd_beta: float = 0.5
+    """jsd: the mixture weight of the teacher (0 is forward_kl, 1 reverse_kl; TRL's GKD beta)."""
+    kd_temperature: float = 1.0
+    """distill: both distributions are softmax(logits / kd_temperature) (no T^2 factor, as TRL)."""
+    kd_alpha: float = 0.0
+    """distill: weight of the student's NLL of the target tokens; the loss per token is
+    (1 - kd_alpha) x divergence + kd_alpha x NLL (0: pure distillation)."""
+    kd_on_policy: bool = False
+    """distill: false trains on the dataset's traces (off-policy); true on the student's own
+    completions of the dataset's prompts, sampled with the rollout_* settings (GKD, lambda 1)."""
+
     def __post_init__(self) -> None:
         if self.method in ("lora", "full"):  # configs written before method meant sft|grpo
             self.method, self.finetune = "sft", self.method
@@ -211,6 +230,7 @@ class TrainConfig:
         self._check_choice("eval_split", ("train", "dev", "all"))
         self._check_choice("pref_loss", ("dpo", "ipo", "simpo", "orpo"))
         self._check_choice("pairs", ("dataset", "rollouts"))
+        self._check_distill()
         if not self.dataset:
             raise BadInput("config: dataset is required (a dataset name or a trace JSONL path)")
         if (self.max_steps is None) == (self.epochs is None):
@@ -292,6 +312,17 @@ class TrainConfig:
         from tunix_rt.train.rewards import RewardSpec  # here, not at the top: numpy stays out of `--help`
 
         RewardSpec.from_mapping(self.rewards, "config: rewards")  # names, weights, parameters; nothing imported
+
+    def _check_distill(self) -> None:
+        """kd_loss, and a teacher exactly where the method has one (the table's teacher phase)."""
+        from tunix_rt.train.methods import uses_teacher
+
+        self._check_choice("kd_loss", ("forward_kl", "reverse_kl", "jsd"))
+        if uses_teacher(self.method) and not self.teacher:
+            raise BadInput(f"config: method={self.method} needs a teacher (a catalog model, a model directory or a run)")
+        if self.teacher and not uses_teacher(self.method):
+            raise BadInput(f"config: teacher is for a method with a teacher (distill); method={self.method} has none "
+                           "(use method=distill, or teacher: null)")
 
     def _check_prompt_selection(self) -> None:
         """filter_pass_rate and curriculum (train.curriculum checks their values); null
@@ -393,6 +424,7 @@ RANGES: dict[str, Range] = {
     "mu": AT_LEAST_1, "dapo_max_draws": AT_LEAST_1, "reward_timeout_s": ABOVE_0,
     "pref_beta": ABOVE_0, "label_smoothing": Range(0, 0.5, high_open=True), "simpo_gamma": AT_LEAST_0,
     "orpo_lambda": AT_LEAST_0,
+    "kd_beta": Range(0, 1), "kd_temperature": ABOVE_0, "kd_alpha": Range(0, 1),  # distill
 }
 #: the rollout decoding settings: TrainConfig field -> the DecodeConfig field it sets
 ROLLOUT = {"rollout_max_new_tokens": "max_new_tokens", "rollout_temperature": "temperature",

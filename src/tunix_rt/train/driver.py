@@ -139,28 +139,37 @@ def resolve_init(cfg: TrainConfig, home: Home) -> TrainConfig:
     import dataclasses
 
     from tunix_rt.errors import BadInput
-    from tunix_rt.files import MODEL_MANIFEST
     from tunix_rt.train.run import RunDir, resolve_run
 
     if not cfg.init:
         return cfg
     src = RunDir.open(resolve_run(cfg.init, home))
-    merged = rundir.merged_dir(src.path)
-    if list(merged.glob("*.safetensors")):
-        target = merged
-    elif (rundir.adapter_dir(src.path) / rundir.ADAPTER_WEIGHTS).is_file():
-        target = home.models / f"init-{src.run_id}"
-        if not (target / MODEL_MANIFEST).is_file():
-            install_merged_adapter(src, target, home)
-    else:
-        raise BadInput(f"init: run {src.run_id} has no final/adapter or final/merged (status "
-                       f"{src.manifest.get('status')!r}); finish it first")
+    target = run_model_dir(src, home, "init")
     if Path(cfg.model).resolve() == target.resolve():
         return cfg
     base = src.config().model
     if cfg.model not in (base, str(target)) and Path(cfg.model) != Path(base):
         raise BadInput(f"init: run {src.run_id} was trained on {base!r}, not model {cfg.model!r}")
     return dataclasses.replace(cfg, model=str(target))
+
+
+def run_model_dir(src, home: Home, field: str = "init") -> Path:
+    """The model a finished run (a RunDir) trained: its final/merged, or its adapter merged
+    into its base, installed once as <home>/models/init-<run_id>/ (`init`, and a distillation
+    `teacher` given as a run). `field` names the config field in the error."""
+    from tunix_rt.errors import BadInput
+    from tunix_rt.files import MODEL_MANIFEST
+
+    merged = rundir.merged_dir(src.path)
+    if list(merged.glob("*.safetensors")):
+        return merged
+    if (rundir.adapter_dir(src.path) / rundir.ADAPTER_WEIGHTS).is_file():
+        target = home.models / f"init-{src.run_id}"
+        if not (target / MODEL_MANIFEST).is_file():
+            install_merged_adapter(src, target, home)
+        return target
+    raise BadInput(f"{field}: run {src.run_id} has no final/adapter or final/merged (status "
+                   f"{src.manifest.get('status')!r}); finish it first")
 
 
 def install_merged_adapter(src: RunDir, target: Path, home: Home) -> None:

@@ -214,6 +214,10 @@ class ObjectiveModule(torch.nn.Module):
         return getattr(self.base().config, "final_logit_softcapping", None)
 
     def forward(self, t: dict[str, torch.Tensor], objective: Objective = NLL, logprobs: bool = False):
+        if objective.kind == "distill" and not logprobs:  # the teacher's whole distribution: train.kd_loss
+            from tunix_rt.train.kd_loss import distill_forward
+
+            return distill_forward(self, t, objective)
         inputs = {"input_ids": t["input_ids"], "position_ids": t["position_ids"], "use_cache": False}
         if "segments" in t:
             inputs["attention_mask"] = shared_prefix_masks(self.base().config, self.attn, t["segments"],

@@ -3,6 +3,7 @@ the plan and the JAX engine read it; nothing else names a method.
 
     sft     supervised fine-tuning on rendered traces (train.sft)
     grpo    reinforcement learning with verifiable rewards, the GRPO family (train.grpo)
+    distill knowledge distillation from a teacher's token distributions (train.distill)
 
 Each entry says where the method's class lives (it implements train.method.Method) and the
 phases of one of its steps: "update" (forward + backward on batches), and before it
@@ -17,6 +18,9 @@ import importlib
 from dataclasses import dataclass
 
 ROLLOUT, UPDATE = "rollout", "update"
+#: a frozen teacher model runs (forward only) beside the trained one: the config requires a
+#: `teacher`, and the plan counts its weights
+TEACHER = "teacher"
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,18 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     "sft": MethodSpec("tunix_rt.train.sft:SFT", (UPDATE,)),
     "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE)),
+    "distill": MethodSpec("tunix_rt.train.distill:Distill", (TEACHER, UPDATE)),
 }
 
 
 def rolls_out(method: str) -> bool:
     """Whether a step of the method samples completions first (an RL method)."""
     return ROLLOUT in METHODS[method].phases
+
+
+def uses_teacher(method: str) -> bool:
+    """Whether a step of the method runs a frozen teacher beside the model (distillation)."""
+    return TEACHER in METHODS[method].phases
 
 
 def method_class(method: str) -> type:

@@ -138,7 +138,9 @@ class TorchEngine:
         norm = torch.nn.utils.clip_grad_norm_(params, clip)  # of the summed gradients
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        named = dict(zip(STAT_NAMES, summed)) if objective.kind == "policy" else {}
+        # a distillation objective (train.distill) names its own statistics
+        names = getattr(objective, "stat_names", STAT_NAMES if objective.kind == "policy" else ())
+        named = dict(zip(names, summed))
         return StepResult(total, float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm), named)
 
     def _gradient_sync(self, sync: bool):
