@@ -115,3 +115,40 @@ def test_select_moves_kept_rows_down_in_place_as_index_select_would():
         assert torch.equal(st.mask, ref.mask) and torch.equal(st.pos, ref.pos)
     assert [k.data_ptr() for k in st.keys + st.values] == storage
     assert st.pos.tolist() == [12, 14]
+
+
+def test_lean_step_in_bf16_tracks_transformers_bf16(model_and_tok):
+    """bf16 weights (the GPU path; the first CUDA run failed here with 'expected mat1 and mat2 to
+    have the same dtype'): the lean step keeps the residual stream in bf16 with fp32 norms as
+    transformers does, so its logits stay within bf16 rounding of transformers' bf16 forward and
+    a batched greedy decode runs."""
+    import copy
+
+    from transformers import DynamicCache
+
+    model, tok = model_and_tok
+    model = copy.deepcopy(model).to(torch.bfloat16)
+    lean = LeanGemma.for_model(model)
+    assert lean is not None
+    prompts = _prompts(tok)
+    ids, mask = left_pad(prompts, tok.pad_id, "cpu")
+    pos = position_ids(mask)
+    with torch.inference_mode():
+        cache, ref_cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
+        for c in (cache, ref_cache):
+            model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=c, use_cache=True,
+                  logits_to_keep=1)
+        state = lean.start(cache, mask, pos[:, -1] + 1, 8)
+        gen = torch.Generator().manual_seed(0)
+        nxt_pos = pos[:, -1] + 1
+        for _ in range(8):
+            feed = torch.randint(6, tok.vocab_size, (len(prompts),), generator=gen)
+            ours = lean.step(feed, state)
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            ref = model(input_ids=feed[:, None], attention_mask=mask, position_ids=nxt_pos[:, None],
+                        past_key_values=ref_cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            nxt_pos = nxt_pos + 1
+            scale = ref.float().abs().max()
+            assert (ours.float() - ref.float()).abs().max() <= 0.05 * scale
+    outs = TorchGenerator(model, tok).generate(prompts, DecodeConfig(max_new_tokens=6, batch_size=4))
+    assert all(0 < o.n_tokens <= 6 for o in outs)
