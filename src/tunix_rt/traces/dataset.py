@@ -140,7 +140,9 @@ def open_version(vdir: Path) -> Dataset:
 
 def _from_file(path: Path) -> Dataset:
     """A JSONL path used directly as a dataset: read strictly, split by the default rule."""
-    result = scan(path, "auto")
+    from tunix_rt.traces.pairs import PairImporter, looks_like_pairs
+
+    result = scan(path, PairImporter() if looks_like_pairs(path) else "auto")  # pairs: method=dpo
     result.raise_if_bad("nothing read")
     data = canonical_bytes(result.records)
     manifest = _manifest(path.stem, "file", str(path.resolve()), result, hashlib.sha256(data).hexdigest(),

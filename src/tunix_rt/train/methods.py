@@ -3,6 +3,7 @@ the plan and the JAX engine read it; nothing else names a method.
 
     sft     supervised fine-tuning on rendered traces (train.sft)
     grpo    reinforcement learning with verifiable rewards, the GRPO family (train.grpo)
+    dpo     preference optimisation on chosen/rejected pairs: DPO, IPO, SimPO, ORPO (train.preference)
     distill knowledge distillation from a teacher's token distributions (train.distill)
 
 Each entry says where the method's class lives (it implements train.method.Method) and the
@@ -34,6 +35,7 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     "sft": MethodSpec("tunix_rt.train.sft:SFT", (UPDATE,)),
     "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE)),
+    "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,)),
     "distill": MethodSpec("tunix_rt.train.distill:Distill", (TEACHER, UPDATE)),
 }
 
