@@ -181,3 +181,19 @@ def test_chunked_equals_plain_on_gemma3_270m(gemma3_270m, tmp_path):
     assert abs(chunked[0] - exact) <= abs(plain32 - exact)  # at least as exact as fp32 logits
     for name in exact_grads:
         torch.testing.assert_close(chunked[1][name], exact_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_policy_objective_keeps_every_tensor_on_the_logits_device():
+    """On "meta" (no data, like a GPU a CPU-made tensor cannot mix with) phi's statistics stack
+    without a device error: the first CUDA GRPO step failed there ('Expected all tensors to be
+    on the same device')."""
+    import torch
+
+    from tunix_rt.train.engine import Objective
+    from tunix_rt.train.loss import phi
+
+    logp = torch.zeros(5, device="meta")
+    aux = torch.zeros(5, 3, device="meta")
+    for obj in (Objective(kind="policy", beta=0.04), Objective(kind="policy", on_policy=True)):
+        value, grad, stats = phi(obj, logp, aux)
+        assert value.device.type == grad.device.type == stats.device.type == "meta" and stats.shape == (4,)
