@@ -53,6 +53,9 @@ class PlanInputs:
     """RL: G completions sampled per prompt."""
     rollout_tokens: int = 0
     """RL: most new tokens per completion (rollout_max_new_tokens); prompts take the rest of seq."""
+    teacher: str | None = None
+    """Distillation (a method with a teacher phase): the teacher, a catalog name or a model
+    directory (plan.teacher adds its weights, forward and loss terms); None: no teacher."""
 
     def __post_init__(self) -> None:
         for name, choices in (("method", ("lora", "full")), ("optimizer", ("adamw", "adafactor")),

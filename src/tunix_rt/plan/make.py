@@ -17,7 +17,8 @@ from tunix_rt.plan.rl import analytic, update_inputs
 from tunix_rt.plan.step import check_lora_rank
 from tunix_rt.plan.suggest import suggestions
 from tunix_rt.plan.verdict import Plan
-from tunix_rt.train.methods import rolls_out
+from tunix_rt.plan.teacher import teacher_model
+from tunix_rt.train.methods import rolls_out, uses_teacher
 
 
 def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
@@ -94,6 +95,7 @@ def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None
         loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
         **({"rl_prompts": cfg.rl_prompts, "group_size": cfg.group_size,
             "rollout_tokens": cfg.rollout_max_new_tokens} if rolls_out(cfg.method) else {}),
+        teacher=teacher_model(getattr(cfg, "teacher", None)) if uses_teacher(cfg.method) else None,
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
 

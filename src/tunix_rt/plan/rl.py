@@ -168,6 +168,7 @@ def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[d
 
 def analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[str, int], dict[str, Any], int]:
     """(items, details, peak) in bytes per device; see this module's and `plan.step`'s docstrings."""
-    if inp.rl:
-        return _rl_analytic(inp, preset, device)
-    return step_analytic(inp, preset, device)
+    from tunix_rt.plan.teacher import with_teacher
+
+    step = _rl_analytic(inp, preset, device) if inp.rl else step_analytic(inp, preset, device)
+    return with_teacher(inp, preset, device, *step)
