@@ -8,7 +8,10 @@ Advantages (one value per completion, broadcast to its tokens by the engine):
   as Tunix's and TRL's GRPO), eps = STD_EPS = 1e-6 (Tunix's) so that a group whose rewards
   differ by very little does not blow up;
 - `dr_grpo`: r - mean_g r (Dr. GRPO: no division by the std, whose small values upweight
-  easy and hopeless prompts).
+  easy and hopeless prompts);
+- `gspo`: as `grpo` (GSPO changes the importance ratio, not the advantage: train.sequence_ratio);
+- `rloo`: r - mean_{j != i} r_j, the leave-one-out baseline (RLOO; TRL's RLOOTrainer with
+  normalize_advantages=False): G / (G - 1) times r - mean_g r.
 A zero-variance group (all G rewards equal) carries no signal: its advantages are exactly 0
 under every kind (not a rounding residue of r - mean).
 
@@ -16,7 +19,9 @@ Token weights: the loss of one optimizer step is sum_t c_t * loss_t over every c
 token of the step's whole window (all micro-batches), with c_t computed here up front from
 the window's masks. A micro-batch contributes sum over its rows of c_t * loss_t, so
 accumulation 8×1 and 1×8 give the same loss and gradient (up to float summation order).
-- `grpo`: mean over each completion's tokens, then over completions: c = 1 / (N · len_i);
+- `grpo`, `gspo`, `rloo`: mean over each completion's tokens, then over completions:
+  c = 1 / (N · len_i) (for gspo and rloo a completion's terms are one sequence-level value,
+  so this is the mean over completions that GSPO and TRL's RLOOTrainer take);
 - `dr_grpo`: token sum / (N · max_new_tokens): c = 1 / (N · max_new_tokens);
 - `dapo`: token mean over the window: c = 1 / sum_i len_i;
 where N counts the completions that carry loss (at least one token, and not truncated
@@ -34,7 +39,7 @@ import numpy as np
 
 from tunix_rt.errors import BadInput
 
-KINDS = ("grpo", "dr_grpo", "dapo")
+KINDS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo")
 STD_EPS = 1e-6
 
 
@@ -63,7 +68,9 @@ def group_advantages(rewards: Any, kind: str, eps: float = STD_EPS) -> np.ndarra
     _check_kind(kind)
     r = _rewards_2d(rewards)
     adv = r - r.mean(axis=1, keepdims=True)
-    if kind in ("grpo", "dapo"):
+    if kind == "rloo":  # r_i - (sum_g r - r_i) / (G - 1)
+        adv = r - (r.sum(axis=1, keepdims=True) - r) / (r.shape[1] - 1)
+    if kind in ("grpo", "dapo", "gspo"):
         adv = adv / (r.std(axis=1, ddof=1, keepdims=True) + eps)
     adv[zero_variance_groups(r)] = 0.0
     return adv
@@ -144,7 +151,7 @@ def token_coefficients(mask: Any, kind: str, max_new_tokens: int, truncated: Any
     n = int((lengths > 0).sum())
     if n == 0:
         return np.zeros_like(m)
-    if kind == "grpo":
+    if kind in ("grpo", "gspo", "rloo"):
         per_row = np.divide(1.0, n * lengths, out=np.zeros_like(lengths), where=lengths > 0)
         return m * per_row[:, None]
     if kind == "dr_grpo":

@@ -134,8 +134,11 @@ class TrainConfig:
     LoRA, its reference policy). None: the model as given."""
     rl_loss: str = "grpo"
     """grpo (group-normalised advantages, sequence-mean-token-mean loss), dr_grpo (no std
-    division, token-sum / max_new_tokens) or dapo (clip-higher, token-mean, zero-variance
-    groups dropped and refilled)."""
+    division, token-sum / max_new_tokens), dapo (clip-higher, token-mean, zero-variance
+    groups dropped and refilled), gspo (one importance ratio per completion, the geometric
+    mean of its tokens' ratios, clipped per sequence: GSPO) or rloo (leave-one-out baseline,
+    the sequence's summed log-ratio, beta x KL taken from the reward: TRL's RLOOTrainer);
+    train.sequence_ratio."""
     group_size: int = 4
     """G: completions sampled per prompt."""
     rl_prompts: int = 4
@@ -215,6 +218,15 @@ class TrainConfig:
     """distill: false trains on the dataset's traces (off-policy); true on the student's own
     completions of the dataset's prompts, sampled with the rollout_* settings (GKD, lambda 1)."""
 
+    # ----- rejection-sampling fine-tuning (method: rft; train.rft) -------------------------
+    rft_accept: dict[str, float] = field(default_factory=lambda: {"answer": 1.0, "format": 1.0})
+    """rft: the acceptance rule, reward name -> threshold: a sampled completion is kept when
+    each named reward (a name in `rewards`) gives it at least its threshold (the unweighted
+    value), e.g. {answer: 1, format: 1, arith: 1}."""
+    rft_round_steps: int = 4
+    """rft: optimizer steps of SFT on one round's kept completions before the next round
+    samples (group_size completions for each of rl_prompts prompts, rollout_* decoding)."""
+
     def __post_init__(self) -> None:
         if self.method in ("lora", "full"):  # configs written before method meant sft|grpo
             self.method, self.finetune = "sft", self.method
@@ -231,6 +243,7 @@ class TrainConfig:
         self._check_choice("pref_loss", ("dpo", "ipo", "simpo", "orpo"))
         self._check_choice("pairs", ("dataset", "rollouts"))
         self._check_distill()
+        self._check_rft()
         if not self.dataset:
             raise BadInput("config: dataset is required (a dataset name or a trace JSONL path)")
         if (self.max_steps is None) == (self.epochs is None):
@@ -290,7 +303,7 @@ class TrainConfig:
                            "steps: the learning rate would never reach lr; lower warmup_steps")
 
     def _check_rl(self) -> None:
-        self._check_choice("rl_loss", ("grpo", "dr_grpo", "dapo"))
+        self._check_choice("rl_loss", ("grpo", "dr_grpo", "dapo", "gspo", "rloo"))
         self._check_prompt_selection()
         if not rolls_out(self.method):
             for name in ("filter_pass_rate", "curriculum"):
@@ -312,6 +325,15 @@ class TrainConfig:
         from tunix_rt.train.rewards import RewardSpec  # here, not at the top: numpy stays out of `--help`
 
         RewardSpec.from_mapping(self.rewards, "config: rewards")  # names, weights, parameters; nothing imported
+
+    def _check_rft(self) -> None:
+        """rft_accept: a non-empty mapping of names to numbers (train.rft checks the names
+        against the rewards of an rft run)."""
+        a = self.rft_accept
+        if (not isinstance(a, dict) or not a or any(not isinstance(k, str) for k in a)
+                or any(not is_number(v) or isinstance(v, bool) for v in a.values())):
+            raise BadInput(f"config: rft_accept must be a non-empty mapping reward name -> threshold, got {a!r}")
+        self.rft_accept = {k: float(v) for k, v in a.items()}
 
     def _check_distill(self) -> None:
         """kd_loss, and a teacher exactly where the method has one (the table's teacher phase)."""
@@ -425,6 +447,7 @@ RANGES: dict[str, Range] = {
     "pref_beta": ABOVE_0, "label_smoothing": Range(0, 0.5, high_open=True), "simpo_gamma": AT_LEAST_0,
     "orpo_lambda": AT_LEAST_0,
     "kd_beta": Range(0, 1), "kd_temperature": ABOVE_0, "kd_alpha": Range(0, 1),  # distill
+    "rft_round_steps": AT_LEAST_1,  # rft
 }
 #: the rollout decoding settings: TrainConfig field -> the DecodeConfig field it sets
 ROLLOUT = {"rollout_max_new_tokens": "max_new_tokens", "rollout_temperature": "temperature",
