@@ -139,7 +139,7 @@ class Distill:
         self.objective = Distillation(kd_loss=cfg.kd_loss, kd_beta=cfg.kd_beta, temperature=cfg.kd_temperature,
                                       alpha=cfg.kd_alpha)
 
-    def _objective(self, engine: Engine) -> Distillation:
+    def teacher_objective(self, engine: Engine) -> Distillation:
         """The objective with its teacher, loaded on the engine's device the first time."""
         if self.objective.teacher is None:
             from tunix_rt.models.hf import load_causal_lm
@@ -157,7 +157,7 @@ class Distill:
         if self.cfg.kd_on_policy:
             rows = self.sampled(engine, rows, step)
         batches = weighted([collate(r, self.pad_id) for r in rows])
-        res = engine.train_step(batches, self._objective(engine), lr)
+        res = engine.train_step(batches, self.teacher_objective(engine), lr)
         n = max(res.stats.get("tokens", 0.0), 1.0)
         row = {"loss": res.loss, "grad_norm": res.grad_norm, "tokens": sum(b.n_tokens for b in batches),
                "kd": res.stats["kd"] / n, "kl_teacher": res.stats["kl"] / n, "nll": res.stats["nll"] / n}
@@ -196,7 +196,7 @@ class Distill:
         kl = tokens = 0.0
         with torch.no_grad():
             for b in batches:
-                _, st = engine.objective_sum(b, self._objective(engine))
+                _, st = engine.objective_sum(b, self.teacher_objective(engine))
                 kl, tokens = kl + float(st[1]), tokens + float(st[3])
         out = {"eval_loss": loss} if math.isfinite(loss) else {}
         return {**out, "eval_kl_teacher": kl / max(tokens, 1.0)}
