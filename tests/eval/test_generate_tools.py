@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from eval_testlib import QUESTIONS
+from requires import require_module
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.generate import DecodeConfig, ToolRow, TorchGenerator, turn_ids
 from tunix_rt.models.hf import load_causal_lm
@@ -203,7 +204,7 @@ def test_forced_ids_count_toward_max_new_tokens(steered):
 def jax_steered(tiny_dirs):
     """Tiny Gemma 3 only: the tool rule is the same on both architectures, and each batch
     shape costs the JAX path a compile."""
-    pytest.importorskip("jax")
+    require_module("jax")
     from tunix_rt.eval.jax_generate import load_generator
 
     d, model, tok, prompts, swaps = build_steered(tiny_dirs["tiny-gemma3"])
