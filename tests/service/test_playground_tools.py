@@ -103,3 +103,49 @@ def test_an_rl_run_with_tools_charts_its_tool_calls_and_errors(page_on, home):
     page.wait_for_selector("[data-testid=tool-chart] polyline", state="attached")
     assert page.locator("[data-testid=tool-chart] polyline").count() == 2  # calls, errors
     assert "tool errors" in page.text_content("[data-testid=tool-chart]")
+
+
+def test_eval_page_marks_the_tools_results_in_each_prediction(home):
+    """An eval decoded with tools: its page says which, shows the tool-use metrics, and each
+    prediction's reasoning shows the calculator's result as a tool span, not the model's text."""
+    import json
+
+    from tunix_rt.registry.record import sync_home
+
+    chromium = require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    d = home.root / "evals" / "calc-eval"
+    d.mkdir(parents=True)
+    reasoning = "3*4 = <<3*4=12>>12 so it is 12"
+    pred = {"id": "q1", "question": "What is 3*4?", "gold": "12", "reasoning": reasoning, "answer": "12",
+            "completion": f"<reasoning>{reasoning}</reasoning><answer>12</answer>", "correct": True, "format_ok": True,
+            "n_tokens": 14, "finish_reason": "stop",
+            "tool_calls": [{"tool": "calculator", "call": "3*4", "result": "12>>", "error": False}], "tool_tokens": 3}
+    metrics = {"accuracy": 1.0, "format_rate": 1.0, "answer_found_rate": 1.0, "mean_completion_tokens": 14,
+               "truncated_rate": 0.0, "n": 1, "tool_calls_per_item": 1.0, "tool_error_rate": 0.0, "tool_use_rate": 1.0,
+               "tool_tokens_per_item": 3.0}
+    (d / "predictions.jsonl").write_text(json.dumps(pred) + "\n")
+    (d / "eval_summary.json").write_text(json.dumps({
+        "model": "tiny-gemma3", "adapter": None, "engine": "torch", "device": "cpu",
+        "dataset": {"name": "tiny", "version": "v1", "split": "dev", "sha256": "0" * 64, "n": 1},
+        "decoding": {"strategy": "greedy", "max_new_tokens": 64, "tools": ["calculator"]}, "metrics": metrics,
+        "by_category": {}, "started_at": "2026-11-26T06:02:00+00:00", "finished_at": "2026-11-26T06:03:00+00:00",
+        "duration_s": 60.0, "tokens_per_s": 12.5}))
+    sync_home(home)
+    with sync_playwright() as p, LiveServer(live_app(home, home.database_url)) as srv:
+        browser = p.chromium.launch(executable_path=chromium, args=ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(30000)
+            page.goto(f"{srv.url}/#token={TOKEN}")
+            page.wait_for_selector("#nav a[href='#/playground']", state="visible")
+            page.goto(f"{srv.url}/#/eval/calc-eval")
+            page.wait_for_selector("[data-testid=prediction]")
+            assert "tools calculator" in page.inner_text("[data-testid=eval-tools]")
+            assert "tool calls per item 1\n" in page.inner_text("[data-testid=eval-tools]")
+            spans = page.locator("[data-testid=reasoning] span.tool")
+            assert spans.count() == 1 and spans.inner_text() == "12>>"
+            assert page.inner_text("[data-testid=reasoning]") == reasoning
+        finally:
+            browser.close()

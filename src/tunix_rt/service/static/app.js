@@ -345,11 +345,12 @@ async function evalPage(id, params) {
     offset += page.items.length;
     count.textContent = `${page.total} item(s)`;
     more.hidden = offset >= page.total;
-    for (const p of page.items) list.append(predictionCard(p));
+    for (const p of page.items) list.append(predictionCard(p, tools));
   };
   for (const el of [wrong, badFmt]) el.addEventListener("change", () => load(true));
   search.addEventListener("input", debounce(() => load(true), 250));
   const m = ev.metrics || {};
+  const tools = ((ev.summary || {}).decoding || {}).tools || [];
   show(h("h1", {}, "Evaluation " + ev.id),
     h("p", { class: "muted", title: [ev.model, ev.adapter].filter(isPath).join("\n") || null },
       [pathName(ev.model), isPath(ev.adapter) ? "adapter " + pathName(ev.adapter) : ev.adapter, ev.dataset, ev.split, ev.engine, ev.device].filter(Boolean).join(" · ")),
@@ -357,6 +358,10 @@ async function evalPage(id, params) {
       h("span", { class: "card" }, `mean tokens ${fmt(m.mean_completion_tokens, 1)}`), h("span", { class: "card" }, `n ${fmt(m.n ?? ev.n)}`)),
     m.samples ? h("div", { class: "row", "data-testid": "eval-sampled" }, sampledKeys(m).map((k) => h("span", { class: "card" }, `${k} ${pct(m[k])}`)),
       h("span", { class: "muted" }, `${m.samples} samples per item: the rates above are over all samples (accuracy = pass@1); each item below shows its majority-vote sample`)) : null,
+    tools.length ? h("div", { class: "row", "data-testid": "eval-tools" }, h("span", { class: "card" }, "tools " + tools.join(", ")),
+      ["tool_calls_per_item", "tool_tokens_per_item"].map((k) => h("span", { class: "card" }, `${k.replace(/_/g, " ")} ${fmt(m[k], 2)}`)),
+      ["tool_use_rate", "tool_error_rate"].map((k) => h("span", { class: "card" }, `${k.replace(/_/g, " ")} ${pct(m[k])}`)),
+      h("span", { class: "muted" }, h("span", { class: "tool" }, "tool results"), " in the reasoning are the tool's, not the model's")) : null,
     h("div", { class: "row" }, h("label", {}, wrong, " wrong only"), h("label", {}, badFmt, " format violations"), search, count),
     list, more);
   await load(true);
@@ -368,14 +373,16 @@ function sampledKeys(...blocks) {
   return [...keys].sort((x, y) => (x.startsWith("maj") - y.startsWith("maj")) || (+x.split("@")[1] - +y.split("@")[1]));
 }
 
-function predictionCard(p) {
+function predictionCard(p, tools = []) {
+  const reasoning = h("pre", { "data-testid": "reasoning" });
+  showTurn(reasoning, p.reasoning ?? p.completion ?? "", tools);
   return h("div", { class: "item " + (p.correct ? "right" : "wrong"), "data-testid": "prediction" },
     h("div", { class: "row" }, h("span", { class: p.correct ? "ok" : "bad", "data-testid": "mark" }, p.correct ? "✓ right" : "✗ wrong"),
       p.format_ok ? null : h("span", { class: "badge failed", "data-testid": "format-violation" }, "format violation"),
       h("span", { class: "muted" }, `${p.item_id} · ${fmt(p.n_tokens)} tokens · ${p.finish_reason || ""}`)),
     h("p", {}, h("b", {}, "Q: "), p.question || ""),
     h("div", { class: "cols" },
-      h("div", {}, h("b", {}, "Reasoning"), h("pre", {}, p.reasoning ?? p.completion ?? "")),
+      h("div", {}, h("b", {}, "Reasoning"), reasoning),
       h("div", {}, h("p", {}, h("b", {}, "Answer: "), h("span", { "data-testid": "answer" }, p.answer ?? "—")), h("p", {}, h("b", {}, "Gold: "), h("span", { "data-testid": "gold" }, p.gold ?? "")))));
 }
 
