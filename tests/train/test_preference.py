@@ -1,0 +1,365 @@
+"""method=dpo (train.preference): DPO, IPO, SimPO and ORPO on tiny-gemma3 (real tokenizer).
+
+- exactness against TRL 1.16 on the same pairs and the same LoRA weights, loss and every
+  LoRA gradient to 1e-5: DPOTrainer (loss_type sigmoid, ipo; the reference a plain copy of
+  the base model, what our adapter-off pass computes), CPOTrainer (loss_type simpo,
+  cpo_alpha 0), ORPOTrainer (prompts of one token: TRL's ORPO NLL also counts the prompt's
+  tokens, ours the model turn only, and a one-token prompt has no predicted prompt token);
+  label smoothing (conservative DPO; TRL 1.16's DPOTrainer applies it to robust/exo/aot only)
+  against CPOTrainer.cpo_loss's sigmoid smoothing;
+- torch and JAX: the same loss of every pref_loss on the same pairs (1e-4);
+- gradient accumulation 8 x 1 = 1 x 8 (dpo, and orpo whose NLL is normalised per window);
+- SIGKILL inside an accumulation window and inside a checkpoint write, resume: bit-exact;
+- `tunix-rt train --config smoke method=dpo` on both engines, and on-policy pairs from
+  rollouts, leave complete runs; the pair reader names every bad line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tunix_rt.errors import BadInput
+from tunix_rt.train import checkpoint
+from tunix_rt.train.config import TrainConfig
+from tunix_rt.train.driver import train
+from tunix_rt.train.engine import NLL
+from tunix_rt.train.metrics import read_jsonl
+from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
+
+HERE = Path(__file__).resolve().parent
+
+
+def write_pairs(path, n=16) -> str:
+    """Pairs of different lengths in TRL's prompt/chosen/rejected format."""
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"Add {i} and {i % 5}?",
+                                "chosen": f"<reasoning>{i} plus {i % 5} is {i + i % 5}</reasoning>\n"
+                                          f"<answer>{i + i % 5}</answer>",
+                                "rejected": f"<answer>{3 * i + 1}</answer>" + " no" * (i % 4)}) + "\n")
+    return str(path)
+
+
+def dpo_cfg(tmp_path, **over) -> TrainConfig:
+    base = dict(model="tiny-gemma3", dataset=write_pairs(tmp_path / "pairs.jsonl"), split="all", eval_split="all",
+                eval_limit=4, method="dpo", batch_size=4, max_seq_len=128, max_steps=4, lr=1e-2, warmup_steps=0,
+                save_interval=2, log_interval=1, lora_dropout=0.0, device="cpu", engine="torch",
+                system_prompt="Be brief.")
+    base.update(over)
+    return TrainConfig(**base)
+
+
+def torch_setup(cfg, home, perturb: bool = True):
+    """The torch engine on cfg with LoRA B drawn at random (so the policy differs from the
+    adapter-off reference), and the method."""
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.preference import Preference
+    from tunix_rt.train.torch_engine import TorchEngine
+
+    tok = load_tokenizer(cfg.model, home)
+    engine = TorchEngine(cfg)
+    engine.devices()
+    engine.setup(ensure_model(cfg.model, home), tok)
+    if perturb:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, p in engine.trainable.items():
+                if "lora_B" in name:
+                    p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    return engine, Preference(cfg, home, tok), tok
+
+
+def our_loss_and_grads(engine, method, pairs):
+    batches, loss = method.weighted_batches(engine, pairs)
+    for b in batches:
+        part, _ = engine.objective_sum(b, NLL)
+        part.backward()
+    grads = {n: p.grad.clone() for n, p in engine.trainable.items()}
+    for p in engine.trainable.values():
+        p.grad = None
+    return loss, grads
+
+
+def trl_grads(engine, loss):
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in engine.trainable.items()}
+    for p in engine.trainable.values():
+        p.grad = None
+    return grads
+
+
+def assert_same_grads(ours, theirs):
+    assert max(g.abs().max().item() for g in ours.values()) > 1e-3  # a gradient that can disagree
+    for name, g in ours.items():
+        torch.testing.assert_close(g, theirs[name], atol=1e-5, rtol=0, msg=name)
+
+
+def hf_tokenizer(engine):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(engine.model_dir)
+
+
+def dummy_dataset():
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": "a", "chosen": " b", "rejected": " c"}])
+
+
+def old_style_batch(pairs, pad_id: int, orpo: bool = False):
+    """CPOTrainer's / ORPOTrainer's tokenized batch of these token pairs (what their
+    tokenize_row and collator give: prompt labels -100, right padding)."""
+    def side(key):
+        seqs = [p.prompt + getattr(p, key) for p in pairs]
+        width = max(map(len, seqs))
+        ids = torch.full((len(seqs), width), pad_id)
+        att = torch.zeros((len(seqs), width), dtype=torch.long)
+        lab = torch.full((len(seqs), width), -100)
+        for i, (p, s) in enumerate(zip(pairs, seqs)):
+            ids[i, :len(s)], att[i, :len(s)] = torch.tensor(s), 1
+            lab[i, len(p.prompt):len(s)] = torch.tensor(getattr(p, key))
+        return {f"{key}_input_ids": ids, f"{key}_attention_mask": att, f"{key}_labels": lab}
+
+    return {**side("chosen"), **side("rejected")}
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_and_ipo_equal_trl_dpotrainer(home, tmp_path, loss_type):
+    from trl import DPOConfig, DPOTrainer
+
+    from tunix_rt.models.hf import load_causal_lm
+    from tunix_rt.train.torch_engine import attention_of
+
+    cfg = dpo_cfg(tmp_path, pref_loss="dpo" if loss_type == "sigmoid" else "ipo", pref_beta=0.5)
+    engine, method, _ = torch_setup(cfg, home)
+    pairs = method.train_pairs[:4]
+    ours, grads = our_loss_and_grads(engine, method, pairs)
+    ref = load_causal_lm(engine.model_dir, dtype="fp32", device="cpu", attn=attention_of(engine.model_dir)).eval()
+    args = DPOConfig(output_dir=tempfile.mkdtemp(dir=tmp_path), beta=0.5, loss_type=loss_type, report_to=[],
+                     use_cpu=True, bf16=False, per_device_train_batch_size=4)
+    trainer = DPOTrainer(model=engine.model, ref_model=ref, args=args, train_dataset=dummy_dataset(),
+                         processing_class=hf_tokenizer(engine))
+    batch = trainer.data_collator([{"prompt_ids": p.prompt, "chosen_ids": p.chosen, "rejected_ids": p.rejected}
+                                   for p in pairs])
+    theirs = trainer.compute_loss(trainer.model, batch)
+    assert ours.loss == pytest.approx(float(theirs.detach()), abs=1e-5)
+    assert 0.05 < ours.loss and abs(ours.loss - np.log(2)) > 1e-3  # the reference differs from the policy
+    assert_same_grads(grads, trl_grads(engine, theirs))
+
+
+def test_simpo_equals_trl_cpotrainer(home, tmp_path):
+    from trl.experimental.cpo import CPOConfig, CPOTrainer
+
+    cfg = dpo_cfg(tmp_path, pref_loss="simpo", pref_beta=2.0, simpo_gamma=0.7, label_smoothing=0.1)
+    engine, method, tok = torch_setup(cfg, home)
+    pairs = method.train_pairs[:4]
+    ours, grads = our_loss_and_grads(engine, method, pairs)
+    args = CPOConfig(output_dir=tempfile.mkdtemp(dir=tmp_path), loss_type="simpo", cpo_alpha=0.0, beta=2.0,
+                     simpo_gamma=0.7, label_smoothing=0.1, report_to=[], use_cpu=True, bf16=False,
+                     per_device_train_batch_size=4, max_length=128)
+    trainer = CPOTrainer(model=engine.model, args=args, train_dataset=dummy_dataset(),
+                         processing_class=hf_tokenizer(engine))
+    theirs, metrics = trainer.get_batch_loss_metrics(engine.model, old_style_batch(pairs, tok.pad_id))
+    assert ours.loss == pytest.approx(float(theirs.detach()), abs=1e-5)
+    assert float(ours.chosen_rewards.mean()) == pytest.approx(metrics["rewards/chosen"], abs=1e-5)
+    assert_same_grads(grads, trl_grads(engine, theirs))
+
+
+def test_orpo_equals_trl_orpotrainer(home, tmp_path):
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+    from tunix_rt.train.preference import TokenPair
+
+    cfg = dpo_cfg(tmp_path, pref_loss="orpo", orpo_lambda=0.3)
+    engine, method, tok = torch_setup(cfg, home)
+    pairs = [TokenPair(p.id, [tok.bos_id], p.chosen, p.rejected) for p in method.train_pairs[:4]]
+    ours, grads = our_loss_and_grads(engine, method, pairs)
+    args = ORPOConfig(output_dir=tempfile.mkdtemp(dir=tmp_path), beta=0.3, report_to=[], use_cpu=True, bf16=False,
+                      per_device_train_batch_size=4, max_length=128)
+    trainer = ORPOTrainer(model=engine.model, args=args, train_dataset=dummy_dataset(),
+                          processing_class=hf_tokenizer(engine))
+    theirs, metrics = trainer.get_batch_loss_metrics(engine.model, old_style_batch(pairs, tok.pad_id, orpo=True))
+    assert ours.loss == pytest.approx(float(theirs.detach()), abs=1e-5)
+    assert float(ours.rejected_rewards.mean()) == pytest.approx(metrics["rewards/rejected"], abs=1e-5)
+    assert_same_grads(grads, trl_grads(engine, theirs))
+
+
+def test_label_smoothing_is_trl_conservative_dpo():
+    """cDPO: our dpo loss with label_smoothing against CPOTrainer.cpo_loss (sigmoid), fed the
+    log-ratios, value and d/dS to 1e-6 (float64)."""
+    from trl.experimental.cpo import CPOTrainer
+
+    from tunix_rt.train.preference import pair_loss
+
+    rng = np.random.default_rng(1)
+    s_c, s_r, r_c, r_r = (rng.normal(-30, 5, 6) for _ in range(4))
+    ours = pair_loss("dpo", s_c, s_r, np.ones(6), np.ones(6), r_c, r_r, beta=0.3, label_smoothing=0.2)
+    lc = torch.tensor(s_c - r_c, requires_grad=True)
+    lr = torch.tensor(s_r - r_r, requires_grad=True)
+    trainer = type("T", (), {"beta": 0.3, "label_smoothing": 0.2, "loss_type": "sigmoid", "alpha": 0.0,
+                             "accelerator": type("A", (), {"device": "cpu"})()})()
+    losses, _c, _r = CPOTrainer.cpo_loss(trainer, lc, lr)
+    losses.mean().backward()
+    assert ours.loss == pytest.approx(float(losses.mean().detach()), abs=1e-12)
+    np.testing.assert_allclose(ours.d_chosen, lc.grad.numpy(), atol=1e-12)
+    np.testing.assert_allclose(ours.d_rejected, lr.grad.numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dpo", "orpo"])
+def test_accumulation_8x1_equals_1x8(home, tmp_path, kind):
+    out = []
+    for batch_size, accum in ((2, 8), (16, 1)):
+        cfg = dpo_cfg(tmp_path, pref_loss=kind, batch_size=batch_size, grad_accum=accum)
+        engine, method, _ = torch_setup(cfg, home)
+        pairs = method.train_pairs[:8]
+        batches, _ = method.weighted_batches(engine, pairs)
+        assert len(batches) == accum
+        out.append(our_loss_and_grads(engine, method, pairs))
+    (a, ga), (b, gb) = out
+    assert a.loss == pytest.approx(b.loss, abs=1e-9)
+    assert max(g.abs().max().item() for g in ga.values()) > 1e-3
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.jax
+def test_torch_and_jax_give_the_same_pair_losses(home, tmp_path):
+    """Fresh adapters (B = 0) on both engines: the same model, so the same sequence log-probs
+    and the same loss of every pref_loss (SimPO and ORPO far from their minimum)."""
+    from requires import require_module
+
+    require_module("jax")
+    from tunix_rt.models.store import ensure_model
+    from tunix_rt.train.jax_engine import JaxEngine
+
+    for kind in ("dpo", "ipo", "simpo", "orpo"):
+        cfg = dpo_cfg(tmp_path, pref_loss=kind, engine="jax")
+        t, method, tok = torch_setup(dpo_cfg(tmp_path, pref_loss=kind), home, perturb=False)
+        if kind == "dpo":
+            j = JaxEngine(cfg)
+            j.devices()
+            j.setup(ensure_model(cfg.model, home), tok)
+        method.cfg = cfg
+        from tunix_rt.train.preference import pair_batch
+
+        batches = [pair_batch(method.train_pairs[i:i + 2], tok.pad_id) for i in (0, 2, 4)]
+        lt, lj = method.window_loss(t, batches), method.window_loss(j, batches)
+        assert lt.loss == pytest.approx(lj.loss, abs=1e-4), kind
+        np.testing.assert_allclose(lj.d_chosen, lt.d_chosen, atol=1e-4)
+
+
+def _run(home, args, fault=None):
+    env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TUNIX_RT_FAULT", None)
+    if fault:
+        env["TUNIX_RT_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "tunix_rt.cli", "train", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_dpo_sigkill_in_accumulation_and_checkpoint_then_resume_is_bit_exact(home, tmp_path):
+    cfg = dpo_cfg(tmp_path, batch_size=2, grad_accum=2, save_interval=1, max_steps=4, eval_interval=2)
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(cfg.to_yaml())
+    r = _run(home, ["--config", str(cfg_file)], fault="accum@2")  # inside step 2's window
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    run = next(p for p in home.runs.iterdir() if not p.name.startswith("."))
+    assert checkpoint.latest(run).name == "step-000001"
+    r = _run(home, ["--resume", run.name], fault="ckpt-write@2")  # writing step 3's checkpoint
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert checkpoint.latest(run).name == "step-000002"
+    r = _run(home, ["--resume", run.name])
+    assert r.returncode == 0, r.stderr[-2000:]
+    ref = train(cfg, home)
+    got = load_file(str(run / "final/adapter/adapter_model.safetensors"))
+    want = load_file(str(ref / "final/adapter/adapter_model.safetensors"))
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    rows = lambda d: [(r["step"], r["loss"], r["rewards_margin"]) for r in read_jsonl(d / "metrics.jsonl")
+                      if "rewards_margin" in r]
+    assert rows(run) == rows(ref) and [s for s, *_ in rows(run)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("engine", ["torch", pytest.param("jax", marks=pytest.mark.jax)])
+def test_smoke_dpo_run_is_complete(home, tmp_path, engine):
+    if engine == "jax":
+        from requires import require_module
+
+        require_module("jax")
+    pairs = write_pairs(tmp_path / "pairs.jsonl")
+    r = _run(home, ["--config", "smoke", "method=dpo", f"dataset={pairs}", "split=all", "eval_split=all",
+                    "max_steps=4", "save_interval=2", "eval_interval=2", "warmup_steps=0", f"engine={engine}"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = next(p for p in home.runs.iterdir() if not p.name.startswith("."))
+    manifest = json.loads((run / "run_manifest.json").read_text())
+    assert manifest["status"] == "succeeded" and manifest["summary"]["method"] == "dpo"
+    assert [p.name for p in checkpoint.committed(run)] == ["step-000002", "step-000004"]
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "rewards_margin" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["loss"] == pytest.approx(np.log(2), abs=1e-6)  # a fresh adapter is the reference
+    assert rows[-1]["rewards_margin"] > rows[1]["rewards_margin"] > 0 and rows[-1]["rewards_accuracy"] == 1.0
+    assert any("eval_rewards_accuracy" in r for r in read_jsonl(run / "metrics.jsonl"))
+    assert (run / "final/adapter/adapter_model.safetensors").is_file()
+
+
+def test_simpo_on_rollout_pairs_trains(home, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(HERE))
+    cfg = TrainConfig(model="tiny-gemma3", dataset=write_traces(tmp_path / "traces.jsonl", 12), split="all",
+                      eval_split="all", eval_limit=2, system_prompt="Be brief.", method="dpo", pairs="rollouts",
+                      pref_loss="simpo", pref_beta=2.0, batch_size=4, max_seq_len=96, max_steps=3, lr=1e-2,
+                      warmup_steps=0, save_interval=3, group_size=4, rl_prompts=2, rollout_max_new_tokens=12,
+                      rewards={"rl_rewards:length_share": 1.0}, device="cpu", engine="torch")
+    run = train(cfg, home)
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "paired_share" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["pairs"] == 2 and r["paired_share"] == 1.0 and r["grad_norm"] > 0 for r in rows)
+    assert all(r["rewards_accuracy"] >= 0 and "rollout_s" in r for r in rows)
+
+
+def test_the_pair_reader_names_every_bad_line_and_reads_nothing(tmp_path):
+    from tunix_rt.traces.dataset import load_dataset
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}),
+        json.dumps({"prompt": "q", "chosen": "a"}),
+        json.dumps({"prompt": "q", "chosen": [{"role": "assistant", "content": "a"}], "rejected": "b"}),
+        json.dumps({"prompt": " ", "chosen": "a", "rejected": "a", "score": 1}),
+        json.dumps({"prompt": "q", "chosen": "x", "rejected": "x"}),
+    ]) + "\n")
+    with pytest.raises(BadInput) as e:
+        load_dataset(str(path))
+    msg = str(e.value)
+    for line in (f"{path}:2: rejected: missing", f"{path}:3: chosen: expected a string, got a list",
+                 f"{path}:4: prompt: empty string", f"{path}:4: score: unknown field",
+                 f"{path}:5: rejected: the same text as chosen"):
+        assert line in msg, msg
+    assert ":1:" not in msg
+    good = load_dataset(write_pairs(tmp_path / "good.jsonl", 3))
+    assert [r.prompt for r in good.records] == ["Add 0 and 0?", "Add 1 and 1?", "Add 2 and 2?"]
+    assert good.manifest["importer"] == "pairs" and good.sha256
+
+
+def test_dpo_refuses_what_it_cannot_run(home, tmp_path):
+    from tunix_rt.models.store import load_tokenizer
+    from tunix_rt.train.preference import Preference
+
+    tok = load_tokenizer("tiny-gemma3", home)
+    for over, words in (({"finetune": "full"}, "finetune=lora"), ({"batch_size": 3}, "even batch_size"),
+                        ({"dataset": write_traces(tmp_path / "t.jsonl", 4)}, "pairs=rollouts")):
+        with pytest.raises(BadInput, match=words):
+            Preference(dpo_cfg(tmp_path, **over), home, tok)
+    Preference(dpo_cfg(tmp_path, finetune="full", pref_loss="simpo"), home, tok)  # no reference: fine
