@@ -114,6 +114,9 @@ class GRPO:
         self.curriculum = (make_curriculum(cfg, ds, [r for r, _ in self.items], self._prompt_of)
                            if cfg.curriculum is not None else None)
         self.keep = keep_rule(cfg.rl_loss, cfg.filter_pass_rate)
+        from tunix_rt.train.sequence_ratio import sequence_update
+
+        self.sequence = sequence_update(cfg, self.objective)  # gspo, rloo: a ratio per completion
 
     def _prompt_of(self, record) -> list[int] | None:
         kept, _ = self._prompts([record])
@@ -138,7 +141,11 @@ class GRPO:
                                  else np.zeros(b.labels.shape, np.float32))
             b.aux["old_logp"] = (engine.token_logprobs(b) if not self.objective.on_policy
                                  else np.zeros(b.labels.shape, np.float32))
-        results = [engine.train_step(batches, self.objective, lr) for _ in range(self.cfg.mu)]
+        if self.sequence is not None:
+            rewards = np.stack([g.rewards for g in groups]) if groups else np.zeros((0, self.cfg.group_size))
+            results = self.sequence.train(engine, batches, rewards, lr)
+        else:
+            results = [engine.train_step(batches, self.objective, lr) for _ in range(self.cfg.mu)]
         t2 = time.perf_counter()
         row = self.metrics(groups, drawn, results, batches)
         if self.curriculum is not None:

@@ -41,6 +41,28 @@ gradient or the stats, and the per-token normalisation counts the model's tokens
 Stats are taken over the completion tokens, the positions with c_t != 0, as plain token
 means, with the token count so micro-batches can be combined: clip_fraction (clipped branch
 active), clip_low_fraction, clip_high_fraction, kl_mean (k3), ratio_mean, n_tokens.
+
+Sequence-level ratios (rl_loss gspo and rloo; `sequence_policy_loss`, rows = completions).
+One ratio per completion i from the log-ratio of its loss tokens (o_i: the positions with
+c_t != 0, |o_i| of them):
+
+    gspo  LR_i = (1 / |o_i|) sum_{t in o_i} (l_t - logp_old_t)   (GSPO; TRL's GRPOTrainer with
+          importance_sampling_level="sequence")
+    rloo  LR_i = sum_{t in o_i} (l_t - logp_old_t)               (TRL's RLOOTrainer)
+    s_i = exp(LR_i),  V_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
+    loss = sum_i sum_{t in o_i} c_t (V_i + beta k3_t)             (rloo: beta = 0 here, its
+                                                                   KL is in the reward)
+
+V_i is the same at every token of o_i, so with C_i = sum_{t in o_i} c_t the policy part is
+sum_i C_i V_i (the mean of V_i over completions for grpo's c = 1 / (N |o_i|)). It is not
+elementwise in l_t: its gradient is a per-sequence scalar,
+
+    d loss / d l_t = C_i V'_i dLR_i/dl_t + c_t beta (1 - exp(logp_ref_t - l_t)),
+    V'_i = -s_i A_i (0 where the clipped branch is strictly smaller, as above),
+    dLR_i/dl_t = 1 / |o_i| (gspo) or 1 (rloo).
+
+How each engine trains it through its fused chunked objective (no [B, L, V] logits) is
+train.sequence_ratio's part; this is the reference both are tested against.
 """
 
 from __future__ import annotations
@@ -91,6 +113,45 @@ def _policy_loss(lp, old, ref, a, c, eps_low, eps_high, beta) -> Objective:
         "n_tokens": float(on.sum()),
     }
     return Objective(_weighted_sum(c, phi, on), np.where(on, c * dphi, 0.0), stats)
+
+
+def sequence_policy_loss(logp, old_logp, ref_logp, adv, coef, *, level: str, eps_low: float, eps_high: float,
+                         beta: float) -> Objective:
+    """The sequence-level policy loss (see the module docstring) of [N, T] arrays, one row
+    per completion; adv [N] or [N, T] (a row's value at its first loss token is taken).
+    level: "mean" (gspo) or "sum" (rloo). Stats as policy_loss's, a clipped completion
+    counting each of its tokens."""
+    if level not in ("mean", "sum"):
+        raise ValueError(f"level must be mean or sum, got {level!r}")
+    lp, old, ref, c = _same_shape(logp, old_logp, ref_logp, coef)
+    if lp.ndim != 2:
+        raise ValueError(f"sequence-level arrays are [completions, tokens], got shape {lp.shape}")
+    on = c != 0
+    a = np.asarray(adv, dtype=np.float64)
+    if a.ndim == 2:
+        a = np.where(on.any(axis=1), a[np.arange(len(a)), on.argmax(axis=1)], 0.0)
+    n = on.sum(axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        lr = np.where(on, lp - old, 0.0).sum(axis=1)
+        if level == "mean":
+            lr = lr / np.maximum(n, 1)
+        s = np.exp(lr)
+        clip_high = (a > 0) & (s > 1.0 + eps_high)
+        clip_low = (a < 0) & (s < 1.0 - eps_low)
+        clipped = clip_high | clip_low
+        v = -np.minimum(s * a, np.clip(s, 1.0 - eps_low, 1.0 + eps_high) * a)
+        dv = np.where(clipped, 0.0, -s * a)
+        ref_ratio = np.exp(ref - lp)
+        k3 = ref_ratio - (ref - lp) - 1.0
+        big_c = np.where(on, c, 0.0).sum(axis=1)
+        dlr = 1.0 / np.maximum(n, 1) if level == "mean" else np.ones_like(big_c)
+        grad = np.where(on, (big_c * dv * dlr)[:, None] + c * beta * (1.0 - ref_ratio), 0.0)
+        loss = float((big_c * v).sum()) + beta * _weighted_sum(c, k3, on)
+    rows = lambda x: np.broadcast_to(x[:, None], on.shape)  # noqa: E731
+    stats = {"clip_fraction": _mean(rows(clipped), on), "clip_low_fraction": _mean(rows(clip_low), on),
+             "clip_high_fraction": _mean(rows(clip_high), on), "kl_mean": _mean(k3, on),
+             "ratio_mean": _mean(rows(s), on), "n_tokens": float(on.sum())}
+    return Objective(loss, grad, stats)
 
 
 def nll(logp, coef) -> Objective:
