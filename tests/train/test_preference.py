@@ -363,3 +363,16 @@ def test_dpo_refuses_what_it_cannot_run(home, tmp_path):
         with pytest.raises(BadInput, match=words):
             Preference(dpo_cfg(tmp_path, **over), home, tok)
     Preference(dpo_cfg(tmp_path, finetune="full", pref_loss="simpo"), home, tok)  # no reference: fine
+
+
+def test_data_validate_reads_pairs(tmp_path, monkeypatch, capsys):
+    sys.path.insert(0, str(HERE.parent))
+    from cli_testlib import cli_main
+
+    good = write_pairs(tmp_path / "good.jsonl", 4)
+    code, out, _ = cli_main(monkeypatch, capsys, "data", "validate", good)
+    assert code == 0 and "OK: 4 records (format pairs" in out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n" + json.dumps({"prompt": "q"}) + "\n")
+    code, out, err = cli_main(monkeypatch, capsys, "data", "validate", str(bad))
+    assert code == 2 and f"{bad}:2: chosen: missing" in out and f"{bad}:2: rejected: missing" in out

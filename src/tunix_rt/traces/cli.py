@@ -141,15 +141,18 @@ def _import_reasoning_gym(tasks: str, name: str | None, version: str | None, n: 
 @app.command()
 def validate(
     file: Annotated[Path, typer.Argument(metavar="FILE", help="The JSONL file to check.")],
-    fmt: Annotated[str, typer.Option("--format", help=f"auto | {' | '.join(FORMATS)}.")] = "auto",
+    fmt: Annotated[str, typer.Option("--format", help=f"auto | {' | '.join(FORMATS)} | pairs.")] = "auto",
     max_line_bytes: MaxLineBytes = DEFAULT_MAX_LINE_BYTES,
 ) -> None:
-    """Check a JSONL file; write nothing.
+    """Check a JSONL file (traces, or prompt/chosen/rejected pairs for method=dpo); write nothing.
 
     Prints one FILE:LINE: FIELD: reason per problem and exits 2, or "OK: N records"."""
-    if fmt != "auto" and fmt not in FORMATS:
-        raise BadInput(f"--format {fmt!r}: use auto or one of {', '.join(FORMATS)}")
-    result = scan(file, fmt, label=str(file), max_line_bytes=max_line_bytes)
+    from tunix_rt.traces.pairs import PairImporter, looks_like_pairs
+
+    if fmt != "auto" and fmt not in (*FORMATS, "pairs"):
+        raise BadInput(f"--format {fmt!r}: use auto, pairs or one of {', '.join(FORMATS)}")
+    importer = PairImporter() if fmt == "pairs" or (fmt == "auto" and looks_like_pairs(file)) else fmt
+    result = scan(file, importer, label=str(file), max_line_bytes=max_line_bytes)
     if result.errors:
         for e in result.errors:
             print(e)
