@@ -24,8 +24,9 @@ step: kd (the divergence per token), kl_teacher (KL(teacher || student) per toke
 temperature, whatever kd_loss), nll (the student's per token); held out: eval_loss (the
 student's NLL, as SFT) and eval_kl_teacher.
 
-The torch engine runs it; on the JAX engine it is refused before a run exists (the JAX
-kernel is not written yet).
+Both engines run it: each loads the teacher (Engine.load_teacher) and has its kernel
+(train.kd_loss for torch, train.jax_kd_loss for JAX), equal to each other and to a
+full-logits reference.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tunix_rt import rundir
 from tunix_rt.errors import BadInput
@@ -114,16 +117,24 @@ def head_rows(model_dir: Path) -> int:
     return int(hf.get("vocab_size") or hf.get("text_config", {}).get("vocab_size"))
 
 
+def held_out_stats(engine: Engine, batch, objective: Distillation) -> np.ndarray:
+    """The kernel's statistics (KD_STATS) of one batch, nothing applied: the torch engine's
+    objective without gradient, the JAX engine's gradient function (its gradients dropped)."""
+    if hasattr(engine, "objective_sum"):
+        import torch
+
+        with torch.no_grad():
+            return engine.objective_sum(batch, objective)[1].cpu().numpy()
+    return np.asarray(engine.gradients([batch], objective)[1])
+
+
 class Distill:
     def __init__(self, cfg: TrainConfig, home: Home, tok):
         from tunix_rt.models.store import ensure_model
         from tunix_rt.models.tokenizer import ChatTokenizer
-        from tunix_rt.train import dist, engines
+        from tunix_rt.train import dist
         from tunix_rt.train.common import load_data, steps_for
 
-        if engines.pick(cfg.engine, cfg.device) != "torch":
-            raise BadInput("method=distill runs on the torch engine (engine=torch); the JAX engine has no "
-                           "distillation kernel yet")
         if cfg.kd_on_policy and (cfg.packing or cfg.tools):
             raise BadInput("kd_on_policy: the student's completions replace the traces one example a row, "
                            "without tools: set packing=false and tools=[]")
@@ -140,15 +151,10 @@ class Distill:
                                       alpha=cfg.kd_alpha)
 
     def teacher_objective(self, engine: Engine) -> Distillation:
-        """The objective with its teacher, loaded on the engine's device the first time."""
+        """The objective with its teacher, loaded by the engine (frozen, on its devices) the
+        first time."""
         if self.objective.teacher is None:
-            from tunix_rt.models.hf import load_causal_lm
-            from tunix_rt.train.kd_loss import Teacher
-            from tunix_rt.train.torch_engine import attention_of
-
-            model = load_causal_lm(self.teacher_dir, dtype=self.cfg.dtype, device="cpu",
-                                   attn=attention_of(self.teacher_dir))
-            self.objective = dataclasses.replace(self.objective, teacher=Teacher(model.to(engine.device)))
+            self.objective = dataclasses.replace(self.objective, teacher=engine.load_teacher(self.teacher_dir))
         return self.objective
 
     # ------------------------------------------------------------------ the step
@@ -187,19 +193,13 @@ class Distill:
         KL(teacher || student) per supervised token} ({} without eval examples)."""
         if not self.eval_examples:
             return {}
-        import torch
-
         groups = [[[ex] for ex in self.eval_examples[i:i + self.cfg.batch_size]]
                   for i in range(0, len(self.eval_examples), self.cfg.batch_size)]
         batches = weighted([collate(rows, self.pad_id) for rows in groups])
         loss = sum(engine.loss_sum(b) for b in batches)
-        kl = tokens = 0.0
-        with torch.no_grad():
-            for b in batches:
-                _, st = engine.objective_sum(b, self.teacher_objective(engine))
-                kl, tokens = kl + float(st[1]), tokens + float(st[3])
+        stats = np.sum([held_out_stats(engine, b, self.teacher_objective(engine)) for b in batches], axis=0)
         out = {"eval_loss": loss} if math.isfinite(loss) else {}
-        return {**out, "eval_kl_teacher": kl / max(tokens, 1.0)}
+        return {**out, "eval_kl_teacher": float(stats[1] / max(stats[3], 1.0))}
 
     def state(self) -> dict[str, Any]:
         return position_state(self.stream.position)

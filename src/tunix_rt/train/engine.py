@@ -93,6 +93,10 @@ class Engine(Protocol):
         """Load the model (LoRA applied or every weight trainable) and the optimizer. Returns
         params / trainable_params counts."""
 
+    def load_teacher(self, model_dir: Path) -> Any:
+        """A frozen model beside the trained one (forward only, in cfg.dtype, on this engine's
+        devices): the teacher a distillation objective carries (train.distill)."""
+
     def shares_prefix(self) -> bool:
         """Whether batches may hold rows with a shared prefix (data.collate_shared: a GRPO
         group's prompt written once for its G completions)."""

@@ -138,7 +138,11 @@ def make_grad_fn(graph, cfg: TrainConfig, objective: Objective):
         model = nnx.merge(graph, params, rngs, rest)
         h = hidden_states(model, b["ids"], b["pos"], b["attn"])
         emb, softcap = head_of(model)
-        if impl == "plain":
+        if objective.kind == "distill":  # the teacher's whole distribution: train.jax_kd_loss
+            from tunix_rt.train.jax_kd_loss import distill_loss
+
+            loss, stats = distill_loss(h, emb, softcap, b, objective, impl, chunk_tokens(chunk_bytes, emb.shape[0]))
+        elif impl == "plain":
             loss = plain_objective(h, emb, b["targets"], b["coef"], b["mask"], b["aux"], softcap, objective)
             stats = jax.numpy.zeros(4, jax.numpy.float32)
         else:
@@ -286,13 +290,28 @@ class JaxEngine:
             dist.check_same(lambda: window_digest(batches), "the step's global batches")
         with jax.set_mesh(self.mesh), dist.peer_failures("train step"):
             for i, b in enumerate(batches):
-                loss, st, self.rngs, g = grad_fn(self.params, self.rngs, self.rest, self._device_batch(b))
+                db = self._device_batch(b)
+                if objective.kind == "distill":  # the teacher's hidden states, once per micro-batch
+                    db.update(objective.teacher.inputs(db))
+                loss, st, self.rngs, g = grad_fn(self.params, self.rngs, self.rest, db)
                 acc = g if acc is None else add(acc, g)
                 total += float(host(loss))
                 stats += np.asarray(host(st), np.float64)
                 if i + 1 < len(batches):
                     fault_point("accum")
         return total, stats, acc
+
+    def load_teacher(self, model_dir: Path):
+        """A frozen model beside the trained one, sharded over the same mesh, in cfg.dtype (a
+        distillation objective's teacher: train.jax_kd_loss.JaxTeacher)."""
+        import jax
+
+        from tunix_rt.models.jax_loader import load_model
+        from tunix_rt.train.jax_kd_loss import JaxTeacher
+
+        with jax.set_mesh(self.mesh):
+            model, _ = load_model(model_dir, self.mesh, self.cfg.dtype)
+            return JaxTeacher(model)
 
     def shares_prefix(self) -> bool:
         """No: its masks come from positions and padding (jax_loss.attention_mask); a prompt
@@ -310,7 +329,9 @@ class JaxEngine:
             update = self._fn("update", lambda: make_update_fn(self.tx))
             self.params, self.opt_state, norm = update(self.params, self.opt_state, grads, jnp.float32(lr))
             norm = float(host(norm))
-        named = dict(zip(STAT_NAMES, stats.tolist())) if objective.kind == "policy" else {}
+        # a distillation objective (train.distill) names its own statistics
+        names = getattr(objective, "stat_names", STAT_NAMES if objective.kind == "policy" else ())
+        named = dict(zip(names, stats.tolist()))
         return StepResult(total, norm, named)
 
     def _device_batch(self, batch) -> dict[str, Any]:

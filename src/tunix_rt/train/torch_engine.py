@@ -97,6 +97,15 @@ class TorchEngine:
         return {"params": sum(p.numel() for p in self.model.parameters()),
                 "trainable_params": sum(p.numel() for p in params)}
 
+    def load_teacher(self, model_dir: Path):
+        """A frozen model beside the trained one, on its device in its dtype, no gradient
+        (a distillation objective's teacher: train.kd_loss.Teacher)."""
+        from tunix_rt.models.hf import load_causal_lm
+        from tunix_rt.train.kd_loss import Teacher
+
+        model = load_causal_lm(model_dir, dtype=self.cfg.dtype, device="cpu", attn=attention_of(Path(model_dir)))
+        return Teacher(model.to(self.device))
+
     def shares_prefix(self) -> bool:
         """One process only: a process's share of a batch is whole rows (data.process_rows),
         and a shared-prefix row holds a whole group, so several processes would idle."""
