@@ -3,8 +3,9 @@ the plan and the JAX engine read it; nothing else names a method.
 
     sft     supervised fine-tuning on rendered traces (train.sft)
     grpo    reinforcement learning with verifiable rewards, the GRPO family (train.grpo)
-    dpo     preference optimisation on chosen/rejected pairs: DPO, IPO, SimPO, ORPO (train.preference)
+    rft     rejection-sampling fine-tuning: SFT on the sampled completions the rewards accept (train.rft)
     distill knowledge distillation from a teacher's token distributions (train.distill)
+    dpo     preference optimisation on chosen/rejected pairs: DPO, IPO, SimPO, ORPO (train.preference)
 
 Each entry says where the method's class lives (it implements train.method.Method) and the
 phases of one of its steps: "update" (forward + backward on batches), and before it
@@ -35,8 +36,9 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     "sft": MethodSpec("tunix_rt.train.sft:SFT", (UPDATE,)),
     "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE)),
-    "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,)),
+    "rft": MethodSpec("tunix_rt.train.rft:RFT", (ROLLOUT, UPDATE)),
     "distill": MethodSpec("tunix_rt.train.distill:Distill", (TEACHER, UPDATE)),
+    "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,)),
 }
 
 
