@@ -10,6 +10,7 @@ import typer
 
 from tunix_rt.errors import BadInput
 from tunix_rt.plan import DEVICES, PlanInputs, make_plan, device_spec, resolve_engine
+from tunix_rt.plan.teacher import teacher_model
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
 
 
@@ -60,6 +61,7 @@ def plan_cmd(
     rl_prompts: Annotated[Optional[int], typer.Option("--rl-prompts", help="RL step (GRPO): prompts per step (rl_prompts); with --group-size and --rollout-tokens.")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="RL step: completions sampled per prompt (group_size).")] = None,
     rollout_tokens: Annotated[Optional[int], typer.Option("--rollout-tokens", help="RL step: most new tokens per completion (rollout_max_new_tokens); prompts get --seq minus these.")] = None,
+    teacher: Annotated[Optional[str], typer.Option("--teacher", help="Distillation: the teacher (catalog preset, model directory or run); its weights, forward and loss terms are added.")] = None,
     xla: Annotated[Optional[bool], typer.Option("--xla/--no-xla", help="Also ask XLA (JAX engine only; on by default there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -73,7 +75,8 @@ def plan_cmd(
                  devices=devices, strategy=strategy, optimizer=optimizer, dtype=dtype, engine=engine,
                  remat=remat, donate=donate, lora_rank=lora_rank, weight_qtype=weight_qtype,
                  grad_accum=grad_accum, grad_clip=grad_clip, loss_chunk_bytes=loss_chunk_bytes,
-                 rl_prompts=rl_prompts or 0, group_size=group_size or 0, rollout_tokens=rollout_tokens or 0)
+                 rl_prompts=rl_prompts or 0, group_size=group_size or 0, rollout_tokens=rollout_tokens or 0,
+                 teacher=teacher_model(teacher))
 
 
 def register(app) -> None:

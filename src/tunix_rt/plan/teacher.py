@@ -1,7 +1,8 @@
 """The teacher of a distillation step (a method with the table's teacher phase: train.distill).
 
-A distillation run holds a frozen teacher beside the student on every device (the torch
-engine loads it whole, in the run's dtype, on each rank: it is never sharded). Beyond the
+A distillation run holds a frozen teacher beside the student (the torch engine loads it
+whole, in the run's dtype, on each rank; the JAX engine shards it over the mesh like the
+student's weights, and runs its forward as a jitted call of its own). Beyond the
 student's step (`plan.step`, `plan.rl`) it adds, at the update's peak:
 - teacher_weights: every teacher parameter in the param dtype (fp32 4 B, bf16 2 B);
 - teacher_forward: its forward without gradient runs while the student's activations are
@@ -49,15 +50,17 @@ def teacher_model(ref: str | None) -> str | None:
     return str(merged) if (merged / rundir.MODEL_CONFIG).is_file() else run.config().model
 
 
-def teacher_bytes(inp: PlanInputs, student: Preset) -> dict[str, int]:
+def teacher_bytes(inp: PlanInputs, student: Preset) -> dict[str, float]:
     """The teacher's items (the module docstring), bytes per device."""
     t = resolve_preset(inp.teacher)
     wb = 2 if inp.dtype == "bf16" else 4
-    tokens = facts(inp, student).tokens
+    f = facts(inp, student)
+    tokens = f.tokens
+    shard = f.shard if f.jax else 1
     q = t.num_heads * t.head_dim + 2 * t.num_kv_heads * t.head_dim + t.num_heads * t.head_dim
     layer = tokens * (4 * t.hidden_size + q + 3 * t.intermediate_size) * wb
     chunk = min(chunk_tokens(inp.loss_chunk_bytes, student.vocab_size), max(tokens, 1))
-    return {"teacher_weights": t.param_count() * wb,
+    return {"teacher_weights": t.param_count() * wb / shard,
             "teacher_forward": tokens * t.hidden_size * 4 + layer,
             "teacher_loss_head": chunk * student.vocab_size * 4 * KD_EXTRA_CHUNK_BUFFERS + tokens * t.hidden_size * 4}
 
@@ -67,7 +70,7 @@ def with_teacher(inp: PlanInputs, student: Preset, device: DeviceSpec, items: di
     """A step's (items, details, peak) with the teacher's items added (none without a teacher)."""
     if not inp.teacher:
         return items, details, peak
-    extra = teacher_bytes(inp, student)
+    extra = {k: int(v) for k, v in teacher_bytes(inp, student).items()}
     t = resolve_preset(inp.teacher)
     if t.vocab_size != student.vocab_size:
         from tunix_rt.errors import BadInput

@@ -34,6 +34,8 @@ teacher, whatever the loss), the student's NLL at temperature 1, and the token c
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
@@ -70,7 +72,7 @@ def divergence(log_q: torch.Tensor, log_p: torch.Tensor, beta: float, want_grad:
     if beta == 1.0:
         d = (q * (log_q - log_p)).sum(-1)
         return d, (q * (log_q - log_p - d[:, None])) if want_grad else None, kl_pq
-    log_m = torch.logaddexp(log_q + torch.log1p(torch.tensor(-beta)), log_p + torch.log(torch.tensor(beta)))
+    log_m = torch.logaddexp(log_q + math.log1p(-beta), log_p + math.log(beta))
     kl_qm = (q * (log_q - log_m)).sum(-1)
     d = beta * (p * (log_p - log_m)).sum(-1) + (1.0 - beta) * kl_qm
     grad = (1.0 - beta) * q * (log_q - log_m - kl_qm[:, None]) if want_grad else None
