@@ -121,6 +121,11 @@ function curves(metrics) {
     if (pts("tool_calls").length) charts.push(lineChart("tool calls per step (solid), tool errors (dashed)",
       [line("tool_calls", "calls"), line("tool_errors", "errors", "eval")], "tool-chart", { y: "calls" }));
   }
+  // a distillation run (train.distill): the KL to the teacher per step and held out, the student's NLL
+  if (pts("kl_teacher").length) charts.push(
+    lineChart("KL to the teacher (train solid, held-out dashed)",
+      [line("kl_teacher", "KL"), line("eval_kl_teacher", "held-out KL", "eval")], "kd-chart", { y: "KL (nats/token)" }),
+    lineChart("student NLL of the targets", [line("nll", "NLL")], "kd-nll-chart", { y: "nats/token" }));
   return h("div", { class: "grid" }, charts);
 }
 
