@@ -1,8 +1,9 @@
 """Distillation (method: distill) on the torch engine: the fused chunked kernel against a
 full-logits reference and against TRL's GKDTrainer.generalized_jsd_loss, accumulation
 8x1 = 1x8, SIGKILL then resume bit-exact (on-policy: the student's own samples), the smoke
-preset through the CLI, the teacher as a run, and the refusals (another tokenizer, no
-teacher, a teacher for another method)."""
+preset through the CLI, the teacher as a run, the plan's teacher term, and the refusals
+(another tokenizer, the student's own weights as teacher, no teacher, a teacher for another
+method, a resume after the teacher changed)."""
 
 from __future__ import annotations
 
@@ -233,8 +234,14 @@ def test_refusals(home, tmp_path, teacher_dir):
         _cfg(tmp_path, teacher_dir, kd_loss="kl")
     with pytest.raises(BadInput, match="kd_beta"):
         _cfg(tmp_path, teacher_dir, kd_beta=1.5)
+    with pytest.raises(BadInput, match="has the student's own weights"):
+        Distill(_cfg(tmp_path, "tiny-gemma3", kd_alpha=0.0), home, load_tokenizer("tiny-gemma3"))
+    Distill(_cfg(tmp_path, "tiny-gemma3", kd_alpha=0.5), home, load_tokenizer("tiny-gemma3"))  # NLL moves it
     with pytest.raises(BadInput, match="not a model directory, a catalog model"):
         Distill(_cfg(tmp_path, tmp_path / "nowhere"), home, load_tokenizer("tiny-gemma3"))
+    method = Distill(_cfg(tmp_path, teacher_dir), home, load_tokenizer("tiny-gemma3"))
+    with pytest.raises(BadInput, match="other weights than when the checkpoint was written"):
+        method.load_state({**method.state(), "teacher_sha256": "0" * 64})  # a resume after the teacher changed
     tj = Path(teacher_dir) / "tokenizer.json"
     spec = json.loads(tj.read_text())
     vocab = spec["model"]["vocab"]  # two pieces swap ids: same size, same specials, other tokens

@@ -130,6 +130,7 @@ def held_out_stats(engine: Engine, batch, objective: Distillation) -> np.ndarray
 
 class Distill:
     def __init__(self, cfg: TrainConfig, home: Home, tok):
+        from tunix_rt.files import weights_sha256
         from tunix_rt.models.store import ensure_model
         from tunix_rt.models.tokenizer import ChatTokenizer
         from tunix_rt.train import dist
@@ -140,10 +141,17 @@ class Distill:
                            "without tools: set packing=false and tools=[]")
         self.cfg, self.tok = cfg, tok
         self.teacher_dir = dist.main_first("teacher model", resolve_teacher, cfg.teacher, home)
-        check_same_tokenizer(tok, ChatTokenizer.from_file(self.teacher_dir), ensure_model(cfg.model, home),
-                             self.teacher_dir, cfg.teacher)
+        student_dir = ensure_model(cfg.model, home)
+        check_same_tokenizer(tok, ChatTokenizer.from_file(self.teacher_dir), student_dir, self.teacher_dir,
+                             cfg.teacher)
+        self.teacher_sha256 = weights_sha256(self.teacher_dir)
+        if self.teacher_sha256 == weights_sha256(student_dir) and cfg.kd_alpha == 0:
+            raise BadInput(f"teacher {cfg.teacher!r} has the student's own weights: the student starts equal to it, "
+                           "so the divergence and its gradient are 0 and nothing is learnt; name another teacher "
+                           "(a larger model, or a trained run), or set kd_alpha > 0")
         train, self.eval_examples, self.dataset = load_data(cfg, home, tok)
-        self.dataset = {**self.dataset, "teacher": cfg.teacher, "teacher_dir": str(self.teacher_dir)}
+        self.dataset = {**self.dataset, "teacher": cfg.teacher, "teacher_dir": str(self.teacher_dir),
+                        "teacher_sha256": self.teacher_sha256}
         self.pad_id = tok.pad_id
         self.stream = BatchStream(train, cfg.batch_size, cfg.max_seq_len, cfg.packing, cfg.seed, tok.pad_id)
         self.total_steps = steps_for(cfg, train, tok.pad_id)
@@ -202,9 +210,14 @@ class Distill:
         return {**out, "eval_kl_teacher": float(stats[1] / max(stats[3], 1.0))}
 
     def state(self) -> dict[str, Any]:
-        return position_state(self.stream.position)
+        return {**position_state(self.stream.position), "teacher_sha256": self.teacher_sha256}
 
     def load_state(self, state: dict[str, Any]) -> None:
+        """The data position, once the teacher is checked to be the checkpoint's."""
+        if state.get("teacher_sha256", self.teacher_sha256) != self.teacher_sha256:
+            raise BadInput(f"teacher {self.cfg.teacher!r} has other weights than when the checkpoint was written "
+                           f"(sha256 {self.teacher_sha256[:12]}, was {state['teacher_sha256'][:12]}): resuming would "
+                           "distil from another teacher; restore it, or start a new run")
         self.stream.position = position_of(state)
 
     def summary(self) -> dict[str, Any]:
