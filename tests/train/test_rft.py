@@ -76,7 +76,12 @@ def _check_run(run):
 
 
 def test_rft_run_is_complete_with_kept_share_per_round(home, tmp_path):
-    _check_run(train(rft_cfg(tmp_path), home))
+    from tunix_rt.train.report import _report_loss
+
+    run = train(rft_cfg(tmp_path), home)
+    _check_run(run)
+    text = _report_loss(run)  # REPORT.md's training section lists the rounds
+    assert "| round | step | samples | accepted | kept | kept share |" in text and "Over 2 rounds:" in text
 
 
 @pytest.mark.jax

@@ -104,11 +104,29 @@ def _report_loss(run_dir: Path) -> str:
             vals = [v for _, v in points]
             text.append(f"| {name} | {sum(vals[:5]) / len(vals[:5]):.3f} | {sum(vals[-5:]) / len(vals[-5:]):.3f} |")
         text.append("")
-    elif losses:
+    text += _report_rounds(rows)
+    if not rewards and losses:
         first, last = losses[0], losses[-1]
         text += [f"Loss per supervised token: {first[1]:.3f} at step {first[0]} → "
                  f"{last[1]:.3f} at step {last[0]}.", ""]
     return "\n".join(text)
+
+
+def _report_rounds(rows: list[dict]) -> list[str]:
+    """Rejection sampling (train.rft): each round's samples, kept completions and kept share
+    (the first five rounds and the last five)."""
+    rounds = [r for r in rows if "kept_share" in r]
+    if not rounds:
+        return []
+    shown = rounds if len(rounds) <= 10 else rounds[:5] + rounds[-5:]
+    text = ["Rejection sampling: each round's samples, those accepted and kept (distinct), the kept share:", "",
+            "| round | step | samples | accepted | kept | kept share |", "| ---: | ---: | ---: | ---: | ---: | ---: |"]
+    text += [f"| {r['rft_round']} | {r['step']} | {r['rft_samples']} | {r['rft_accepted']} | {r['rft_kept']} | "
+             f"{100 * r['kept_share']:.1f}% |" for r in shown]
+    total = sum(r["rft_samples"] for r in rounds)
+    kept = sum(r["rft_kept"] for r in rounds)
+    return text + ["", f"Over {len(rounds)} rounds: {kept} of {total} samples kept "
+                       f"({100 * kept / total if total else 0.0:.1f}%).", ""]
 
 
 def _report_examples(preds: list[dict]) -> str:
