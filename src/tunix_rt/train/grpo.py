@@ -1,4 +1,5 @@
-"""GRPO family: reinforcement learning with verifiable rewards (grpo, dr_grpo, dapo).
+"""GRPO family: reinforcement learning with verifiable rewards (grpo, dr_grpo, dapo, and
+gspo and rloo, whose importance ratio is one per completion: train.sequence_ratio).
 
 One step:
   1. rollouts: P prompts from the seeded prompt order, G completions each from the engine's

@@ -120,6 +120,9 @@ function curves(metrics) {
     // a run with tools (train.grpo): the step's tool calls and the calls that erred
     if (pts("tool_calls").length) charts.push(lineChart("tool calls per step (solid), tool errors (dashed)",
       [line("tool_calls", "calls"), line("tool_errors", "errors", "eval")], "tool-chart", { y: "calls" }));
+    // a rejection-sampling run (train.rft): the share of each round's samples kept, at the step that sampled it
+    if (pts("kept_share").length) charts.push(lineChart("RFT: kept share per round (accepted and distinct / samples)",
+      [line("kept_share", "kept share")], "kept-chart", { y: "share (0–1)" }));
   }
   // a distillation run (train.distill): the KL to the teacher per step and held out, the student's NLL
   if (pts("kl_teacher").length) charts.push(
