@@ -47,3 +47,26 @@ def tiny_demo(tmp_path_factory) -> DemoOutput:
         assert len(runs) == 1, runs
         _CACHE["demo"] = DemoOutput(home, runs[0], done.stdout, time.perf_counter() - t0)
     return _CACHE["demo"]
+
+
+TASK = "basic_arithmetic"
+TASK_DEMO_ARGS = [*DEMO_ARGS, "--task", TASK]
+
+
+def task_demo(tmp_path_factory) -> DemoOutput:
+    """`tunix-rt demo … --task basic_arithmetic` (the shared demo's flags, so its GSM8K SFT run
+    is reused) in a copy of the shared demo's home (its registry left out: the copy indexes
+    what it uses), so the shared home stays as the other tests expect it. `run_dir` is the
+    task demo's RL run."""
+    import shutil
+
+    if "task" not in _CACHE:
+        shared = tiny_demo(tmp_path_factory)
+        home = tmp_path_factory.mktemp("task-demo-home") / "home"
+        shutil.copytree(shared.home, home, ignore=shutil.ignore_patterns("registry.db*"))
+        t0 = time.perf_counter()
+        done = tunix(home, *TASK_DEMO_ARGS)
+        new = [p for p in (home / "runs").iterdir() if p.name != shared.run_dir.name]
+        assert len(new) == 1, new  # the RL run; the SFT run is the shared demo's
+        _CACHE["task"] = DemoOutput(home, new[0], done.stdout, time.perf_counter() - t0)
+    return _CACHE["task"]

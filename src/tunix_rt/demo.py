@@ -10,6 +10,19 @@
 Each stage prints its estimate before it starts and its real time after; the estimates
 are refined as the demo measures this machine (generation tokens/s from the base eval).
 `--model tiny-gemma3` runs the same path in seconds (the tests do).
+
+`--rl` adds GRPO from the SFT run and its evaluation on the same items (base → SFT → SFT+RL).
+
+`--task TASK` runs the pipeline on a reasoning-gym task (traces.reasoning_gym) and implies --rl:
+    task       import TASK (fixed seed and sizes: TASK_SEED, TASK_COUNTS; offline, reused)
+    evals      base, SFT and SFT+RL on the first n records of the task's held-out test split,
+               each scored by the task's own verifier (the records' meta.scorer, rg:TASK)
+    train      SFT stays on GSM8K: the task has answers but no worked solutions, and SFT's job
+               here is the <reasoning>/<answer> format
+    RL         GRPO on the task's train split, with reasoning-gym's curriculum when the task
+               has one (train.curriculum)
+The RL run's REPORT.md and demo.json carry the result (which task, each stage's time); the
+shared SFT run's own REPORT.md (GSM8K, written by a plain demo) is left as it is.
 """
 
 from __future__ import annotations
@@ -46,6 +59,13 @@ RL_STEP_S = {"gemma3-270m": 60.0, "tiny": 1.0}  # one GRPO step of the RL preset
 RL_PRESET = {"gemma3-270m": ("cpu-grpo", []),
              "tiny": ("smoke", ["method=grpo", "rollout_max_new_tokens=24", "rl_prompts=2", "max_steps=4"])}
 TUNED_TOKENS_PER_ITEM = 140  # a GSM8K solution in the trained format, <end_of_turn> included
+TASK_SEED = 1
+"""The seed `demo --task` imports its task with (train/dev/test seeds derive from it)."""
+TASK_COUNTS = {"train": 128, "dev": 32, "test": 64}
+"""Records per split of a demo task: train feeds 20 GRPO steps of 4 prompts (the curriculum
+generates its own prompts anyway); test holds the default 32 eval items twice over (a larger
+--eval-n raises it, which imports another version)."""
+TASK_IMPORT_S = 5.0  # the estimate for drawing and checking the task's records
 
 
 @dataclass(frozen=True)
@@ -74,6 +94,8 @@ class DemoOptions:
     """After SFT, run GRPO from the SFT run (cpu-grpo preset) and evaluate it on the same items."""
     rl_steps: int | None = None
     """GRPO steps; default 20 (4 for a tiny model)."""
+    task: str | None = None
+    """A reasoning-gym task: GRPO trains on it and the evals use its test split (implies rl)."""
 
     def __post_init__(self) -> None:
         if self.engine not in engines.CHOICES:
@@ -84,6 +106,12 @@ class DemoOptions:
                 raise BadInput(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.max_new_tokens < 1:
             raise BadInput(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.task is not None:
+            from tunix_rt.traces.reasoning_gym import check_task
+
+            if "," in self.task:
+                raise BadInput(f"--task takes one reasoning-gym task, got {self.task!r}")
+            check_task(self.task)
 
 
 @dataclass
@@ -94,6 +122,8 @@ class DemoPlan:
     eval_n: int
     cost: tuple[float, float, float, float]
     tiny: bool
+    rl: bool = False
+    """The RL stages run: --rl, or --task."""
 
 
 def resolve(opts: DemoOptions) -> DemoPlan:
@@ -111,7 +141,8 @@ def resolve(opts: DemoOptions) -> DemoPlan:
     cfg = TrainConfig.load(preset, overrides)
     tiny = tiny or bool(cfg.model in PRESETS and get_preset(cfg.model).tiny)
     cost = COST["tiny"] if tiny else COST["gemma3-270m"]
-    return DemoPlan(cfg=cfg, eval_n=opts.eval_n or (8 if tiny else 32), cost=cost, tiny=tiny)
+    return DemoPlan(cfg=cfg, eval_n=opts.eval_n or (8 if tiny else 32), cost=cost, tiny=tiny,
+                    rl=opts.rl or opts.task is not None)
 
 
 def capped_warmup(preset: str, steps: int) -> str:
@@ -155,6 +186,45 @@ def fmt_s(s: float) -> str:
     return f"{s:.0f}s" if s < 90 else f"{int(s // 60)}m{int(s % 60):02d}s"
 
 
+@dataclass(frozen=True)
+class TaskData:
+    """The demo's reasoning-gym task, imported: what the evals and the RL stage use."""
+
+    task: str
+    ds: Any  # traces.dataset.Dataset, referenced by name@version
+    curriculum: bool
+    """reasoning-gym has a curriculum for the task: GRPO runs with `curriculum: true`."""
+    counts: dict[str, int]
+
+    @property
+    def scorer(self) -> str:
+        from tunix_rt.traces.reasoning_gym import scorer_name
+
+        return scorer_name(self.task)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.task, "scorer": self.scorer, "dataset": self.ds.ref, "seed": TASK_SEED,
+                "counts": self.counts, "curriculum": self.curriculum, "eval_split": "test"}
+
+
+def task_counts(eval_n: int) -> dict[str, int]:
+    """The demo task's records per split: TASK_COUNTS, test at least eval_n."""
+    return {**TASK_COUNTS, "test": max(TASK_COUNTS["test"], eval_n)}
+
+
+def import_task(task: str, eval_n: int, home: Home) -> TaskData:
+    """The task as a dataset (traces.reasoning_gym.import_tasks: the same request reuses its
+    version), with a test split of at least eval_n records."""
+    from reasoning_gym.factory import has_curriculum
+
+    from tunix_rt.traces.reasoning_gym import TaskImport, import_tasks
+
+    counts = task_counts(eval_n)
+    req = TaskImport(tasks=(task,), n=counts["train"], seed=TASK_SEED, dev_n=counts["dev"], test_n=counts["test"])
+    ds = import_tasks(req, home).dataset
+    return TaskData(task=task, ds=ds, curriculum=bool(has_curriculum(task)), counts=counts)
+
+
 def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
     """Run every stage; returns the demo state (also written to <run>/demo.json)."""
     from tunix_rt.eval.generate import DecodeConfig
@@ -163,21 +233,29 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
     cfg = plan.cfg
     import_s, step_s, tok_s, load_s = plan.cost
     decode = DecodeConfig(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size)
-    stages = Stages(console, total=8 if opts.rl else 6)
-    console.print(_plan_line(cfg, plan))
+    stages = Stages(console, total=6 + 2 * plan.rl + (opts.task is not None))
+    console.print(_plan_line(cfg, plan, opts.task))
 
     with stages.stage("model", cfg.model, 0.0 if _model_installed(cfg.model, home) else import_s):
         model_dir = _ensure_model(cfg.model, home)
     with stages.stage("dataset", cfg.dataset, 0.0 if _dataset_installed(cfg.dataset, home) else 10.0):
         ds, sample = _sample(cfg.dataset, home, plan.eval_n)
+    task, split = None, "dev"
+    if opts.task is not None:
+        counts = task_counts(plan.eval_n)
+        with stages.stage("task", f"reasoning-gym {opts.task}: {counts['train']} train / {counts['dev']} dev / "
+                          f"{counts['test']} test records, seed {TASK_SEED}", TASK_IMPORT_S):
+            task = import_task(opts.task, plan.eval_n, home)
+            split = "test"
+            ds, sample = _sample(task.ds.ref, home, plan.eval_n, split)
     base_key = eval_key(model_dir, None, ds, sample, decode, cfg.system_prompt, cfg.engine)
     base_dir = home.root / "evals" / f"demo-base-{base_key}"
     base_cached = _eval_done(base_dir)
     base_est = 0.0 if base_cached else load_s + plan.eval_n * opts.max_new_tokens / tok_s
-    with stages.stage("base eval", f"{cfg.model}, {plan.eval_n} dev items, greedy, "
+    with stages.stage("base eval", f"{cfg.model}, {plan.eval_n} {split} items, greedy, "
                       f"≤{opts.max_new_tokens} new tokens", base_est):
         if not base_cached:
-            evaluate(cfg, home, None, ds, plan.eval_n, decode, base_dir)
+            evaluate(cfg, home, None, ds, plan.eval_n, decode, base_dir, split)
     base = _summary(base_dir)
     # This machine's speed relative to the cost model (a busy CPU is several times slower):
     # the measured generation rate rescales the training estimate too.
@@ -203,37 +281,52 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
     tuned_est = 0.0 if tuned_cached else load_s + plan.eval_n * tuned_tokens / tok_s
     with stages.stage("tuned eval", f"the fine-tuned adapter on the same {plan.eval_n} items", tuned_est):
         if not tuned_cached:
-            evaluate(cfg, home, run_dir, ds, plan.eval_n, decode, tuned_dir)
+            evaluate(cfg, home, run_dir, ds, plan.eval_n, decode, tuned_dir, split)
     tuned = _summary(tuned_dir)
 
-    rl = rl_stages(opts, plan, home, stages, run_dir, ds, decode, tok_s, slowdown) if opts.rl else None
+    rl = (rl_stages(opts, plan, home, stages, run_dir, ds, sample, decode, tok_s, slowdown, split, task)
+          if plan.rl else None)
 
     with stages.stage("evidence", "environment.json, REPORT.md, checks, registry", 3.0):
-        seconds = first_timings(run_dir, stages, base_dir, tuned_dir)
+        seconds = first_timings(run_dir, stages, base_dir, tuned_dir, rl, state_dir=rl[0] if task else None)
         state = {"run_id": run_dir.name, "eval_key": tuned_key, "base_eval": str(base_dir),
                  "tuned_eval": str(tuned_dir), "stage_seconds": seconds,
                  "reused_now": stages.cached, "finished_at": evidence.now_iso()}
-        evidence.ensure_environment(run_dir)
-        report.write_report(run_dir, tuned_dir, base_dir, stage_seconds=seconds)
-        check_evidence(run_dir, tuned_dir)
-        files.write_json_atomic(run_dir / DEMO_STATE, state)
-        register(run_dir, base_dir)
+        if task is not None:
+            state["task"] = {**task.to_dict(), "sft_dataset": cfg.dataset}
+            # the SFT run is the plain demo's too: its GSM8K REPORT.md and demo.json stay
+            evidence.ensure_environment(run_dir)
+            check_evidence(run_dir, tuned_dir)
+            register(run_dir, base_dir)
+        else:
+            publish(run_dir, tuned_dir, base_dir, seconds, state)
         if rl is not None:
             rl_dir, rl_eval = rl
             state.update(rl_run_id=rl_dir.name, rl_eval=str(rl_eval))
-            evidence.ensure_environment(rl_dir)
-            report.write_report(rl_dir, rl_eval, base_dir, stage_seconds=seconds, sft_eval_dir=tuned_dir)
-            check_evidence(rl_dir, rl_eval)
-            files.write_json_atomic(rl_dir / DEMO_STATE, state)
-            register(rl_dir, base_dir)
+            publish(rl_dir, rl_eval, base_dir, seconds, state, sft_eval_dir=tuned_dir,
+                    intro=task_section(task, cfg, rl_dir, plan.eval_n) if task else None)
+    if task is not None:
+        console.print(task_line(task, cfg), soft_wrap=True)
     print_result(console, [base, tuned] + ([_summary(rl[1])] if rl else []), rl[0] if rl else run_dir,
                  seconds, stages.cached)
     return state
 
 
-def rl_stages(opts: DemoOptions, plan: DemoPlan, home: Home, stages: Stages, sft_dir: Path, ds: Any,
-              decode: Any, tok_s: float, slowdown: float) -> tuple[Path, Path]:
-    """GRPO from the SFT run, then its evaluation on the same items: (run dir, eval dir)."""
+def publish(run_dir: Path, eval_dir: Path, base_dir: Path, seconds: dict[str, float], state: dict[str, Any],
+            sft_eval_dir: Path | None = None, intro: str | None = None) -> None:
+    """A demo run's evidence: environment.json, REPORT.md, the check, demo.json, the registry."""
+    evidence.ensure_environment(run_dir)
+    report.write_report(run_dir, eval_dir, base_dir, stage_seconds=seconds, sft_eval_dir=sft_eval_dir, intro=intro)
+    check_evidence(run_dir, eval_dir)
+    files.write_json_atomic(run_dir / DEMO_STATE, state)
+    register(run_dir, base_dir)
+
+
+def rl_stages(opts: DemoOptions, plan: DemoPlan, home: Home, stages: Stages, sft_dir: Path, ds: Any, sample: list,
+              decode: Any, tok_s: float, slowdown: float, split: str = "dev",
+              task: TaskData | None = None) -> tuple[Path, Path]:
+    """GRPO from the SFT run (on the task's train split with --task), then its evaluation on
+    the same items: (run dir, eval dir)."""
     from tunix_rt.train.config import TrainConfig
     from tunix_rt.train.driver import resolve_init
 
@@ -242,24 +335,55 @@ def rl_stages(opts: DemoOptions, plan: DemoPlan, home: Home, stages: Stages, sft
     over = [*extra, f"init={sft_dir.name}", f"engine={plan.cfg.engine}", f"model={plan.cfg.model}"]
     if opts.rl_steps or not plan.tiny:
         over += [f"max_steps={opts.rl_steps or 20}", capped_warmup(preset, opts.rl_steps or 20)]
+    if task is not None:
+        over += [f"dataset={task.ds.ref}", "split=train", f"curriculum={'true' if task.curriculum else 'false'}"]
     cfg = resolve_init(TrainConfig.load(preset, over), home)
     run_dir = None if opts.fresh else find_finished_run(cfg, home)
     est = 0.0 if run_dir else cfg.max_steps * RL_STEP_S[kind] * slowdown
-    with stages.stage("RL", f"{cfg.rl_loss} from {sft_dir.name}: {cfg.max_steps} steps of {cfg.rl_prompts} "
+    on = f" on {task.task}{' with its curriculum' if task.curriculum else ''}" if task else ""
+    with stages.stage("RL", f"{cfg.rl_loss} from {sft_dir.name}{on}: {cfg.max_steps} steps of {cfg.rl_prompts} "
                       f"prompts x {cfg.group_size} samples", est):
         if run_dir is None:
             run_dir = train(cfg, home)
         else:
             stages.console.print(f"reusing finished run {run_dir} (same config; --fresh trains again)", soft_wrap=True)
-    key = eval_key(Path(cfg.model), run_dir, ds, _sample(ds.ref, home, plan.eval_n)[1], decode, cfg.system_prompt,
-                   cfg.engine)
+    key = eval_key(Path(cfg.model), run_dir, ds, sample, decode, cfg.system_prompt, cfg.engine)
     eval_dir = run_dir / rundir.EVALS / f"demo-{key}"
     cached = _eval_done(eval_dir)
     est = 0.0 if cached else plan.cost[3] + plan.eval_n * min(opts.max_new_tokens, TUNED_TOKENS_PER_ITEM) / tok_s
     with stages.stage("RL eval", f"the RL adapter on the same {plan.eval_n} items", est):
         if not cached:
-            evaluate(cfg, home, run_dir, ds, plan.eval_n, decode, eval_dir)
+            evaluate(cfg, home, run_dir, ds, plan.eval_n, decode, eval_dir, split)
     return run_dir, eval_dir
+
+
+def task_line(task: TaskData, sft_cfg: Any) -> str:
+    """The console's account of a task demo (printed above the table)."""
+    return (f"task: reasoning-gym [bold]{task.task}[/bold], scored by {task.scorer} on its held-out test split "
+            f"({task.ds.ref}); SFT on {sft_cfg.dataset} (the answer format), GRPO on the task's train split"
+            + (" with its curriculum" if task.curriculum else ""))
+
+
+def task_section(task: TaskData, sft_cfg: Any, rl_dir: Path, eval_n: int) -> str:
+    """REPORT.md's account of a task demo: which task, how it was scored and trained."""
+    level = ""
+    if task.curriculum:
+        rows = [r for r in rundir.Run(rl_dir).metrics() if f"curriculum_level_{task.task}" in r]
+        if rows:
+            level = f" (level {rows[0][f'curriculum_level_{task.task}']} → {rows[-1][f'curriculum_level_{task.task}']} over the run)"
+    c = task.counts
+    return "\n".join([
+        "## Task", "",
+        f"- reasoning-gym task `{task.task}`, scored by its own verifier `{task.scorer}`",
+        f"- dataset `{task.ds.ref}`: {c['train']} train / {c['dev']} dev / {c['test']} test records "
+        f"from seed {TASK_SEED} (disjoint splits)",
+        f"- evaluations (base, SFT, SFT+RL): the first {eval_n} records of the held-out `test` split",
+        f"- SFT on `{sft_cfg.dataset}` (this run's `init`): the task has no worked solutions, and SFT "
+        "teaches the <reasoning>/<answer> format",
+        "- RL: GRPO on the task's `train` split"
+        + (f" with reasoning-gym's curriculum{level}" if task.curriculum else " at the task's default difficulty"),
+        "",
+    ])
 
 
 def check_evidence(run_dir: Path, eval_dir: Path) -> None:
@@ -277,18 +401,27 @@ def register(run_dir: Path, base_dir: Path) -> None:
     record_eval(base_dir)
 
 
-def first_timings(run_dir: Path, stages: Stages, base_dir: Path, tuned_dir: Path) -> dict[str, float]:
+def first_timings(run_dir: Path, stages: Stages, base_dir: Path, tuned_dir: Path,
+                  rl: tuple[Path, Path] | None = None, state_dir: Path | None = None) -> dict[str, float]:
     """Stage times of the work itself: a stage reused now reports the time it took when it
-    ran (the eval's duration_s, the run's start to finish, or the previous demo.json), so
-    REPORT.md never claims a 0 s training."""
+    ran (the eval's duration_s, the run's start to finish, or the previous demo.json in
+    state_dir, default the SFT run), so REPORT.md never claims a 0 s training."""
     prev = {}
-    if (run_dir / DEMO_STATE).is_file():
-        prev = json.loads((run_dir / DEMO_STATE).read_text()).get("stage_seconds", {})
-    manifest = rundir.Run(run_dir).manifest
-    prev["train"] = round(_seconds_between(manifest["started_at"], manifest["finished_at"]), 1)
+    state = (state_dir or run_dir) / DEMO_STATE
+    if state.is_file():
+        prev = json.loads(state.read_text()).get("stage_seconds", {})
+    prev["train"] = _run_seconds(run_dir)
     prev["base eval"] = _summary(base_dir)["duration_s"]
     prev["tuned eval"] = _summary(tuned_dir)["duration_s"]
+    if rl is not None:
+        prev["RL"] = _run_seconds(rl[0])
+        prev["RL eval"] = _summary(rl[1])["duration_s"]
     return {k: prev[k] if k in stages.cached and k in prev else v for k, v in stages.timings.items()}
+
+
+def _run_seconds(run_dir: Path) -> float:
+    manifest = rundir.Run(run_dir).manifest
+    return round(_seconds_between(manifest["started_at"], manifest["finished_at"]), 1)
 
 
 def _seconds_between(start: str, end: str) -> float:
@@ -297,7 +430,11 @@ def _seconds_between(start: str, end: str) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def _plan_line(cfg: Any, plan: DemoPlan) -> str:
+def _plan_line(cfg: Any, plan: DemoPlan, task: str | None = None) -> str:
+    if task is not None:
+        return (f"[bold]tunix-rt demo --task {task}[/bold]: {cfg.model}, {cfg.method} {cfg.finetune} on "
+                f"{cfg.dataset} {cfg.max_steps} steps ({cfg.engine}), then GRPO on reasoning-gym {task}; "
+                f"eval on {plan.eval_n} of its test items before and after each")
     return (f"[bold]tunix-rt demo[/bold]: {cfg.model} on {cfg.dataset}, {cfg.method} {cfg.finetune} "
             f"{cfg.max_steps} steps ({cfg.engine}), eval on {plan.eval_n} dev items before and after")
 
@@ -321,16 +458,17 @@ def _dataset_installed(ref: str, home: Home) -> bool:
     return Path(ref).is_file() or any((home.datasets / name).glob("*/manifest.json"))
 
 
-def _sample(ref: str, home: Home, n: int):
-    """The fixed dev sample: the first n dev records in file order (the dev split is a
-    hash of the record id, so the sample never changes as long as the dataset does not)."""
+def _sample(ref: str, home: Home, n: int, split: str = "dev"):
+    """The fixed sample: the first n records of the split in file order (the dev split is a
+    hash of the record id, a reasoning-gym test split its records' own; so the sample never
+    changes as long as the dataset does not)."""
     from tunix_rt.traces.dataset import load_dataset
 
     ds = load_dataset(ref, home)
-    dev = ds.split("dev")
-    if len(dev) < n:
-        raise BadInput(f"--eval-n {n}: dataset {ds.ref} has only {len(dev)} dev records")
-    return ds, dev[:n]
+    held_out = ds.split(split)
+    if len(held_out) < n:
+        raise BadInput(f"--eval-n {n}: dataset {ds.ref} has only {len(held_out)} {split} records")
+    return ds, held_out[:n]
 
 
 def eval_key(model_dir: Path, run_dir: Path | None, ds: Any, sample: list, decode: Any,
@@ -379,14 +517,14 @@ def train(cfg: Any, home: Home) -> Path:
 
 
 def evaluate(cfg: Any, home: Home, run_dir: Path | None, ds: Any, n: int, decode: Any,
-             out_dir: Path) -> Path:
-    """One evaluation of the first n dev items into out_dir (eval_summary.json,
+             out_dir: Path, split: str = "dev") -> Path:
+    """One evaluation of the first n items of the split into out_dir (eval_summary.json,
     predictions.jsonl) through the eval stage, with its tokens/s progress bar."""
     from tunix_rt.eval.cli import GenerationProgress
     from tunix_rt.eval.runner import EvalRequest, run_eval
 
     req = EvalRequest(dataset=ds.ref, model=cfg.model, adapter=str(run_dir) if run_dir else None,
-                      split="dev", limit=n, engine=cfg.engine, decode=decode, out=out_dir)
+                      split=split, limit=n, engine=cfg.engine, decode=decode, out=out_dir)
     with GenerationProgress() as progress:
         return run_eval(req, home, on_tokens=progress.advance, on_start=progress.start)
 
@@ -398,7 +536,7 @@ def print_result(console: Console, summaries: list[dict], run_dir: Path, seconds
     """The before/after table: base → fine-tuned, or base → SFT → SFT+RL."""
     last = summaries[-1]
     n = last["metrics"]["n"]
-    table = Table(title=f"before / after on {n} {last['dataset']['name']} dev items")
+    table = Table(title=f"before / after on {n} {last['dataset']['name']} {last['dataset']['split']} items")
     labels = ("base model", "fine-tuned") if len(summaries) == 2 else ("base model", "SFT", "SFT+RL")
     for col in ("metric", *labels, "change"):
         table.add_column(col, justify="left" if col == "metric" else "right")
@@ -424,15 +562,18 @@ def demo_command(
     fresh: Annotated[bool, typer.Option("--fresh", help="Train again even if a finished run with the same config exists.")] = False,
     rl: Annotated[bool, typer.Option("--rl", help="After SFT, GRPO from the SFT run (cpu-grpo preset) and a third evaluation.")] = False,
     rl_steps: Annotated[Optional[int], typer.Option("--rl-steps", help="GRPO steps with --rl (default 20; 4 for a tiny model).")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", help="A reasoning-gym task (e.g. basic_arithmetic): SFT on GSM8K for the format, GRPO on the task (its curriculum when it has one), evals on its held-out test split by its own scorer. Implies --rl.")] = None,
     home: Annotated[Optional[str], typer.Option("--home", help="Home directory (same as the global --home).")] = None,
 ) -> None:
     """Fine-tune Gemma 3 270M on GSM8K on this CPU, offline (~20 min), before/after eval.
 
     Evaluates the base model on a fixed dev sample, trains a LoRA adapter (cpu-demo
     preset), evaluates it on the same items, and leaves REPORT.md and the evidence in the
-    run directory. A second run reuses the model, dataset, base eval and finished run."""
+    run directory. A second run reuses the model, dataset, base eval and finished run.
+    --task TASK: the same on a reasoning-gym task (GRPO on it, evals on its test split)."""
     if home:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(os.path.expanduser(home))
     opts = DemoOptions(model=model, config=config, steps=steps, eval_n=eval_n,
-                       max_new_tokens=max_new_tokens, engine=engine, fresh=fresh, rl=rl, rl_steps=rl_steps)
+                       max_new_tokens=max_new_tokens, engine=engine, fresh=fresh, rl=rl, rl_steps=rl_steps,
+                       task=task)
     run_demo(opts, Home.resolve().ensure(), Console())

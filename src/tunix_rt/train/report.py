@@ -32,18 +32,20 @@ def before_after_rows(*summaries: dict) -> list[tuple[str, ...]]:
 
 
 def write_report(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None = None,
-                 stage_seconds: dict[str, float] | None = None, sft_eval_dir: Path | None = None) -> Path:
+                 stage_seconds: dict[str, float] | None = None, sft_eval_dir: Path | None = None,
+                 intro: str | None = None) -> Path:
     """REPORT.md: what was trained, the before/after table (when a base evaluation is
     given; base → SFT → SFT+RL with the SFT run's evaluation), the training curves (loss;
     rewards for an RL run) and the first five predictions of the evaluation (the first
-    five, not the best five)."""
+    five, not the best five). `intro`: a section of the caller's, after the head (the demo's
+    task)."""
     run_dir, eval_dir = Path(run_dir), Path(eval_dir)
     manifest = Run(run_dir).manifest
     tuned = json.loads((eval_dir / SUMMARY).read_text())
     base = json.loads((Path(base_eval_dir) / SUMMARY).read_text()) if base_eval_dir else None
     sft = json.loads((Path(sft_eval_dir) / SUMMARY).read_text()) if sft_eval_dir else None
     preds = [json.loads(x) for x in (eval_dir / PREDICTIONS).read_text().splitlines() if x.strip()]
-    parts = [_report_head(run_dir, manifest, tuned), _report_table(tuned, base, sft),
+    parts = [_report_head(run_dir, manifest, tuned), *([intro] if intro else []), _report_table(tuned, base, sft),
              _report_loss(run_dir), _report_examples(preds[:N_EXAMPLES])]
     if stage_seconds:
         parts.append(_report_stages(stage_seconds))
