@@ -237,7 +237,7 @@ def test_accumulation_8x1_equals_1x8(home, tmp_path, rl_loss):
         torch.testing.assert_close(out[1][1][name], g, atol=1e-6, rtol=0, msg=name)
 
 
-def _window_pair(home, tmp_path, rl_loss, batch_size):
+def _window_pair(home, tmp_path, rl_loss, batch_size, shared=False):
     """2 prompts x 4 rollouts in micro-batches of batch_size; old log-probs shifted per completion."""
     from tunix_rt.models.store import ensure_model, load_tokenizer
     from tunix_rt.train.grpo import GRPO
@@ -254,13 +254,28 @@ def _window_pair(home, tmp_path, rl_loss, batch_size):
         for p in engine.trainable.values():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
     groups, _ = method.rollouts(engine, 0)
-    batches = method.update_batches(groups, shared=False)
+    batches = method.update_batches(groups, shared=shared)
     w = Window(batches)
     shift = np.linspace(-0.3, 0.3, w.n_seq) / (np.maximum(w.n, 1) if rl_loss == "rloo" else 1)
     for i, b in enumerate(batches):
         b.aux["ref_logp"] = engine.token_logprobs(b, adapter=False)
         b.aux["old_logp"] = engine.token_logprobs(b) - w.spread(shift, i)
     return cfg, engine, method, groups, batches, np.stack([g.rewards for g in groups])
+
+
+@pytest.mark.parametrize("rl_loss", ["gspo", "rloo"])
+def test_shared_prompt_rows_equal_a_row_per_sample(home, tmp_path, rl_loss):
+    """The torch engine's shared-prefix rows (a group's prompt once, its completions as
+    branches): each branch is its own sequence, the same loss and gradients."""
+    out = []
+    for shared in (False, True):
+        cfg, engine, method, groups, batches, rewards = _window_pair(home, tmp_path, rl_loss, 8, shared)
+        assert (batches[0].segments is not None) == shared
+        loss, grads, _ = _ours(engine, method, batches, rewards)
+        out.append((loss, grads))
+    assert out[0][0] == pytest.approx(out[1][0], abs=1e-5)
+    for name, g in out[0][1].items():
+        torch.testing.assert_close(out[1][1][name], g, atol=1e-5, rtol=1e-4, msg=name)
 
 
 # ------------------------------------------------------------------ runs
