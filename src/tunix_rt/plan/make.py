@@ -98,7 +98,7 @@ def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None
         loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
         **({"rl_prompts": cfg.rl_prompts, "group_size": cfg.group_size,
             "rollout_tokens": cfg.rollout_max_new_tokens} if rolls_out(cfg.method) else {}),
-        teacher=teacher_model(getattr(cfg, "teacher", None)) if uses_teacher(cfg.method) else None,
+        teacher=teacher_model(cfg.teacher, cfg.model) if uses_teacher(cfg.method) else None,
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
 

@@ -30,10 +30,12 @@ from tunix_rt.train.chunking import chunk_tokens
 KD_EXTRA_CHUNK_BUFFERS = 6
 
 
-def teacher_model(ref: str | None) -> str | None:
+def teacher_model(ref: str | None, fallback: str | None = None) -> str | None:
     """What the plan reads of a config's teacher: a catalog name or a model directory as
     given; a run: its final/merged directory, else the base it trained (an adapter merged
-    into its base has the base's shape)."""
+    into its base has the base's shape). A run this process's home does not hold (a worker
+    given another home) is planned as `fallback` (the student's model) when one is given;
+    the method resolves the teacher itself before anything is loaded."""
     from tunix_rt import rundir
 
     if not ref or ref in PRESETS or (Path(ref) / rundir.MODEL_CONFIG).is_file():
@@ -45,7 +47,7 @@ def teacher_model(ref: str | None) -> str | None:
     try:
         run = RunDir.open(resolve_run(ref, Home.resolve()))
     except BadInput:
-        return ref  # resolve_preset names what is wrong
+        return fallback or ref  # without a fallback, resolve_preset names what is wrong
     merged = rundir.merged_dir(run.path)
     return str(merged) if (merged / rundir.MODEL_CONFIG).is_file() else run.config().model
 
