@@ -15,6 +15,14 @@ what it adds over the lean decode step alone.
 
 Last line: RESULT speed_ratio=<ours/HF tokens/s> ours_tok_s=… hf_tok_s=… identical=1
 
+`--weights int8` measures weight-only int8 decoding (tunix_rt.eval.int8_weights) against ours
+in fp32 (the screened head on), alternating as above, greedy, single-stream by default there
+(--batch 1); ids need not be identical (int8 changes the model): the share of positions
+where they agree is printed. Each side's tokens/s is also given as a share of the bandwidth
+bound of its format (benchmarks/roofline.py's copy rate over the weight bytes a step reads).
+Last line: RESULT int8_speed_ratio=<int8/fp32 tokens/s> int8_tok_s=… fp32_tok_s=…
+int8_bw_frac=… fp32_bw_frac=… same_ids=<share>
+
 `--mode sample` measures sampling instead (T = 1; top_p 1, top_p 0.95, and top_k 64 with
 top_p 0.95; the same seed):
 ours through the int8-screened head against ours on full fp32 logits (the lean step with the
@@ -92,11 +100,15 @@ def main() -> None:
                     help="ours without the int8-screened greedy head (full fp32 logits each step)")
     ap.add_argument("--mode", choices=("greedy", "sample"), default="greedy",
                     help="greedy: ours vs HF generate; sample: ours screened vs ours on full logits")
+    ap.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
+                    help="int8: ours on weight-only int8 weights vs ours in fp32 (see the module doc)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.mode == "sample":
         return sample_bench(args)
+    if args.weights == "int8":
+        return weights_bench(args)
 
     home = Home.resolve()
     model_dir = ensure_model(args.model, home)
@@ -222,6 +234,70 @@ def sample_bench(args) -> None:
         print(f"{top_p:<8}{top_k:<8}{result[f'screened{name}_tok_s']:>16.1f}{result[f'full{name}_tok_s']:>12.1f}"
               f"{result[f'sample{name}_speed_ratio']:>8.2f}{result[f'sample{name}_cpu_ratio']:>11.2f}")
     print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in result.items()) + " identical=1")
+
+
+def step_bytes(lean) -> dict[str, float]:
+    """Weight bytes one decode step reads: every layer projection and the head (the fp32
+    step's screened head reads its int8 copy; a handful of fp32 rows rescored are left out)."""
+    from tunix_rt.eval.int8_weights import Int8Gemma
+
+    names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+    if isinstance(lean, Int8Gemma):
+        mats = [getattr(lyr, n) for lyr in lean.layers for n in names] + [lean.qhead]
+        return {"weights": float(sum(m.q.numel() + 4 * m.scale.numel() for m in mats))}
+    layers = sum(getattr(lyr, n).numel() * 4 for lyr in lean.layers for n in names)
+    screen = lean.screen()
+    head = screen.wq.numel() if screen is not None else lean.head.numel() * 4
+    return {"weights": float(layers + head)}
+
+
+def weights_bench(args) -> None:
+    """ours on int8 weights vs ours in fp32: tokens/s, share of the bandwidth bound, agreement."""
+    from roofline import bounds, fraction
+
+    from tunix_rt.eval.int8_weights import use_int8
+
+    home = Home.resolve()
+    model_dir = ensure_model(args.model, home)
+    tok = load_tokenizer(str(model_dir), home)
+    prompts = gsm8k_prompts(tok, args.batch)
+    fp32 = TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu")
+    int8 = use_int8(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"))
+    if fp32.lean is None:
+        raise SystemExit("--weights int8 needs the lean Gemma step (a Gemma 3 / Gemma 2 model)")
+    cfg = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=args.batch)
+    warm = DecodeConfig(max_new_tokens=4, batch_size=args.batch)
+    ours_generate(fp32, prompts, warm), ours_generate(int8, prompts, warm)
+    print(f"model {model_dir}  threads {torch.get_num_threads()}  batch {args.batch}  new tokens {args.new_tokens}  "
+          f"int8 kernel {int8.lean.kernel}  fp32 screen {'on' if fp32.lean.screen() is not None else 'off'}")
+    times = {"fp32": [], "int8": []}
+    cpu = {"fp32": [], "int8": []}
+    got: dict[str, list] = {}
+    for r in range(args.rounds):
+        for who in (("fp32", "int8") if r % 2 == 0 else ("int8", "fp32")):
+            got[who], dt, ct = timed(lambda g={"fp32": fp32, "int8": int8}[who]: ours_generate(g, prompts, cfg))
+            times[who].append(dt)
+            cpu[who].append(ct)
+        print(f"round {r}: fp32 {times['fp32'][-1]:.2f}s (cpu {cpu['fp32'][-1]:.2f}s)  "
+              f"int8 {times['int8'][-1]:.2f}s (cpu {cpu['int8'][-1]:.2f}s)")
+    tps = {k: sum(len(row) for row in got[k]) / statistics.median(v) for k, v in times.items()}
+    pairs = [(a, b) for ra, rb in zip(got["fp32"], got["int8"]) for a, b in zip(ra, rb)]
+    same = sum(a == b for a, b in pairs) / max(1, len(pairs))
+    prefix = [next((i for i, (a, b) in enumerate(zip(ra, rb)) if a != b), min(len(ra), len(rb)))
+              for ra, rb in zip(got["fp32"], got["int8"])]
+    bw = bounds(0.5)["copy_gbs"] * 1e9
+    frac = {k: tps[k] / args.batch * step_bytes(g.lean)["weights"] / bw for k, g in (("fp32", fp32), ("int8", int8))}
+    print()
+    print(f"{'weights':<10}{'median s':>10}{'tokens/s':>10}{'GB/step':>9}{'bound tok/s':>13}{'of bound':>10}")
+    for k, g in (("fp32", fp32), ("int8", int8)):
+        gb = step_bytes(g.lean)["weights"]
+        print(f"{k:<10}{statistics.median(times[k]):>10.2f}{tps[k]:>10.1f}{gb / 1e9:>9.3f}"
+              f"{bw / gb * args.batch:>13.1f}{fraction(frac[k], 1.0):>10}")
+    print(f"copy bandwidth (roofline, measured now) {bw / 1e9:.2f} GB/s; ids agree at {same:.1%} of positions; "
+          f"rows agree for their first {prefix} tokens")
+    print(f"RESULT int8_speed_ratio={tps['int8'] / tps['fp32']:.2f} int8_tok_s={tps['int8']:.1f} "
+          f"fp32_tok_s={tps['fp32']:.1f} int8_bw_frac={frac['int8']:.2f} fp32_bw_frac={frac['fp32']:.2f} "
+          f"same_ids={same:.2f}")
 
 
 if __name__ == "__main__":

@@ -95,11 +95,13 @@ def chat_cmd(
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
     tools: Annotated[bool, typer.Option("--tools/--no-tools", help="Use the run's tools (its config.yaml `tools`).")] = True,
+    weights: Annotated[str, typer.Option(help="fp32 | int8: decode on weight-only int8 weights (Gemma 3/2; faster, not bit-exact).")] = "fp32",
 ) -> None:
     """Chat with a model or a trained run in the terminal (history, /reset, /system)."""
     given = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     served = load(model, Home.resolve().ensure(),
-                  ServeConfig(device=device, max_models=1, max_batch=1, max_queue=1, tools=tools))
+                  ServeConfig(device=device, max_models=1, max_batch=1, max_queue=1, tools=tools,
+                              weights=weights))
     session = ChatSession(served, served.decoding(DecodeConfig(**{k: v for k, v in given.items() if v is not None})))
     # Ctrl-C is how a reply is stopped and the chat left: take it even where the parent
     # started us with SIGINT ignored (a background job, some test runners), which Python keeps

@@ -44,13 +44,14 @@ def eval_cmd(
     harness_include: Annotated[Optional[Path], typer.Option("--harness-include", help="A directory of lm-eval task YAMLs (searched before lm-eval's own).")] = None,
     harness_fewshot: Annotated[Optional[int], typer.Option("--harness-fewshot", help="Few-shot examples per prompt (default: each task's own).")] = None,
     harness_plain: Annotated[bool, typer.Option("--harness-plain", help="lm-eval's plain-text prompts (no chat turns, no system prompt).")] = False,
+    weights: Annotated[str, typer.Option("--weights", help="fp32 | int8: int8 decodes with weight-only int8 weights (torch engine, Gemma 3/2; faster, not bit-exact).")] = "fp32",
 ) -> None:
     """Evaluate a base model, a run's LoRA adapter or a merged model on a dataset split:
     writes predictions.jsonl and eval_summary.json. With --harness: lm-eval's tasks on the
     same model, one eval per task (tunix_rt.eval.harness)."""
     if harness is not None:
-        if dataset or split or judge or samples != 1:
-            raise BadInput("--harness runs lm-eval's tasks: --dataset, --split, --judge and --samples do not apply")
+        if dataset or split or judge or samples != 1 or weights != "fp32":
+            raise BadInput("--harness runs lm-eval's tasks: --dataset, --split, --judge, --samples and --weights do not apply")
         return harness_cmd(harness, model, adapter, harness_include, harness_fewshot, not harness_plain, limit, engine,
                            device, DecodeConfig(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                                 top_k=top_k, seed=seed, batch_size=batch_size,
@@ -66,7 +67,7 @@ def eval_cmd(
 
     req = EvalRequest(dataset=dataset, model=model, adapter=adapter, split=split, limit=limit,
                       engine=engine, device=device, decode=decode, samples=samples, out=out_dir, tools=tool_names(tools),
-                      judge=JudgeConfig.from_yaml(judge) if judge else None)
+                      judge=JudgeConfig.from_yaml(judge) if judge else None, weights=weights)
     with GenerationProgress() as progress:
         path = run_eval(req, on_start=progress.start, on_tokens=progress.advance)
     from tunix_rt.registry.record import record_eval

@@ -277,14 +277,21 @@ class LeanGemma:
             torch.mm(x, self.head[i: i + HEAD_CHUNK].t(), out=out[:, i: i + HEAD_CHUNK])
         return out
 
+    def linear(self, x: "torch.Tensor", w) -> "torch.Tensor":
+        """x @ w.T for one of a layer's projections (a hook: tunix_rt.eval.int8_weights
+        passes its int8 weights here instead)."""
+        import torch.nn.functional as F
+
+        return F.linear(x, w)
+
     def _layer_step(self, x, lyr: _Layer, kc, vc, st: DecodeState, rope) -> "torch.Tensor":
         import torch.nn.functional as F
 
         b, hd = x.shape[0], self.head_dim
         h = self._rms(x, lyr.in_norm)
-        q = F.linear(h, lyr.wq).view(b, 1, self.n_heads, hd).transpose(1, 2)  # [B, H, 1, hd]
-        k = F.linear(h, lyr.wk).view(b, 1, self.n_kv, hd).transpose(1, 2)
-        v = F.linear(h, lyr.wv).view(b, 1, self.n_kv, hd).transpose(1, 2)
+        q = self.linear(h, lyr.wq).view(b, 1, self.n_heads, hd).transpose(1, 2)  # [B, H, 1, hd]
+        k = self.linear(h, lyr.wk).view(b, 1, self.n_kv, hd).transpose(1, 2)
+        v = self.linear(h, lyr.wv).view(b, 1, self.n_kv, hd).transpose(1, 2)
         if lyr.q_norm is not None:
             q, k = self._rms(q, lyr.q_norm), self._rms(k, lyr.k_norm)
         cos, sin = rope
@@ -295,9 +302,9 @@ class LeanGemma:
         vc[:, :, cur: cur + 1] = v
         lo = max(0, cur + 1 - lyr.window) if lyr.window else 0
         attn = self._attend(q, kc[:, :, lo: cur + 1], vc[:, :, lo: cur + 1], st.mask[..., lo: cur + 1])
-        x = x + self._rms(F.linear(attn, lyr.wo), lyr.post_attn_norm)
+        x = x + self._rms(self.linear(attn, lyr.wo), lyr.post_attn_norm)
         h = self._rms(x, lyr.pre_ff_norm)
-        m = F.linear(F.gelu(F.linear(h, lyr.w_gate), approximate="tanh") * F.linear(h, lyr.w_up), lyr.w_down)
+        m = self.linear(F.gelu(self.linear(h, lyr.w_gate), approximate="tanh") * self.linear(h, lyr.w_up), lyr.w_down)
         return x + self._rms(m, lyr.post_ff_norm)
 
     def _attend(self, q, keys, values, mask) -> "torch.Tensor":

@@ -100,6 +100,9 @@ class EvalRequest:
     judge: "JudgeConfig | None" = None
     """An LLM judge (tunix_rt.eval.judge) scoring each prediction: `judge_score` per line and
     its mean in metrics; a judge that fails fails the eval."""
+    weights: str = "fp32"
+    """fp32 | int8: int8 decodes with weight-only int8 weights (tunix_rt.eval.int8_weights;
+    torch engine, Gemma 3/2); recorded in eval_summary.json's decoding."""
 
     def __post_init__(self) -> None:
         from tunix_rt.train import engines
@@ -117,6 +120,9 @@ class EvalRequest:
             raise BadInput(f"samples must be an integer >= 1, got {self.samples!r}")
         if self.samples > 1 and self.decode.greedy:
             raise BadInput(f"samples {self.samples} needs temperature > 0 (greedy decoding gives one answer per item)")
+        from tunix_rt.eval.int8_weights import check_weights
+
+        check_weights(self.weights, self.engine)
 
 
 @dataclass(frozen=True)
@@ -227,15 +233,24 @@ def load_model(model_dir: Path, adapter_dir: Path | None, device: str):
     return model.eval()
 
 
-def make_generator(engine: str, target: Target, tok, device: str) -> Generator:
-    """The engine's Generator: TorchGenerator, or tunix_rt.eval.jax_generate's."""
+def make_generator(engine: str, target: Target, tok, device: str, weights: str = "fp32") -> Generator:
+    """The engine's Generator: TorchGenerator (on int8 weights when `weights` is int8:
+    tunix_rt.eval.int8_weights), or tunix_rt.eval.jax_generate's."""
+    from tunix_rt.eval.int8_weights import check_weights
+
+    check_weights(weights, engine)
     if engine == "jax":
         from tunix_rt.eval import jax_generate
 
         return jax_generate.load_generator(target.model_dir, target.adapter_dir, tok, device)
     from tunix_rt.eval.generate import TorchGenerator
 
-    return TorchGenerator(load_model(target.model_dir, target.adapter_dir, device), tok, device)
+    gen = TorchGenerator(load_model(target.model_dir, target.adapter_dir, device), tok, device)
+    if weights == "int8":
+        from tunix_rt.eval.int8_weights import use_int8
+
+        use_int8(gen)
+    return gen
 
 
 # ---------------------------------------------------------------------------------------
@@ -276,7 +291,7 @@ def run_eval(
     tok = load_tokenizer(target.tokenizer, home)
     prompts = [prompt_ids(r.question, tok, target.system_prompt) for r in records]
     device = resolve_device(req.engine, req.device)
-    gen = make_generator(req.engine, target, tok, device)
+    gen = make_generator(req.engine, target, tok, device, req.weights)
     k = req.samples
     if on_start:
         on_start(len(prompts) * k, len(prompts) * k * req.decode.max_new_tokens)
@@ -307,7 +322,8 @@ def run_eval(
         "device": device,
         "dataset": {"name": ds.name, "version": ds.version, "split": split, "sha256": ds.sha256, "n": len(records)},
         "system_prompt": target.system_prompt,
-        "decoding": decode.to_dict() | ({"samples": k, "sample_keys": SAMPLE_KEYS} if k > 1 else {}),
+        "decoding": decode.to_dict() | ({"samples": k, "sample_keys": SAMPLE_KEYS} if k > 1 else {})
+        | {"weights": req.weights},
         "metrics": scores,
         "by_category": categories,
         "started_at": started,

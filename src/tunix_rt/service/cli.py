@@ -20,6 +20,7 @@ def serve(
     load_wait: Annotated[Optional[float], typer.Option(help="Seconds a request for a model not loaded waits for a loaded "
                                                             "one to finish its requests before a 503 (default 30).")] = None,
     tools: Annotated[bool, typer.Option("--tools/--no-tools", help="Served runs call their tools (config.yaml `tools`).")] = True,
+    weights: Annotated[str, typer.Option("--weights", help="fp32 | int8: serve on weight-only int8 weights (Gemma 3/2; faster, not bit-exact).")] = "fp32",
 ) -> None:
     """Serve the registry API and the web UI. The token is created on first start (stored in
     <home>/service_token, mode 0600) and printed."""
@@ -28,11 +29,14 @@ def serve(
     from tunix_rt.service.app import create_app
     from tunix_rt.service.settings import Settings, load_or_create_token
 
+    from tunix_rt.eval.int8_weights import check_weights
+
+    check_weights(weights, field="--weights")
     home = Home.resolve().ensure()
     token, created = load_or_create_token(home)
     given = {"serve_device": device, "serve_max_models": max_models, "serve_max_batch": max_batch,
              "serve_max_queue": max_queue, "serve_max_tokens": max_tokens, "serve_load_wait_s": load_wait,
-             "serve_tools": None if tools else False}
+             "serve_tools": None if tools else False, "serve_weights": None if weights == "fp32" else weights}
     settings = Settings.from_home(home, **{k: v for k, v in given.items() if v is not None})
     app = create_app(settings)
     shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host

@@ -151,7 +151,8 @@ def model_cache(app: FastAPI) -> ModelCache:
         app.state.serve_threads = anyio.CapacityLimiter(SERVE_THREADS)
         cache = app.state.models = ModelCache(s.home_obj, ServeConfig(
             device=s.serve_device, max_models=s.serve_max_models, max_batch=s.serve_max_batch,
-            max_queue=s.serve_max_queue, load_wait_s=s.serve_load_wait_s, tools=s.serve_tools))
+            max_queue=s.serve_max_queue, load_wait_s=s.serve_load_wait_s, tools=s.serve_tools,
+            weights=s.serve_weights))
     return cache
 
 

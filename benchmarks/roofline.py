@@ -1,0 +1,160 @@
+"""A roofline for this machine: what its CPU can do at Gemma 3 270M's shapes, so the other
+benchmarks can print their figures as a fraction of the bound they are under.
+
+Measured, with torch threads = the cores:
+- fp32 matmul throughput (GFLOP/s, 2·M·K·N per matmul) at the model's shapes: the decode
+  projections [B, 640] x [640, N] for B in 1 and 8 (q: N = 1024, k/v: 256, gate/up: 2048, and
+  down [B, 2048] x [2048, 640]), the training shapes (a 1024-token chunk through the same
+  projections), and the tied head [B, 640] x [640, 262144] (671 MB of fp32: memory-bound);
+- int8 matmul throughput (GOP/s) through `torch._int_mm` (int8 x int8 -> exact int32, the
+  kernel tunix_rt.eval.screened_head and tunix_rt.eval.int8_weights use) at the same shapes;
+- memory bandwidth, STREAM-like: copy (b = a, 8 bytes moved per fp32 element) and triad
+  (a = b + s·c, 12 bytes per element) over 256 MB arrays, far larger than the caches.
+
+A decode projection's weights (at most 5 MB) stay in cache when one shape is timed in a loop,
+so its figure is an in-cache one; a real decode step streams every layer's weights, which is
+what the bandwidth (and the head row) bounds. Each figure is the best of its repetitions (the
+least disturbed by other processes); the table also gives the median.
+
+    .venv/bin/python benchmarks/roofline.py [--quick] [--threads N]
+
+Last line: RESULT fp32_gflops=<best at the training shapes> int8_gops=<best _int_mm at the
+training shapes> copy_gbs=… triad_gbs=…
+
+Importable: `bounds()` measures the four RESULT figures (about 10 s, cached per process), and
+`fraction(value, bound)` formats a figure as a share of one, for other benchmarks' tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+D, FF, Q, KV, VOCAB = 640, 2048, 1024, 256, 262144  # Gemma 3 270M
+TRAIN_ROWS = 1024
+STREAM_BYTES = 256 * 2**20
+"""Each STREAM array's size (fp32): 8x the 32 MB L3 seen here."""
+
+DECODE = [("q", D, Q), ("k/v", D, KV), ("o", Q, D), ("gate/up", D, FF), ("down", FF, D)]
+"""(name, K, N) of a layer's projections: x [M, K] @ w [K, N]."""
+
+_CACHE: dict[str, float] = {}
+
+
+def timed(fn, budget_s: float, min_reps: int = 3, max_reps: int = 200) -> tuple[float, float]:
+    """(best, median) seconds of `fn()` after one warm-up call, repeated until `budget_s` is
+    spent (at least `min_reps` times)."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times)
+
+
+def fp32_mm(m: int, k: int, n: int, budget_s: float) -> tuple[float, float]:
+    """(best, median) GFLOP/s of x [m, k] @ w [k, n] (w stored [n, k] as nn.Linear stores it)."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    out = torch.empty(m, n)
+    best, med = timed(lambda: torch.mm(x, w.t(), out=out), budget_s)
+    flop = 2.0 * m * k * n
+    return flop / best / 1e9, flop / med / 1e9
+
+
+def int8_mm(m: int, k: int, n: int, budget_s: float) -> tuple[float, float]:
+    """(best, median) GOP/s of torch._int_mm(x int8 [m, k], w int8 [k, n] as the transpose of
+    an [n, k] matrix), as the screened head and the int8 weights call it."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    best, med = timed(lambda: torch._int_mm(x, w.t()), budget_s)
+    ops = 2.0 * m * k * n
+    return ops / best / 1e9, ops / med / 1e9
+
+
+def stream(budget_s: float) -> dict[str, tuple[float, float]]:
+    """(best, median) GB/s of copy (b = a) and triad (a = b + 3·c) over STREAM_BYTES arrays."""
+    n = STREAM_BYTES // 4
+    a, b, c = torch.ones(n), torch.full((n,), 2.0), torch.full((n,), 0.5)
+    cb, cm = timed(lambda: b.copy_(a), budget_s)
+    tb, tm = timed(lambda: torch.add(b, c, alpha=3.0, out=a), budget_s)
+    return {"copy": (8 * n / cb / 1e9, 8 * n / cm / 1e9), "triad": (12 * n / tb / 1e9, 12 * n / tm / 1e9)}
+
+
+def bounds(budget_s: float = 1.5) -> dict[str, float]:
+    """The four RESULT figures (fp32_gflops, int8_gops, copy_gbs, triad_gbs), measured once per
+    process with torch threads = the cores (restored afterwards)."""
+    if not _CACHE:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(os.cpu_count() or 1)
+        try:
+            _CACHE["fp32_gflops"] = max(fp32_mm(TRAIN_ROWS, D, FF, budget_s)[0], fp32_mm(TRAIN_ROWS, FF, D, budget_s)[0])
+            _CACHE["int8_gops"] = max(int8_mm(TRAIN_ROWS, D, FF, budget_s)[0], int8_mm(TRAIN_ROWS, FF, D, budget_s)[0])
+            bw = stream(budget_s)
+            _CACHE["copy_gbs"], _CACHE["triad_gbs"] = bw["copy"][0], bw["triad"][0]
+        finally:
+            torch.set_num_threads(threads)
+    return dict(_CACHE)
+
+
+def fraction(value: float, bound: float) -> str:
+    """`value` as a percentage of `bound`, for a benchmark's table."""
+    return f"{100.0 * value / bound:.0f}%" if bound > 0 else "n/a"
+
+
+def header() -> str:
+    try:
+        load = "load average %.1f %.1f %.1f" % os.getloadavg()
+    except OSError:
+        load = "load average unknown"
+    cpu = torch.backends.cpu.get_cpu_capability()
+    return (f"roofline: {platform.processor() or platform.machine()} ({cpu}), {os.cpu_count()} cores, "
+            f"torch {torch.__version__} threads {torch.get_num_threads()}; {load} at start. "
+            f"SHARED machine (other processes running): figures are what it gave under that load")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="Shorter timing budgets (about 15 s in all).")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (default: the cores)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    budget = 0.3 if args.quick else 1.0
+    print(header())
+    print(f"{'shape':<34}{'fp32 GFLOP/s':>14}{'(median)':>10}{'int8 GOP/s':>12}{'(median)':>10}{'int8/fp32':>11}")
+    rows: list[tuple[str, int, int, int]] = []
+    for b in (1, 8):
+        rows += [(f"decode B={b} {name}", b, k, n) for name, k, n in DECODE]
+    rows += [(f"train M={TRAIN_ROWS} {name}", TRAIN_ROWS, k, n) for name, k, n in DECODE if name != "k/v"]
+    rows += [(f"head B={b} [{b},{D}]x[{D},{VOCAB}]", b, D, VOCAB) for b in (1, 8)]
+    train_fp32, train_int8 = [], []
+    for label, m, k, n in rows:
+        head = n == VOCAB
+        f_best, f_med = fp32_mm(m, k, n, budget * (2 if head else 1))
+        i_best, i_med = int8_mm(m, k, n, budget * (2 if head else 1))
+        if m == TRAIN_ROWS:
+            train_fp32.append(f_best)
+            train_int8.append(i_best)
+        print(f"{label:<34}{f_best:>14.1f}{f_med:>10.1f}{i_best:>12.1f}{i_med:>10.1f}{i_best / f_best:>11.2f}")
+    bw = stream(budget * 2)
+    print(f"{'STREAM (256 MB arrays)':<34}{'GB/s best':>14}{'(median)':>10}")
+    for name, (best, med) in bw.items():
+        print(f"{name:<34}{best:>14.1f}{med:>10.1f}")
+    fp32_peak, int8_peak = max(train_fp32), max(train_int8)
+    copy, triad = bw["copy"][0], bw["triad"][0]
+    print(f"bandwidth bound for one decode token of Gemma 3 270M (all weights read once, copy rate): "
+          f"fp32 {copy * 1e9 / (268e6 * 4):.1f} tokens/s, int8 {copy * 1e9 / (268e6 * 1):.1f} tokens/s")
+    _CACHE.update(fp32_gflops=fp32_peak, int8_gops=int8_peak, copy_gbs=copy, triad_gbs=triad)
+    print(f"RESULT fp32_gflops={fp32_peak:.1f} int8_gops={int8_peak:.1f} copy_gbs={copy:.2f} triad_gbs={triad:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Weight-only int8 inference for the lean Gemma decode step (`--weights int8` of eval, serve
+and chat; never training).
+
+Why: single-stream decoding of Gemma 3 270M reads every weight once per token (about 1.1 GB
+in fp32), so the weights' format, not the arithmetic, bounds tokens/s. Stored as int8 they are
+a quarter of the bytes.
+
+What is quantised: every linear weight of the model (q/k/v/o, gate/up/down and the tied
+head, which is also the embedding table), per output channel (row) and symmetric:
+scale_n = max_k |w_nk| / 127, q_nk = round(w_nk / scale_n) in [-127, 127], so
+|w − scale·q| ≤ scale / 2 per element (an all-zero row gets scale 1 and q = 0, exact).
+Norms, RoPE and the KV cache stay fp32.
+
+`quantize_model(model)` writes the dequantised weights (scale·q, in fp32) over the model's own
+parameters in place, so the transformers prefill and the lean step compute with the same
+numbers, and returns the int8 copies; `Int8Gemma` is the lean step (`LeanGemma`) whose
+projections and head read the int8 copies. The model's fp32 parameters are kept for the
+prefill (one call per batch), so memory grows by the int8 copy (a quarter).
+
+How a projection multiplies (`int8_linear`), chosen per process by `pick_kernel`:
+- "int_mm": the activations get a two-level int8 quantisation per row (as
+  tunix_rt.eval.screened_head: q1 = round(x / s), q2 = round((x − s·q1)·127 / s), s = max|x|/127,
+  so |x − x̂| ≤ s/254 per element, about 15 bits: the weights' 8 bits dominate the error) and
+  one `torch._int_mm([q1; q2], q.T)` gives both levels' exact int32 sums, combined in fp32.
+  Only where the int8 kernel sums exactly at that shape (`int8_matmul_is_exact`) and is faster
+  than fp32 (`int8_matmul_is_fast`); else
+- "dequant": the weight rows are dequantised a block at a time (the block stays in cache) and
+  multiplied in fp32: the same numbers as the model's dequantised parameters.
+Measured on this machine (benchmarks/bench_int8_weights.py): see that script's RESULT line.
+
+Bounds (tests/eval/test_int8_weights.py): the round trip error is at most scale/2 per element;
+logits of int8 decoding track fp32's and greedy ids agree on most steps (quantisation changes
+the model, so ids need not agree everywhere: this is not an exact option, unlike the screened
+head, and eval_summary.json's `decoding.weights` records it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tunix_rt.errors import BadInput
+from tunix_rt.eval.fast_gemma import HEAD_CHUNK, LeanGemma
+
+if TYPE_CHECKING:
+    import torch
+
+WEIGHTS = ("fp32", "int8")
+"""The weight formats inference can decode with (`weights` of eval, serve and chat)."""
+KERNELS = ("int_mm", "dequant")
+DEQUANT_ROWS = 512
+"""Weight rows dequantised at a time on the "dequant" path (640 x 512 fp32 = 1.3 MB, in L2)."""
+
+
+def check_weights(value: str, engine: str = "torch", field: str = "weights") -> str:
+    """`value` if it is a known weight format the engine can decode with, else BadInput."""
+    if value not in WEIGHTS:
+        raise BadInput(f"{field} must be one of {'|'.join(WEIGHTS)}, got {value!r}")
+    if value != "fp32" and engine != "torch":
+        raise BadInput(f"{field} {value} runs on the torch engine's lean Gemma decode step only, "
+                       f"not engine {engine!r}: use --engine torch or {field} fp32")
+    return value
+
+
+@dataclass
+class QuantLinear:
+    """A weight [N, K] as int8 rows and one fp32 scale per row (output channel)."""
+
+    q: "torch.Tensor"  # int8 [N, K]
+    scale: "torch.Tensor"  # fp32 [N]
+
+    def dequantize(self) -> "torch.Tensor":
+        return self.q.float() * self.scale[:, None]
+
+    @property
+    def shape(self):
+        return self.q.shape
+
+
+def quantize(w: "torch.Tensor") -> QuantLinear:
+    """Per-row symmetric int8 (module doc); `w` is not changed."""
+    import torch
+
+    w = w.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return QuantLinear(q.contiguous(), scale.contiguous())
+
+
+def fuse(parts: list[QuantLinear]) -> QuantLinear:
+    """Weights of the same input width stacked by rows (per-row scales stay exact)."""
+    import torch
+
+    return QuantLinear(torch.cat([p.q for p in parts]).contiguous(), torch.cat([p.scale for p in parts]).contiguous())
+
+
+def quantize_model(model) -> dict[int, QuantLinear]:
+    """Quantise every nn.Linear weight of `model` (tied ones once) and write the dequantised
+    values over the parameters in place; returns id(parameter) -> its int8 copy."""
+    import torch
+
+    out: dict[int, QuantLinear] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            w = getattr(module, "weight", None)
+            if not isinstance(module, torch.nn.Linear) or w is None or id(w) in out:
+                continue
+            ql = quantize(w)
+            w.copy_(ql.dequantize().to(w.dtype))
+            out[id(w)] = ql
+    return out
+
+
+def quantize_activations(x: "torch.Tensor") -> tuple["torch.Tensor", "torch.Tensor"]:
+    """x [M, K] fp32 -> ([q1; q2] int8 [2M, K], s/127 [M, 1]) with x ≈ (s/127)(127·q1 + q2)."""
+    import torch
+
+    s = (x.abs().amax(dim=1, keepdim=True) / 127.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q1 = torch.round(x / s)
+    q2 = torch.round((x - s * q1) * (127.0 / s))
+    return torch.cat([q1, q2]).to(torch.int8), s / 127.0
+
+
+@dataclass
+class Part:
+    """Rows `rows` of a fused weight: the projections that read the same input (q/k/v,
+    gate/up) are one matmul, whose output each of them slices (`Int8Gemma.linear`)."""
+
+    fused: QuantLinear
+    rows: slice
+
+
+def int8_linear(x: "torch.Tensor", w: QuantLinear, kernel: str) -> "torch.Tensor":
+    """x [..., K] @ dequantised(w).T -> [..., N], fp32 (see the module doc for the kernels)."""
+    import torch
+
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    m, n = x2.shape[0], w.q.shape[0]
+    if kernel == "int_mm" and kernel_ok(2 * m, k, n):
+        lhs, step = quantize_activations(x2)
+        acc = torch._int_mm(lhs, w.q.t())
+        out = (acc[:m].float() * 127.0 + acc[m:].float()) * step * w.scale
+    else:
+        out = torch.empty((m, n), dtype=torch.float32, device=x.device)
+        for i in range(0, n, DEQUANT_ROWS):
+            blk = w.q[i: i + DEQUANT_ROWS].float() * w.scale[i: i + DEQUANT_ROWS, None]
+            torch.mm(x2, blk.t(), out=out[:, i: i + DEQUANT_ROWS])
+    return out.view(*lead, n).to(x.dtype)
+
+
+def kernel_ok(rows: int, dim: int, cols: int) -> bool:
+    """The int8 kernel sums exactly at this shape (probed once per shape and process)."""
+    from tunix_rt.eval.screened_head import int8_matmul_is_exact
+
+    return int8_matmul_is_exact(rows, dim, cols)
+
+
+def pick_kernel(device) -> str:
+    """"int_mm" on a CPU whose int8 kernel beats fp32 (measured once per process), else
+    "dequant"."""
+    import torch
+
+    from tunix_rt.eval.screened_head import int8_matmul_is_fast
+
+    if torch.device(device).type != "cpu" or not hasattr(torch, "_int_mm"):
+        return "dequant"
+    return "int_mm" if int8_matmul_is_fast() else "dequant"
+
+
+class Int8Gemma(LeanGemma):
+    """The lean decode step on int8 weights; build with `Int8Gemma.for_model(model)`, which
+    quantises the model in place (module doc)."""
+
+    def __init__(self, model, kernel: str | None = None):
+        quant = quantize_model(model)
+        super().__init__(model)
+        self.kernel = kernel or pick_kernel(self.embed.device)
+        if self.kernel not in KERNELS:
+            raise BadInput(f"int8 kernel must be one of {'|'.join(KERNELS)}, got {self.kernel!r}")
+        for lyr in self.layers:
+            for group in (("wq", "wk", "wv"), ("w_gate", "w_up")):
+                parts = [quant[id(getattr(lyr, name))] for name in group]
+                fused = fuse(parts)
+                at = 0
+                for name, part in zip(group, parts):
+                    setattr(lyr, name, Part(fused, slice(at, at + part.q.shape[0])))
+                    at += part.q.shape[0]
+            lyr.wo, lyr.w_down = quant[id(lyr.wo)], quant[id(lyr.w_down)]
+        self.qhead = quant[id(self.head)]
+        self._last: tuple = (None, None, None)  # (input, fused weight, its output): see linear
+
+    @classmethod
+    def for_model(cls, model, kernel: str | None = None) -> "Int8Gemma":
+        """The int8 step for a plain (or merged) Gemma 3 / Gemma 2 model; BadInput for anything
+        the lean step does not serve (int8 weights have no other decode path)."""
+        if LeanGemma.for_model(model) is None:
+            kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+            raise BadInput(f"weights int8 needs a Gemma 3 / Gemma 2 model (the lean decode step), got {kind!r}")
+        return cls(model, kernel)
+
+    def linear(self, x: "torch.Tensor", w) -> "torch.Tensor":
+        """One projection; a Part's fused matmul runs once per input (the first of q/k/v or
+        gate/up computes all of them, the others take their rows of its output)."""
+        if not isinstance(w, Part):
+            return int8_linear(x, w, self.kernel)
+        last_x, last_w, out = self._last
+        if last_x is not x or last_w is not w.fused:
+            out = int8_linear(x, w.fused, self.kernel)
+            self._last = (x, w.fused, out)
+        return out[..., w.rows]
+
+    def screen(self):
+        return None  # the screen bounds fp32 head logits; here the head itself is int8
+
+    def _head(self, x: "torch.Tensor") -> "torch.Tensor":
+        """x @ dequantised(head).T: one int8 matmul over the whole vocabulary (measured
+        fastest here: 27 ms against 55 ms in 16K-row chunks for Gemma 3's head at batch 1,
+        one thread), or on the dequant path in vocabulary chunks (as LeanGemma's head)."""
+        import torch
+
+        self._last = (None, None, None)
+        if self.kernel == "int_mm":
+            return int8_linear(x, self.qhead, self.kernel)
+        vocab = self.qhead.q.shape[0]
+        out = torch.empty((x.shape[0], vocab), dtype=x.dtype, device=x.device)
+        for i in range(0, vocab, HEAD_CHUNK):
+            part = QuantLinear(self.qhead.q[i: i + HEAD_CHUNK], self.qhead.scale[i: i + HEAD_CHUNK])
+            out[:, i: i + HEAD_CHUNK] = int8_linear(x, part, self.kernel)
+        return out
+
+
+def use_int8(gen) -> object:
+    """Switch a TorchGenerator (tunix_rt.eval.generate) to int8 weights: its model is
+    quantised in place and its decode steps run through `Int8Gemma`; returns `gen`."""
+    gen.lean = Int8Gemma.for_model(gen.model)
+    return gen

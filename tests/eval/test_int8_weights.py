@@ -1,0 +1,202 @@
+"""Weight-only int8 inference (tunix_rt.eval.int8_weights): the quantisation's error bound, the
+int8 step computing the dequantised model, its logits tracking fp32's, and the refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tunix_rt.errors import BadInput
+from tunix_rt.eval.fast_gemma import LeanGemma
+from tunix_rt.eval.generate import DecodeConfig, TorchGenerator, left_pad, position_ids
+from tunix_rt.eval.int8_weights import Int8Gemma, int8_linear, quantize, quantize_model, use_int8
+from tunix_rt.eval.runner import load_model
+from tunix_rt.models.tokenizer import ChatTokenizer
+from tunix_rt.render import prompt_ids
+
+QUESTIONS = ["What is 2 plus 3?", "Name a prime number bigger than ten.", "Count to five."]
+KERNELS = ["int_mm", "dequant"]
+
+
+def test_round_trip_error_is_at_most_half_a_step_per_element():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, 200, generator=g) * torch.logspace(-3, 1, 96)[:, None]  # rows of very different size
+    w[7] = 0.0
+    w[9, 3] = 50.0  # an outlier row
+    ql = quantize(w)
+    assert ql.q.dtype == torch.int8 and int(ql.q.abs().max()) <= 127 and ql.scale.shape == (96,)
+    err = (w - ql.dequantize()).abs()
+    assert bool((err <= ql.scale[:, None] / 2 * (1 + 1e-6)).all())
+    assert float(err[7].max()) == 0.0 and int(ql.q[7].abs().max()) == 0  # a zero row stays exact
+    assert bool((ql.q.abs().amax(1)[torch.arange(96) != 7] == 127).all())  # every row uses its full range
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_linear_multiplies_by_the_dequantised_weights(kernel):
+    """Against x @ dequantised(w).T in fp64: the dequant path to fp32 rounding; the int_mm path
+    within its activations' two-level error (|x − x̂| ≤ max|x| / (127·254) per element)."""
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(3, 1, 640, generator=g), torch.randn(2048, 640, generator=g) * 0.05
+    ql = quantize(w)
+    want = (x.double().reshape(3, 640) @ ql.dequantize().double().t()).reshape(3, 1, 2048)
+    got = int8_linear(x, ql, kernel)
+    assert got.shape == (3, 1, 2048) and got.dtype == torch.float32
+    xa = x.abs().amax(-1, keepdim=True).double()
+    bound = (xa / (127 * 254)) * 640 ** 0.5 * ql.dequantize().double().norm(dim=1) if kernel == "int_mm" else 0
+    bound = bound + 1e-5 * (x.double().norm(dim=-1, keepdim=True) * ql.dequantize().double().norm(dim=1))
+    assert bool(((got.double() - want).abs() <= bound).all())
+
+
+@pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma2"])
+def tiny(request, tiny_dirs):
+    return tiny_dirs[request.param], ChatTokenizer.from_file(tiny_dirs[request.param])
+
+
+def _decode_both(d, tok, kernel, steps=24):
+    """fp32 LeanGemma and Int8Gemma fed the same (the fp32 greedy) tokens: both logits per step."""
+    from transformers import DynamicCache
+
+    fp, q = load_model(d, None, "cpu"), load_model(d, None, "cpu")
+    lean, lean8 = LeanGemma.for_model(fp), Int8Gemma.for_model(q, kernel)
+    prompts = [prompt_ids(text, tok) for text in QUESTIONS]
+    ids, mask = left_pad(prompts, tok.pad_id, "cpu")
+    pos = position_ids(mask)
+    out = []
+    with torch.inference_mode():
+        states = []
+        for model, step in ((fp, lean), (q, lean8)):
+            cache = DynamicCache(config=model.config)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                           use_cache=True, logits_to_keep=1).logits[:, -1].float()
+            states.append((step, step.start(cache, mask, pos[:, -1] + 1, steps), logits))
+        pairs = [(states[0][2], states[1][2])]
+        for _ in range(steps - 1):
+            tokens = pairs[-1][0].argmax(-1)
+            pairs.append(tuple(s.step(tokens, st) for s, st, _ in states))
+        out = pairs
+    return fp, q, out
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_decoding_tracks_fp32(tiny, kernel):
+    """Teacher-forced on fp32's greedy ids for 24 steps (past the tiny models' window of 16):
+    every int8 logit within 2% of the step's logit range of fp32's, and the greedy pick the
+    same on at least 90% of the steps."""
+    d, tok = tiny
+    _, _, pairs = _decode_both(d, tok, kernel)
+    agree, n = 0, 0
+    for ref, got in pairs:
+        span = (ref.amax(-1) - ref.amin(-1))[:, None]
+        assert bool(((got - ref).abs() <= 0.02 * span).all()), float(((got - ref).abs() / span).max())
+        agree += int((got.argmax(-1) == ref.argmax(-1)).sum())
+        n += ref.shape[0]
+    assert agree >= 0.9 * n, (agree, n)
+
+
+def test_int8_step_computes_the_dequantised_model(tiny_dirs):
+    """The model's parameters hold the dequantised weights (so prefill and step agree), and
+    the int8 step's logits equal transformers' forward on them to float rounding."""
+    from transformers import DynamicCache
+
+    d = tiny_dirs["tiny-gemma3"]
+    tok = ChatTokenizer.from_file(d)
+    ref = load_model(d, None, "cpu")
+    model = load_model(d, None, "cpu")
+    lean8 = Int8Gemma.for_model(model, "dequant")
+    for (name, p), (_, p0) in zip(model.named_parameters(), ref.named_parameters()):
+        if name.endswith("proj.weight") or name.endswith("embed_tokens.weight"):
+            assert not torch.equal(p, p0) and torch.equal(p, quantize(p0).dequantize()), name
+        else:
+            assert torch.equal(p, p0), name  # norms stay fp32, untouched
+    prompts = [prompt_ids(text, tok) for text in QUESTIONS]
+    ids, mask = left_pad(prompts, tok.pad_id, "cpu")
+    pos = position_ids(mask)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        st = lean8.start(cache, mask, pos[:, -1] + 1, 8)
+        full_ids, full_mask = ids, mask
+        tokens = torch.tensor([5, 6, 7])
+        for _ in range(6):
+            got = lean8.step(tokens, st)
+            full_ids = torch.cat([full_ids, tokens[:, None]], 1)
+            full_mask = torch.cat([full_mask, torch.ones_like(tokens)[:, None]], 1)
+            want = model(input_ids=full_ids, attention_mask=full_mask, position_ids=position_ids(full_mask)).logits[:, -1]
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), float((got - want).abs().max())
+            tokens = got.argmax(-1)
+
+
+def test_generator_on_int8_weights_decodes_and_stays_close(tiny_dirs):
+    d = tiny_dirs["tiny-gemma3"]
+    tok = ChatTokenizer.from_file(d)
+    prompts = [prompt_ids(text, tok) for text in QUESTIONS]
+    cfg = DecodeConfig(max_new_tokens=12, batch_size=2)
+    ref = TorchGenerator(load_model(d, None, "cpu"), tok).generate(prompts, cfg)
+    gen = use_int8(TorchGenerator(load_model(d, None, "cpu"), tok))
+    assert isinstance(gen.lean, Int8Gemma) and gen.lean.screen() is None
+    out = gen.generate(prompts, cfg)
+    assert all(o.n_tokens > 0 for o in out)
+    same = sum(a == b for o, r in zip(out, ref) for a, b in zip(o.ids, r.ids))
+    assert same >= 0.5 * sum(min(len(o.ids), len(r.ids)) for o, r in zip(out, ref))
+
+
+def test_eval_records_the_weights_and_refuses_what_does_not_apply(cli, home, tiny_dirs, tmp_path):
+    import json
+
+    data = tmp_path / "toy.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": f"What is {i}+{i}?", "steps": [f"{i}+{i}={2 * i}"],
+                                        "answer": str(2 * i)}) + "\n" for i in range(3)))
+    r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--max-new-tokens", "4",
+            "--device", "cpu", "--weights", "int8", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["decoding"]["weights"] == "int8"
+    r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--weights", "int4", "--device", "cpu")
+    assert r.code == 2 and "weights must be one of fp32|int8" in r.err
+
+
+def test_int8_is_refused_for_the_jax_engine_and_other_architectures():
+    from tunix_rt.eval.runner import EvalRequest
+
+    with pytest.raises(BadInput, match="weights int8 runs on the torch engine"):
+        EvalRequest(dataset="d", model="tiny-gemma3", engine="jax", weights="int8")
+    with pytest.raises(BadInput, match="weights must be one of"):
+        EvalRequest(dataset="d", model="tiny-gemma3", engine="torch", weights="bf16")
+    assert EvalRequest(dataset="d", model="tiny-gemma3", engine="torch", weights="int8").weights == "int8"
+
+    class NotGemma(torch.nn.Module):
+        config = type("C", (), {"model_type": "llama"})()
+
+    with pytest.raises(BadInput, match="needs a Gemma 3 / Gemma 2 model"):
+        Int8Gemma.for_model(NotGemma())
+
+
+def test_training_has_no_weights_option():
+    """int8 weights are for inference only: the training config has no such field."""
+    from tunix_rt.train.config import TrainConfig
+
+    assert "weights" not in {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_quantize_model_quantises_tied_weights_once(tiny_dirs):
+    model = load_model(tiny_dirs["tiny-gemma3"], None, "cpu")
+    before = model.lm_head.weight.detach().clone()
+    quant = quantize_model(model)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(quant[id(model.lm_head.weight)].dequantize(), model.lm_head.weight)
+    assert torch.equal(quantize(before).dequantize(), model.lm_head.weight)  # quantised from the fp32 values, once
+
+
+def test_serving_loads_int8_weights_and_chat_refuses_an_unknown_format(cli, home):
+    from tunix_rt.serving.models import ServeConfig, load
+
+    served = load("tiny-gemma3", home, ServeConfig(device="cpu", max_batch=1, weights="int8"))
+    try:
+        assert isinstance(served.scheduler.gen.lean, Int8Gemma)
+    finally:
+        served.scheduler.close()
+    with pytest.raises(BadInput, match="weights must be one of"):
+        load("tiny-gemma3", home, ServeConfig(device="cpu", weights="int4"))
+    r = cli("chat", "tiny-gemma3", "--weights", "int4", "--device", "cpu")
+    assert r.code == 2 and "weights must be one of fp32|int8" in r.err
