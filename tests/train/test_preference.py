@@ -233,6 +233,23 @@ def test_accumulation_8x1_equals_1x8(home, tmp_path, kind):
         torch.testing.assert_close(ga[name], gb[name], atol=1e-6, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("kind", ["dpo", "orpo"])
+def test_shared_prompt_rows_equal_a_row_per_sequence(home, tmp_path, kind):
+    """The torch engine writes a pair's prompt once (two branches): same loss and gradient as
+    a row per sequence, with fewer tokens."""
+    engine, method, _ = torch_setup(dpo_cfg(tmp_path, pref_loss=kind), home)
+    assert engine.shares_prefix()
+    pairs = method.train_pairs[:4]
+    shared_batches, _ = method.weighted_batches(engine, pairs)
+    shared = our_loss_and_grads(engine, method, pairs)
+    engine.shares_prefix = lambda: False
+    plain_batches, _ = method.weighted_batches(engine, pairs)
+    plain = our_loss_and_grads(engine, method, pairs)
+    assert sum(b.n_tokens for b in shared_batches) < sum(b.n_tokens for b in plain_batches)
+    assert shared[0].loss == pytest.approx(plain[0].loss, abs=1e-6)
+    assert_same_grads(shared[1], plain[1])
+
+
 @pytest.mark.jax
 def test_torch_and_jax_give_the_same_pair_losses(home, tmp_path):
     """Fresh adapters (B = 0) on both engines: the same model, so the same sequence log-probs
@@ -253,8 +270,8 @@ def test_torch_and_jax_give_the_same_pair_losses(home, tmp_path):
         method.cfg = cfg
         from tunix_rt.train.preference import pair_batch
 
-        batches = [pair_batch(method.train_pairs[i:i + 2], tok.pad_id) for i in (0, 2, 4)]
-        lt, lj = method.window_loss(t, batches), method.window_loss(j, batches)
+        parts = [pair_batch(method.train_pairs[i:i + 2], tok.pad_id) for i in (0, 2, 4)]
+        lt, lj = method.window_loss(t, parts), method.window_loss(j, parts)
         assert lt.loss == pytest.approx(lj.loss, abs=1e-4), kind
         np.testing.assert_allclose(lj.d_chosen, lt.d_chosen, atol=1e-4)
 

@@ -41,7 +41,9 @@ Pairs (`pairs`):
             seeds, rewards and their names, curriculum-free), and from each group of
             group_size completions the best against the worst by total reward, where they
             differ (a group whose rewards are all equal gives no pair).
-A micro-batch holds batch_size sequences: batch_size / 2 pairs, chosen rows then rejected.
+A micro-batch holds batch_size sequences: batch_size / 2 pairs, chosen rows then rejected;
+where the engine takes shared-prefix rows (the torch engine in one process), a row per pair
+holds its prompt once and both completions as branches (fewer tokens, the same log-probs).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import IGNORE, SeededOrder, collate, position_of, position_state
+from tunix_rt.train.data import SeededOrder, collate, position_of, position_state
 from tunix_rt.train.engine import NLL, Engine
 
 #: the losses that compare with the reference policy (the adapter-off model)
@@ -127,20 +129,31 @@ def pair_loss(kind: str, s_c, s_r, n_c, n_r, ref_c=None, ref_r=None, *, beta: fl
     raise ValueError(f"pref_loss must be one of dpo, ipo, simpo, orpo, got {kind!r}")
 
 
-def pair_batch(pairs: list[TokenPair], pad_id: int):
-    """One micro-batch: a row per chosen completion, then a row per rejected one, labels on
-    the completion tokens (position t predicts token t + 1)."""
-    rows = [[Rendered(f"{p.id}:{side}", p.prompt + ids, [0] * len(p.prompt) + [1] * len(ids), len(p.prompt), "", "")]
-            for side, get in (("chosen", lambda p: p.chosen), ("rejected", lambda p: p.rejected))
-            for p in pairs for ids in [get(p)]]
-    return collate(rows, pad_id)
+def pair_batch(pairs: list[TokenPair], pad_id: int, shared: bool = False):
+    """One micro-batch of the pairs and each sequence's (row, predicting positions), chosen
+    sequences first, then rejected ones, in pair order. Plain: a row per sequence (prompt +
+    completion; position t predicts token t + 1). shared: a row per pair, its prompt written
+    once and the two completions as branches (data.collate_shared, as GRPO's groups: the same
+    log-probs from fewer tokens)."""
+    from tunix_rt.train.data import collate_shared
+
+    if shared:
+        batch, starts = collate_shared([(p.prompt, [p.chosen, p.rejected]) for p in pairs], pad_id)
+        spans = [(i, slice(starts[i][side], starts[i][side] + len(ids)))
+                 for side, key in ((0, "chosen"), (1, "rejected")) for i, p in enumerate(pairs) for ids in [getattr(p, key)]]
+        return batch, spans
+    seqs = [(p, getattr(p, key)) for key in ("chosen", "rejected") for p in pairs]
+    rows = [[Rendered(f"{p.id}:{k}", p.prompt + ids, [0] * len(p.prompt) + [1] * len(ids), len(p.prompt), "", "")]
+            for k, (p, ids) in enumerate(seqs)]
+    spans = [(k, slice(len(p.prompt) - 1, len(p.prompt) - 1 + len(ids))) for k, (p, ids) in enumerate(seqs)]
+    return collate(rows, pad_id), spans
 
 
-def sequence_sums(engine: Engine, batch, adapter: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's summed completion log-prob (float64) and its token count, no gradient."""
+def sequence_sums(engine: Engine, batch, spans, adapter: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Each sequence's summed completion log-prob (float64) and its token count, no gradient."""
     lp = engine.token_logprobs(batch, adapter=adapter).astype(np.float64)
-    on = np.asarray(batch.labels) != IGNORE
-    return np.where(on, lp, 0.0).sum(axis=1), on.sum(axis=1).astype(np.float64)
+    return (np.array([lp[row, at].sum() for row, at in spans]),
+            np.array([float(at.stop - at.start) for _row, at in spans]))
 
 
 class Preference:
@@ -229,26 +242,29 @@ class Preference:
         if not pairs:
             return [], None
         groups = [pairs[i:i + self.per_batch] for i in range(0, len(pairs), self.per_batch)]
-        batches = [pair_batch(g, self.tok.pad_id) for g in groups]
-        loss = self.window_loss(engine, batches)
+        parts = [pair_batch(g, self.tok.pad_id, shared=engine.shares_prefix()) for g in groups]
+        loss = self.window_loss(engine, parts)
         at = 0
-        for g, b in zip(groups, batches):
+        for g, (b, spans) in zip(groups, parts):
             k = len(g)
-            per_row = -np.concatenate([loss.d_chosen[at:at + k], loss.d_rejected[at:at + k]])
-            b.coef = np.where(np.asarray(b.labels) != IGNORE, per_row[:, None], 0.0).astype(np.float32)
+            per_seq = -np.concatenate([loss.d_chosen[at:at + k], loss.d_rejected[at:at + k]])
+            b.coef = np.zeros(b.labels.shape, np.float32)
+            for (row, span), c in zip(spans, per_seq):
+                b.coef[row, span] = c
             at += k
-        return batches, loss
+        return [b for b, _ in parts], loss
 
-    def window_loss(self, engine: Engine, batches: list) -> PairLoss:
-        """The pair loss of the micro-batches' pairs (no gradient: policy and, for dpo and
-        ipo, reference passes through the engine's chunked path)."""
+    def window_loss(self, engine: Engine, parts: list) -> PairLoss:
+        """The pair loss of the micro-batches' pairs ((batch, spans) of pair_batch; no
+        gradient: policy and, for dpo and ipo, reference passes through the engine's chunked
+        path)."""
         cols: dict[str, list] = {k: [] for k in ("s_c", "s_r", "n_c", "n_r", "ref_c", "ref_r")}
-        for b in batches:
-            k = len(b.input_ids) // 2
-            s, n = sequence_sums(engine, b)
+        for b, spans in parts:
+            k = len(spans) // 2
+            s, n = sequence_sums(engine, b, spans)
             cols["s_c"].append(s[:k]), cols["s_r"].append(s[k:]), cols["n_c"].append(n[:k]), cols["n_r"].append(n[k:])
             if self.reference:
-                ref, _ = sequence_sums(engine, b, adapter=False)
+                ref, _ = sequence_sums(engine, b, spans, adapter=False)
                 cols["ref_c"].append(ref[:k]), cols["ref_r"].append(ref[k:])
         c = {k: np.concatenate(v) if v else None for k, v in cols.items()}
         cfg = self.cfg
@@ -290,8 +306,9 @@ class Preference:
         if not self.eval_pairs:
             return {}
         k = self.per_batch
-        batches = [pair_batch(self.eval_pairs[i:i + k], self.tok.pad_id) for i in range(0, len(self.eval_pairs), k)]
-        loss = self.window_loss(engine, batches)
+        parts = [pair_batch(self.eval_pairs[i:i + k], self.tok.pad_id, shared=engine.shares_prefix())
+                 for i in range(0, len(self.eval_pairs), k)]
+        loss = self.window_loss(engine, parts)
         m = self.pair_metrics(loss, len(self.eval_pairs), prefix="eval_")
         return {"eval_loss": loss.loss, **{key: v for key, v in m.items() if key != "eval_pairs"}}
 
