@@ -244,7 +244,8 @@ def step_bytes(lean) -> dict[str, float]:
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     if isinstance(lean, Int8Gemma):
         mats = [getattr(lyr, n) for lyr in lean.layers for n in names] + [lean.qhead]
-        return {"weights": float(sum(m.q.numel() + 4 * m.scale.numel() for m in mats))}
+        unique = {id(m): m for m in (getattr(m, "fused", m) for m in mats)}  # q/k/v and gate/up: one fused matrix each
+        return {"weights": float(sum(m.q.numel() + 4 * m.scale.numel() for m in unique.values()))}
     layers = sum(getattr(lyr, n).numel() * 4 for lyr in lean.layers for n in names)
     screen = lean.screen()
     head = screen.wq.numel() if screen is not None else lean.head.numel() * 4

@@ -7,7 +7,13 @@ gemma3-270m's shapes (and the real gemma3-270m where it is imported; --real DIR)
 Per side: the median wall time of a decode step (after a prefill of 32 tokens), the sides
 alternating round by round so a shared machine slows each alike. Prints a table and
 
-    RESULT int8_speedup_b1=<fp32 / best int8 step time, 270M shapes, batch 1> best_kernel=<0 int_mm | 1 dequant> ...
+    RESULT int8_speedup_b1=<fp32 / best int8 step time, 270M shapes (random), batch 1>
+           best_kernel=<0 int_mm | 1 dequant> speedup_<model>_b<B>=… kernel_<model>_b<B>=…
+
+The fp32 side here is the lean step with full fp32 logits (`LeanGemma.step`); generation also
+screens the head in int8 (tunix_rt.eval.screened_head), which benchmarks/bench_generate.py
+--weights int8 includes. Use --threads 1 on a shared, oversubscribed machine (idle OpenMP
+threads spin: small matmuls at 2 threads took milliseconds here under load).
 
     .venv/bin/python benchmarks/bench_int8_weights.py [--shapes tiny,270m] [--steps 24] [--rounds 3]
 """
@@ -97,13 +103,12 @@ def main() -> None:
             m = {k: statistics.median(v) for k, v in t.items()}
             print(f"{name:<16}{b:>3}{m['fp32'] * 1e3:>10.2f}{m['int_mm'] * 1e3:>11.2f}{m['dequant'] * 1e3:>12.2f}"
                   f"{m['fp32'] / m['int_mm']:>10.2f}{m['fp32'] / m['dequant']:>11.2f}")
-            if name.startswith("270m") and b == 1 and "270m_b1" not in result:
-                best = min(("int_mm", "dequant"), key=lambda k: m[k])
-                result["270m_b1"] = (m["fp32"] / m[best], KERNEL_CODE[best])
-            result.setdefault(f"{name.split()[0]}_b{b}", (m["fp32"] / min(m["int_mm"], m["dequant"]), 0))
+            best = min(("int_mm", "dequant"), key=lambda k: m[k])
+            key = name.split()[0] + ("_real" if "real" in name else "") + f"_b{b}"
+            result[key] = (m["fp32"] / m[best], KERNEL_CODE[best])
         del fp, q1, q2, leans
     speed, code = result.get("270m_b1", result.get("tiny_b1", (0.0, 0)))
-    extra = " ".join(f"speedup_{k}={v[0]:.2f}" for k, v in result.items() if k != "270m_b1")
+    extra = " ".join(f"speedup_{k}={v[0]:.2f} kernel_{k}={v[1]}" for k, v in result.items() if k != "270m_b1")
     print(f"RESULT int8_speedup_b1={speed:.2f} best_kernel={code} {extra}")
 
 

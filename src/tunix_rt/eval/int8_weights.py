@@ -26,7 +26,16 @@ How a projection multiplies (`int8_linear`), chosen per process by `pick_kernel`
   than fp32 (`int8_matmul_is_fast`); else
 - "dequant": the weight rows are dequantised a block at a time (the block stays in cache) and
   multiplied in fp32: the same numbers as the model's dequantised parameters.
-Measured on this machine (benchmarks/bench_int8_weights.py): see that script's RESULT line.
+q/k/v and gate/up read the same input: each group is one fused int8 matrix (`Part`), one
+matmul per group, so a layer is 4 int8 matmuls; the head is one over the whole vocabulary.
+
+Measured (2-core AMD EPYC with AVX512-VNNI, shared with other jobs, torch threads 1; median
+decode-step ms, benchmarks/bench_int8_weights.py --threads 1): Gemma 3 270M (real weights),
+batch 1: fp32 full logits 162, int_mm 87, dequant 189; batch 8: 275, 135, 270. Random
+weights of the same shapes: 208 / 116 / 218 (B=1). The dequant path never wins (it writes
+each fp32 block it reads), so it is the fallback only. Tiny models are overhead-bound (int8
+slower than fp32 there). In generation the fp32 side already screens its head in int8, so
+the end-to-end gain is smaller: benchmarks/bench_generate.py --weights int8 --batch 1.
 
 Bounds (tests/eval/test_int8_weights.py): the round trip error is at most scale/2 per element;
 logits of int8 decoding track fp32's and greedy ids agree on most steps (quantisation changes
