@@ -383,7 +383,7 @@ def test_dpo_refuses_what_it_cannot_run(home, tmp_path):
 
 
 def test_data_validate_reads_pairs(tmp_path, monkeypatch, capsys):
-    sys.path.insert(0, str(HERE.parent))
+    monkeypatch.syspath_prepend(str(HERE.parent))
     from cli_testlib import cli_main
 
     good = write_pairs(tmp_path / "good.jsonl", 4)
@@ -393,3 +393,27 @@ def test_data_validate_reads_pairs(tmp_path, monkeypatch, capsys):
     bad.write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n" + json.dumps({"prompt": "q"}) + "\n")
     code, out, err = cli_main(monkeypatch, capsys, "data", "validate", str(bad))
     assert code == 2 and f"{bad}:2: chosen: missing" in out and f"{bad}:2: rejected: missing" in out
+
+
+def test_rollout_pairs_sigkill_in_checkpoint_then_resume_is_bit_exact(home, tmp_path, monkeypatch):
+    cfg = TrainConfig(model="tiny-gemma3", dataset=write_traces(tmp_path / "traces.jsonl", 12), split="all",
+                      eval_split="all", eval_limit=2, system_prompt="Be brief.", method="dpo", pairs="rollouts",
+                      pref_loss="dpo", batch_size=2, max_seq_len=96, max_steps=3, lr=1e-2, warmup_steps=0,
+                      save_interval=1, group_size=4, rl_prompts=2, rollout_max_new_tokens=12,
+                      rewards={"rl_rewards:length_share": 1.0}, device="cpu", engine="torch")
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text(cfg.to_yaml())
+    r = _run(home, ["--config", str(cfg_file)], fault="ckpt-write@2")  # writing step 2's checkpoint
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    run = next(p for p in home.runs.iterdir() if not p.name.startswith("."))
+    assert checkpoint.latest(run).name == "step-000001"
+    r = _run(home, ["--resume", run.name])
+    assert r.returncode == 0, r.stderr[-2000:]
+    monkeypatch.syspath_prepend(str(HERE))  # the reward module, for the uninterrupted run in this process
+    ref = train(cfg, home)
+    got = load_file(str(run / "final/adapter/adapter_model.safetensors"))
+    want = load_file(str(ref / "final/adapter/adapter_model.safetensors"))
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    rows = lambda d: [(r["step"], r["loss"], r["reward"]) for r in read_jsonl(d / "metrics.jsonl") if "paired_share" in r]
+    assert rows(run) == rows(ref) and [s for s, *_ in rows(run)] == [1, 2, 3]
