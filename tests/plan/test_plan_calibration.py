@@ -104,12 +104,16 @@ def test_tiny_grpo_step_rss_matches_the_plan_in_each_phase(home, tmp_path):
     end (a grpo config planned as RL, each phase's own peak measured) rather than the KV
     cache formulas, which the slow Gemma 3 270M case calibrates. Measured: peak 0.522 GB
     for 0.484 predicted (1.08: the end of the run imports matplotlib for loss.png);
-    rollouts 0.455 vs 0.474, update 0.492 vs 0.484."""
+    rollouts 0.455 vs 0.474, update 0.492 vs 0.484. On an AVX512-VNNI EPYC (2026-11-26) the
+    same code measured rollouts 0.580 / 0.653 GB for 0.554 predicted in two venvs of identical
+    packages (`import torch` alone: 220 vs 252 MB there), after the int8 speed probe shrank
+    from ~105 to ~26 MB (it had put the rollouts at 0.733 GB, 1.32): the baseline's spread
+    between environments is ~15% of this small total, hence the 25% band here."""
     fields = grpo_fields("tiny-gemma3", write_questions(tmp_path / "q.jsonl"), 32, batch_size=4, _threads=1)
     out = run_child(fields, Path(os.environ["TUNIX_RT_HOME"]))
-    assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < 0.20
+    assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < 0.25
     for part, (predicted, measured) in out["compare"].items():
-        assert abs(measured / predicted - 1) < 0.20, part
+        assert abs(measured / predicted - 1) < 0.25, part
 
 
 @pytest.mark.slow

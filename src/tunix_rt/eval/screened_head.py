@@ -126,7 +126,7 @@ FAST: list[bool] = []
 """Whether this process's int8 kernel beats the fp32 head matmul (measured once)."""
 
 
-def int8_matmul_is_fast(dim: int = 640, cols: int = 32768, reps: int = 2) -> bool:
+def int8_matmul_is_fast(dim: int = 640, cols: int = 8192, reps: int = 3) -> bool:
     """Whether `torch._int_mm` at a head-sized shape ([2, dim] x [dim, cols], as a one-row
     step's screen) takes less time than the fp32 matmul it replaces, measured once per
     process (best of `reps` after a warm-up call each). Where oneDNN has no fast int8 kernel
