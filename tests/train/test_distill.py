@@ -8,10 +8,7 @@ method, a resume after the teacher changed)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +21,7 @@ from tunix_rt.train.distill import KD_STATS, Distillation
 from tunix_rt.train.kd_loss import kd_objective, plain_kd
 from tunix_rt.train.metrics import read_jsonl
 from train_testlib import one_torch_thread, write_traces  # noqa: F401
+from train_testlib import run_train_cli as _run  # noqa: E402
 
 CASES = [("forward_kl", 0.5, 1.0, 0.0, None), ("reverse_kl", 0.5, 1.0, 0.0, None), ("jsd", 0.5, 1.0, 0.0, None),
          ("forward_kl", 0.5, 2.0, 0.3, 30.0), ("reverse_kl", 0.5, 0.7, 0.5, 30.0), ("jsd", 0.2, 2.0, 0.25, 30.0)]
@@ -138,13 +136,6 @@ def test_distill_accumulation_8x1_equals_1x8(home, tmp_path, teacher_dir, on_pol
         torch.testing.assert_close(out[1][2][name], g, atol=1e-6, rtol=0, msg=name)
 
 
-def _run(home, args, fault=None):
-    env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1"}
-    env.pop("TUNIX_RT_FAULT", None)
-    if fault:
-        env["TUNIX_RT_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "tunix_rt.cli", "train", *args], env=env,
-                          capture_output=True, text=True, timeout=600)
 
 
 def test_distill_sigkill_then_resume_is_bit_exact(home, tmp_path, teacher_dir):

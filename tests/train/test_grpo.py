@@ -7,11 +7,8 @@ run is named <method>-<base>-<date>-<id>."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +24,7 @@ from tunix_rt.train.driver import train
 from tunix_rt.train.metrics import read_jsonl
 import train_testlib  # noqa: E402
 from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
+from train_testlib import run_train_cli as _run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -94,14 +92,6 @@ def test_grpo_accumulation_8x1_equals_1x8(home, tmp_path, shared):
         torch.testing.assert_close(out[1][2][name], g, atol=1e-6, rtol=0, msg=name)
 
 
-def _run(home, args, fault=None):
-    env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    env.pop("TUNIX_RT_FAULT", None)
-    if fault:
-        env["TUNIX_RT_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "tunix_rt.cli", "train", *args], env=env,
-                          capture_output=True, text=True, timeout=600)
 
 
 def test_grpo_sigkill_in_rollout_and_update_then_resume_is_bit_exact(home, tmp_path):

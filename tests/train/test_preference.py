@@ -17,10 +17,7 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -36,6 +33,7 @@ from tunix_rt.train.driver import train
 from tunix_rt.train.engine import NLL
 from tunix_rt.train.metrics import read_jsonl
 from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
+from train_testlib import run_train_cli as _run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -276,14 +274,6 @@ def test_torch_and_jax_give_the_same_pair_losses(home, tmp_path):
         np.testing.assert_allclose(lj.d_chosen, lt.d_chosen, atol=1e-4)
 
 
-def _run(home, args, fault=None):
-    env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    env.pop("TUNIX_RT_FAULT", None)
-    if fault:
-        env["TUNIX_RT_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "tunix_rt.cli", "train", *args], env=env,
-                          capture_output=True, text=True, timeout=600)
 
 
 def test_dpo_sigkill_in_accumulation_and_checkpoint_then_resume_is_bit_exact(home, tmp_path):

@@ -6,10 +6,7 @@ bit-identical weights and metrics."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +17,7 @@ from safetensors.torch import load_file
 import train_testlib
 from requires import require_module
 from train_testlib import one_torch_thread  # noqa: F401 (autouse fixture)
+from train_testlib import run_train_cli as _run  # noqa: E402
 from tunix_rt.errors import BadInput
 from tunix_rt.train import checkpoint
 from tunix_rt.train.driver import train
@@ -126,14 +124,6 @@ def test_rft_accumulation_8x1_equals_1x8(home, tmp_path):
         torch.testing.assert_close(out[1][2][name], g, atol=1e-6, rtol=0, msg=name)
 
 
-def _run(home, args, fault=None):
-    env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-    env.pop("TUNIX_RT_FAULT", None)
-    if fault:
-        env["TUNIX_RT_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "tunix_rt.cli", "train", *args], env=env,
-                          capture_output=True, text=True, timeout=600)
 
 
 def test_rft_sigkill_mid_round_then_resume_is_bit_exact(home, tmp_path):

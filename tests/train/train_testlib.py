@@ -40,3 +40,22 @@ def rl_cfg(tmp_path, **over):
                 rewards={"rl_rewards:length_share": 1.0, "format": 0.5}, device="cpu")
     base.update(over)
     return TrainConfig(**base)
+
+
+def run_train_cli(home, args, fault=None):
+    """`tunix-rt train ARGS` in a child process of its own (a SIGKILL from a fault point kills
+    it, not the test), on `home`, one thread, with this folder on its path (for test rewards);
+    `fault` sets TUNIX_RT_FAULT (train/faults.py), else none is inherited."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    env.pop("TUNIX_RT_FAULT", None)
+    if fault:
+        env["TUNIX_RT_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "tunix_rt.cli", "train", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
