@@ -8,8 +8,9 @@ and prunes, only after `fence.guard` confirms it still holds the job's lease; on
 owner of a temp dir (or whoever finds the owner dead) removes it. Inside:
 
     state.json     step, the method's data position, every RNG stream (python, numpy and the
-                   engine's), config digest, engine, device kind, model and dataset sha256,
-                   created_at — enough to refuse a checkpoint that is not this run's
+                   engine's), config digest (of config.yaml minus DIGEST_EXEMPT), engine,
+                   device kind, model and dataset sha256, created_at: enough to refuse a
+                   checkpoint that is not this run's
     config.yaml    the resolved run config
     ...            the engine's payload: weights (trainable ones) and optimizer state as
                    safetensors (torch), or safetensors / orbax (JAX); never pickle
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import yaml
 
 from tunix_rt import fence
 from tunix_rt.errors import BadInput
@@ -49,11 +51,11 @@ from tunix_rt.train.faults import fault_point
 COMMIT = "COMMIT"
 PREFIX = "step-"
 STATE = "state.json"
-#: config fields that may differ between a checkpoint and the run resuming it: how a run is
-#: watched or exported, and engine/device as asked (what they resolve to is checked apart:
-#: state.json's engine and device_kind must match the resuming process's)
-# fields a resume may change: they do not change what is trained (reward_timeout_s came after
-# runs whose digests hold no such field, so it must stay out for them to resume)
+#: config fields that may differ between a checkpoint and the run resuming it, as they change
+#: nothing trained: how a run is watched or exported, a reward's time limit, and engine/device
+#: as asked (what they resolve to is checked apart: state.json's engine and device_kind must
+#: match the resuming process's). A field a later release adds needs no place here: resume
+#: compares configs by meaning (config_changes), its default in an older checkpoint is no change.
 DIGEST_EXEMPT = ("force", "merge", "log_interval", "engine", "device", "reward_timeout_s")
 
 
@@ -77,8 +79,35 @@ def latest(run_dir: Path) -> Path | None:
 
 def config_digest(cfg: TrainConfig) -> str:
     """sha256 of the resolved config minus the fields a resume may change."""
-    data = {k: v for k, v in cfg.to_dict().items() if k not in DIGEST_EXEMPT}
+    return _digest(_digested(cfg.to_dict()))
+
+
+def _digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def config_changes(ckpt: Path, state: dict[str, Any], cfg: TrainConfig) -> list[str]:
+    """What differs between the config `ckpt` was trained with and `cfg`, one line per field
+    ([] when nothing does). Called when the digests differ, which a release that adds a
+    config field causes by itself: the checkpoint's config.yaml (which must be the config its
+    digest was taken of) is read by this version, so a field it lacks takes this version's
+    default; a field absent there that `cfg` holds at that default is no change."""
+    stored = yaml.safe_load((ckpt / CONFIG).read_text(encoding="utf-8")) if (ckpt / CONFIG).is_file() else None
+    if not isinstance(stored, dict) or _digest(_digested(stored)) != state.get("config_digest"):
+        return [f"config_digest: the checkpoint has {state.get('config_digest')!r}, this run "
+                f"{config_digest(cfg)!r}, and its {CONFIG} is not the config that digest was taken of"]
+    try:
+        held = TrainConfig.from_dict(stored, source=f"{ckpt / CONFIG}").to_dict()
+    except BadInput as e:  # a field this version no longer knows, or a value it refuses
+        return [f"config: this version cannot read the checkpoint's config ({e})"]
+    now = _digested(cfg.to_dict())
+    return [f"config {k}: the checkpoint has {held[k]!r}, this run {v!r}" if k in stored else
+            f"config {k}: not in the checkpoint (written before it existed; its default {held[k]!r}), "
+            f"this run {v!r}" for k, v in now.items() if held[k] != v]
+
+
+def _digested(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in DIGEST_EXEMPT}
 
 
 def save(run_dir: Path, step: int, write_payload: Callable[[Path], dict[str, Any]],
@@ -130,12 +159,15 @@ def read_state(ckpt: Path) -> dict[str, Any]:
     return json.loads((ckpt / STATE).read_text())
 
 
-def check_resumable(ckpt: Path, expect: dict[str, Any]) -> dict[str, Any]:
-    """state.json of `ckpt` when every expected fact (engine, device kind, config digest,
-    model and dataset sha256) matches; BadInput naming what the run holds otherwise."""
+def check_resumable(ckpt: Path, expect: dict[str, Any], cfg: TrainConfig) -> dict[str, Any]:
+    """state.json of `ckpt` when every expected fact (engine, device kind, model and dataset
+    sha256) matches and the checkpoint's config means the same as `cfg` (config_changes);
+    BadInput naming what the run holds otherwise."""
     state = read_state(ckpt)
     bad = [f"{k}: the checkpoint has {state.get(k)!r}, this run {v!r}" for k, v in expect.items()
-           if state.get(k) != v]
+           if k != "config_digest" and state.get(k) != v]
+    if state.get("config_digest") != config_digest(cfg):  # equal digests: the same config, bit for bit
+        bad += config_changes(ckpt, state, cfg)
     if bad:
         raise BadInput(f"{ckpt} cannot continue this run ({'; '.join(bad)}); resume it with what it "
                        "was trained with, or start a new run")

@@ -56,7 +56,7 @@ def train(cfg: TrainConfig, home: Home, resume: str | None = None,
     cfg.check_total_steps(method.total_steps)  # with epochs, the step count is known only now
     run = open_run(cfg, home, resume, name)
     ckpt = checkpoint.latest(run.path)
-    state = checkpoint.check_resumable(ckpt, identity) if ckpt else None  # before anything is touched
+    state = checkpoint.check_resumable(ckpt, identity, cfg) if ckpt else None  # before anything is touched
     with run.recording():
         counts = engine.setup(model_dir, tok)
         start = restore(engine, method, ckpt, state)
