@@ -147,10 +147,31 @@ def resolve_init(cfg: TrainConfig, home: Home) -> TrainConfig:
     target = run_model_dir(src, home, "init")
     if Path(cfg.model).resolve() == target.resolve():
         return cfg
-    base = src.config().model
-    if cfg.model not in (base, str(target)) and Path(cfg.model) != Path(base):
-        raise BadInput(f"init: run {src.run_id} was trained on {base!r}, not model {cfg.model!r}")
+    bases = lineage(src, home)
+    if cfg.model != str(target) and not any(cfg.model == b or Path(cfg.model) == Path(b) for b in bases):
+        raise BadInput(f"init: run {src.run_id} was trained on {bases[0]!r}"
+                       + (f" (from {', '.join(map(repr, bases[1:]))})" if bases[1:] else "")
+                       + f", not model {cfg.model!r}")
     return dataclasses.replace(cfg, model=str(target))
+
+
+def lineage(src, home: Home) -> list[str]:
+    """The models a run (a RunDir) descends from: the one it trained on, then, where that one
+    came from a run of its own (`init`: SFT → SimPO → GRPO), each model before it. A chain
+    names its first model (`model=gemma3-270m init=<the SimPO run>`) as a single run does."""
+    from tunix_rt.errors import BadInput
+    from tunix_rt.train.run import RunDir, resolve_run
+
+    out, seen = [], set()
+    while src is not None and src.run_id not in seen:
+        seen.add(src.run_id)
+        cfg = src.config()
+        out.append(cfg.model)
+        try:
+            src = RunDir.open(resolve_run(cfg.init, home)) if cfg.init else None
+        except BadInput:  # the earlier run is gone: the chain known so far
+            src = None
+    return out
 
 
 def run_model_dir(src, home: Home, field: str = "init") -> Path:
