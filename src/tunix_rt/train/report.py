@@ -9,7 +9,6 @@ from pathlib import Path
 
 from tunix_rt.files import write_bytes_atomic
 from tunix_rt.rundir import PREDICTIONS, REPORT, SUMMARY, Run, reward_curves
-from tunix_rt.train.methods import rolls_out
 
 N_EXAMPLES = 5
 
@@ -56,15 +55,13 @@ def write_report(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None = Non
 def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
     cfg = manifest["config"]
     ds = tuned["dataset"]
-    how = (f"{cfg.get('method', 'sft')} with {cfg.get('finetune', 'lora')}"
+    method = cfg.get("method", "sft")
+    how = (f"{method}{f' ({cfg[PREF_LOSS]})' if method == 'dpo' else ''} with {cfg.get('finetune', 'lora')}"
            + (f" (rank {cfg['lora_rank']}, alpha {cfg['lora_alpha']})" if cfg.get("finetune", "lora") == "lora" else ""))
-    rl = (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
-          f"beta {cfg['beta']}, rewards {json.dumps(cfg['rewards'], sort_keys=True)}"
-          + (f", from run `{cfg['init']}`" if cfg.get("init") else "")) if rolls_out(cfg.get("method", "sft")) else None
     return "\n".join([line for line in [
         f"# tunix-rt run `{run_dir.name}`", "",
         f"- model: `{cfg['model']}`, {how} on `{cfg['dataset']}` split `{cfg['split']}`",
-        rl,
+        method_line(cfg),
         f"- training: {cfg.get('max_steps', cfg.get('epochs'))} "
         f"{'steps' if cfg.get('max_steps') else 'epochs'} of {cfg['batch_size']}×{cfg['grad_accum']} "
         f"sequences ≤ {cfg['max_seq_len']} tokens, lr {cfg['lr']}, {cfg['dtype']}, "
@@ -75,6 +72,44 @@ def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
         f"decoding {json.dumps(tuned['decoding'], sort_keys=True)}",
         f"- tunix-rt {manifest['git_sha']}", "",
     ] if line is not None])
+
+
+PREF_LOSS = "pref_loss"
+#: how REPORT.md names each preference loss and the settings that shape it
+PREF_NAMES = {"dpo": "DPO (sigmoid)", "ipo": "IPO", "simpo": "SimPO", "orpo": "ORPO"}
+
+
+def method_line(cfg: dict) -> str | None:
+    """The line of REPORT.md's head that says what the method did and with which settings
+    (None for SFT: the head's other lines say it all)."""
+    method = cfg.get("method", "sft")
+    start = f", from run `{cfg['init']}`" if cfg.get("init") else ""
+    rewards = json.dumps(cfg.get("rewards"), sort_keys=True)
+    if method == "grpo":
+        return (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
+                f"beta {cfg['beta']}, rewards {rewards}{start}")
+    if method == "rft":
+        return (f"- rejection sampling (RFT): {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a round, "
+                f"kept when {json.dumps(cfg['rft_accept'], sort_keys=True)} (each reward at least its threshold; "
+                f"one of each distinct completion), {cfg['rft_round_steps']} SFT steps a round, rewards {rewards}{start}")
+    if method == "dpo":
+        loss = cfg[PREF_LOSS]
+        knobs = {"dpo": f"beta {cfg['pref_beta']}, label smoothing {cfg['label_smoothing']}",
+                 "ipo": f"tau {cfg['pref_beta']}",
+                 "simpo": f"beta {cfg['pref_beta']}, gamma {cfg['simpo_gamma']}, label smoothing {cfg['label_smoothing']}",
+                 "orpo": f"lambda {cfg['orpo_lambda']}"}[loss]
+        ref = "reference: the adapter-off model" if loss in ("dpo", "ipo") else "no reference model"
+        pairs = (f"pairs from `{cfg['dataset']}`" if cfg["pairs"] == "dataset" else
+                 f"on-policy pairs: {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step ranked by "
+                 f"rewards {rewards}, the best against the worst")
+        return f"- preference optimisation: {PREF_NAMES[loss]}, {knobs}; {ref}; {pairs}{start}"
+    if method == "distill":
+        kd = cfg["kd_loss"] + (f" (beta {cfg['kd_beta']})" if cfg["kd_loss"] == "jsd" else "")
+        data = ("on-policy (the student's own samples, GKD)" if cfg["kd_on_policy"]
+                else "off-policy (the dataset's traces)")
+        return (f"- distillation: teacher `{cfg['teacher']}`, {kd}, temperature {cfg['kd_temperature']}, "
+                f"NLL weight alpha {cfg['kd_alpha']}, {data}{start}")
+    return None
 
 
 def _report_table(tuned: dict, base: dict | None, sft: dict | None = None) -> str:
@@ -106,12 +141,65 @@ def _report_loss(run_dir: Path) -> str:
             vals = [v for _, v in points]
             text.append(f"| {name} | {sum(vals[:5]) / len(vals[:5]):.3f} | {sum(vals[-5:]) / len(vals[-5:]):.3f} |")
         text.append("")
-    text += _report_rounds(rows)
+    text += _report_rounds(rows) + _report_preference(rows) + _report_distill(rows)
+    pairs = any("rewards_margin" in r for r in rows)
     if not rewards and losses:
         first, last = losses[0], losses[-1]
-        text += [f"Loss per supervised token: {first[1]:.3f} at step {first[0]} → "
-                 f"{last[1]:.3f} at step {last[0]}.", ""]
+        text += [f"{'Preference loss per pair' if pairs else 'Loss per supervised token'}: {first[1]:.3f} at step "
+                 f"{first[0]} → {last[1]:.3f} at step {last[0]}.", ""]
     return "\n".join(text)
+
+
+def _first_last(rows: list[dict], key: str, pct: bool = False) -> tuple[str, str]:
+    """The mean of `key` over the first five and the last five rows that have it."""
+    vals = [r[key] for r in rows if key in r]
+    out = [sum(part) / len(part) for part in (vals[:5], vals[-5:])]
+    return tuple(f"{100 * v:.1f}%" if pct else f"{v:.4f}" for v in out)
+
+
+#: the implicit-reward statistics of a preference run (train.preference.pair_metrics)
+PAIR_ROWS = (("chosen reward", "rewards_chosen", False), ("rejected reward", "rewards_rejected", False),
+             ("margin (chosen − rejected)", "rewards_margin", False),
+             ("accuracy (chosen reward higher)", "rewards_accuracy", True))
+
+
+def _report_preference(rows: list[dict]) -> list[str]:
+    """Preference optimisation (train.preference): the implicit rewards of the chosen and the
+    rejected completions, their margin and accuracy, first five steps → last five (steps
+    without a pair left out), and the last held-out values."""
+    train = [r for r in rows if "loss" in r and "rewards_margin" in r]
+    if not train:
+        return []
+    held = [r for r in rows if "eval_rewards_margin" in r]
+    text = [f"Implicit rewards over {len(train)} steps with pairs ({sum(r['pairs'] for r in train)} pairs), "
+            "first five steps → last five steps" + (f"; held out at step {held[-1]['step']}" if held else "") + ":", "",
+            "| implicit reward | first 5 steps | last 5 steps |" + (" held out |" if held else ""),
+            "| --- | ---: | ---: |" + (" ---: |" if held else "")]
+    for label, key, pct in PAIR_ROWS:
+        cell = ""
+        if held:
+            v = held[-1][f"eval_{key}"]
+            cell = f" {100 * v:.1f}% |" if pct else f" {v:.4f} |"
+        text.append(f"| {label} | {' | '.join(_first_last(train, key, pct))} |{cell}")
+    return text + [""]
+
+
+def _report_distill(rows: list[dict]) -> list[str]:
+    """Distillation (train.distill): the KL to the teacher and the student's NLL per token,
+    first five steps → last five, and the last held-out KL."""
+    train = [r for r in rows if "loss" in r and "kl_teacher" in r]
+    if not train:
+        return []
+    held = [r for r in rows if "eval_kl_teacher" in r]
+    text = ["Distillation, per supervised token, first five steps → last five steps:", "",
+            "| measure | first 5 steps | last 5 steps |", "| --- | ---: | ---: |",
+            f"| KL(teacher ‖ student) | {' | '.join(_first_last(train, 'kl_teacher'))} |",
+            f"| the divergence trained (kd_loss) | {' | '.join(_first_last(train, 'kd'))} |",
+            f"| student NLL of the targets | {' | '.join(_first_last(train, 'nll'))} |", ""]
+    if held:
+        text += [f"Held-out KL to the teacher at step {held[-1]['step']}: {held[-1]['eval_kl_teacher']:.4f} "
+                 "nats per token.", ""]
+    return text
 
 
 def _report_rounds(rows: list[dict]) -> list[str]:
