@@ -5,10 +5,12 @@ A child process of its own so that the peak belongs to this run only (VmHWM is a
 high-water mark). TUNIX_RT_HOME must point at a home (tests use a temporary one, or the
 shared test home that holds the imported gemma3-270m).
 
-An RL run (method grpo) also reports each phase's own peak: the high-water mark is reset
+A run that samples (grpo, rft, dpo with pairs=rollouts, distill with kd_on_policy: the plan
+has a rollout phase) also reports each phase's own peak: the high-water mark is reset
 (`/proc/self/clear_refs`, 5) when a phase starts and read when it ends; the phases are
-setup (model load), rollout (GRPO.rollouts), update (the rest of the step), eval (the
-held-out greedy decode) and after (checkpoint, export).
+setup (model load), rollout (GRPO.rollouts, which rft and dpo's rollout pairs call, or
+Distill.sampled), update (the rest of the step), eval (the held-out evaluation: GRPO's
+greedy decode, or distill's loss) and after (checkpoint, export).
 """
 
 from __future__ import annotations
@@ -81,12 +83,17 @@ def main() -> None:
     cfg = TrainConfig(**fields)
     plan = plan_train(cfg, "cpu", 1, engine=engine)
     phases = None
-    if cfg.method == "grpo":
+    if plan.inputs.rl:
+        from tunix_rt.train.distill import Distill
         from tunix_rt.train.grpo import GRPO
 
         phases = Phases()
-        phases.wrap(GRPO, "rollouts", "rollout", "update")
-        phases.wrap(GRPO, "evaluate", "eval", "after")
+        if cfg.method == "distill":
+            phases.wrap(Distill, "sampled", "rollout", "update")
+            phases.wrap(Distill, "evaluate", "eval", "after")
+        else:
+            phases.wrap(GRPO, "rollouts", "rollout", "update")
+            phases.wrap(GRPO, "evaluate", "eval", "after")
     t0 = time.perf_counter()
     from tunix_rt.train.driver import train
 
@@ -98,11 +105,13 @@ def main() -> None:
     else:
         phases.enter("after")
         m, d = phases.peaks, plan.details
+        compare = {  # planned part: (predicted, measured)
+            "update": (d["phases"]["update"], m["update"]),
+            "rollouts": (d["decodes"]["rollouts"]["peak"], m["rollout"])}
+        if "held-out eval" in d["decodes"]:
+            compare["held-out eval"] = (d["decodes"]["held-out eval"]["peak"], m["eval"])
         out.update(measured_peak_rss=max(m.values()), measured_phases=m, phase_start_rss=phases.starts,
-                   details=d, compare={  # planned part: (predicted, measured)
-                       "update": (d["phases"]["update"], m["update"]),
-                       "rollouts": (d["decodes"]["rollouts"]["peak"], m["rollout"]),
-                       "held-out eval": (d["decodes"]["held-out eval"]["peak"], m["eval"])})
+                   details=d, compare=compare)
     print(json.dumps(out))
 
 

@@ -147,3 +147,34 @@ def test_gemma3_270m_grpo_step_rss_matches_the_plan_in_each_phase(gemma3_270m, t
     assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < 0.20
     for part, (predicted, measured) in out["compare"].items():
         assert abs(measured / predicted - 1) < 0.20, part
+
+
+@pytest.mark.parametrize("method", ["rft", "dpo-rollouts", "distill-on-policy"])
+def test_tiny_sampling_methods_rss_matches_the_plan_in_each_phase(method, home, tmp_path):
+    """One step of each method that samples besides GRPO, on the tiny model: rft (16 samples of
+    32 tokens, then SFT on the kept ones), dpo with pairs=rollouts (GRPO's 16 rollouts, then
+    DPO on the best/worst pairs) and on-policy distill (one 32-token completion of each of
+    the step's 4 x 4 examples, the teacher beside the student, kd_alpha 0.1: a teacher with
+    the student's own weights is refused without it). Each is planned with its rollout phase
+    (plan.rl's rule, as GRPO's) and its own update; each phase's measured peak is within the
+    band of the tiny GRPO check (FRESH_VENV: the process baseline dominates). Measured
+    (2026-11-26, 2-core EPYC, this venv), peak / predicted: rft 0.622 / 0.564 GB (1.10),
+    dpo-rollouts 0.622 / 0.564 (1.10), distill-on-policy 0.643 / 0.589 (1.09); rollouts
+    1.10-1.11, updates 1.05-1.06 (tiny GRPO in the same run: 1.12)."""
+    if method == "distill-on-policy":
+        fields = dict(model="tiny-gemma3", dataset=write_traces(tmp_path / "t.jsonl"), split="all",
+                      eval_split="all", eval_limit=4, method="distill", teacher="tiny-gemma3", kd_on_policy=True,
+                      kd_alpha=0.1, batch_size=4, grad_accum=4, max_seq_len=128, rollout_max_new_tokens=32, max_steps=1,
+                      _threads=1)
+    else:
+        over = {"method": "rft"} if method == "rft" else {"method": "dpo", "pairs": "rollouts"}
+        fields = grpo_fields("tiny-gemma3", write_questions(tmp_path / "q.jsonl"), 32, batch_size=4, _threads=1)
+        fields.update(over)
+    out = run_child(fields, Path(os.environ["TUNIX_RT_HOME"]))
+    d = out["details"]
+    assert "rl_aux" not in out["items"] and out["items"]["rollout_cache"] > 0
+    assert set(d["decodes"]) == ({"rollouts"} if method == "distill-on-policy" else {"rollouts", "held-out eval"})
+    assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < FRESH_VENV
+    assert set(out["compare"]) >= {"update", "rollouts"}
+    for part, (predicted, measured) in out["compare"].items():
+        assert abs(measured / predicted - 1) < FRESH_VENV, part

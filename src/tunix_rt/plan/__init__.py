@@ -10,7 +10,8 @@ The package, one job a module (each imports only the ones above it):
 - devices: the device catalogue, probing the live device, `device_spec`
 - inputs: what a plan is asked (`PlanInputs`) and the model's preset (`resolve_preset`)
 - step: the analytic estimate of a training step (what it counts, and the peak formula)
-- rl: the RL step, max(rollout, update), and `analytic`, the estimate of any step
+- rl: a step that samples (GRPO's, and rft's, dpo's rollout pairs', on-policy distill's),
+  max(rollout, update), and `analytic`, the estimate of any step
 - verdict: `Plan`, its JSON and its table
 - suggest: the changes that make a plan fit
 - make: the entry points, `make_plan` and `plan_train`, and the XLA subprocess

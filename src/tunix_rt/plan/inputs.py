@@ -48,11 +48,24 @@ class PlanInputs:
     sharded; the JAX engine's only way) or ddp (torch engine: every rank a replica). auto:
     fsdp for the JAX engine and for full fine-tuning, ddp for LoRA on torch."""
     rl_prompts: int = 0
-    """RL (method grpo): P prompts per step; 0 (with group_size and rollout_tokens): an SFT step."""
+    """A step that samples (grpo, rft, dpo with pairs=rollouts, distill with kd_on_policy):
+    P prompts per generate call; 0 (with group_size and rollout_tokens): no sampling."""
     group_size: int = 0
-    """RL: G completions sampled per prompt."""
+    """Sampling: G completions per prompt."""
     rollout_tokens: int = 0
-    """RL: most new tokens per completion (rollout_max_new_tokens); prompts take the rest of seq."""
+    """Sampling: most new tokens per completion (rollout_max_new_tokens); prompts take the rest
+    of seq (or up to seq - 1 tokens with long_prompts)."""
+    trains_on_rollouts: bool = True
+    """Sampling: the update is an RL step over the P x G rollout sequences (GRPO, plan.rl's
+    update_inputs); False: the method's own step (batch x grad_accum: rft, dpo's rollout
+    pairs, on-policy distill), the sampling adding its rollout phase only."""
+    held_out_decode: bool = True
+    """Sampling: the held-out eval decodes greedily too (GRPO's eval, which rft and dpo's
+    rollout pairs reuse; on-policy distill's eval is a loss)."""
+    long_prompts: bool = False
+    """Sampling: a prompt may take up to seq - 1 tokens (on-policy distill samples from each
+    example's prompt and cuts the completion to seq afterwards); False: prompts leave the
+    completion its room, seq - rollout_tokens (GRPO keeps only those)."""
     teacher: str | None = None
     """Distillation (a method with a teacher phase): the teacher, a catalog name or a model
     directory (plan.teacher adds its weights, forward and loss terms); None: no teacher."""
@@ -89,14 +102,19 @@ class PlanInputs:
         if any(v < 0 for v in rl) or (any(rl) and not all(rl)):
             raise BadInput("plan: an RL step needs rl_prompts, group_size and rollout_tokens, each >= 1 "
                            "(--rl-prompts, --group-size, --rollout-tokens together)")
-        if self.rl and self.rollout_tokens >= self.seq:
+        if self.rl and not self.long_prompts and self.rollout_tokens >= self.seq:
             raise BadInput(f"plan: rollout_tokens ({self.rollout_tokens}) must leave room for the prompt "
                            f"in seq ({self.seq})")
 
     @property
     def rl(self) -> bool:
-        """An RL step (rollouts, then the update), not an SFT step."""
+        """A step that samples (rollouts, then the update), not a plain training step."""
         return self.rl_prompts > 0
+
+    @property
+    def rollout_prompt(self) -> int:
+        """The longest prompt a rollout decodes."""
+        return self.seq - 1 if self.long_prompts else self.seq - self.rollout_tokens
 
     @property
     def fsdp(self) -> int:

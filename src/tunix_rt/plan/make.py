@@ -18,7 +18,7 @@ from tunix_rt.plan.step import check_lora_rank
 from tunix_rt.plan.suggest import suggestions
 from tunix_rt.plan.verdict import Plan
 from tunix_rt.plan.teacher import teacher_model
-from tunix_rt.train.methods import rolls_out, uses_teacher
+from tunix_rt.train.methods import sampling, uses_teacher
 
 
 def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
@@ -51,13 +51,13 @@ def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
             res = None
     if xla and inp.engine == "jax" and res is not None:
         plan.estimators["xla"] = int(res["peak_bytes_per_device"])
-        if inp.rl:  # XLA compiles the update; the rollout phase has the analytic figure only
-            plan.estimators["xla"] = max(plan.estimators["xla"] + items["rl_aux"], details["phases"]["rollout"])
-            plan.notes.append("xla: the update step compiled by XLA (plus rl_aux), or the analytic rollout phase "
-                              "when that is larger")
         if inp.teacher:  # XLA compiles the student's step; the teacher's items are the analytic ones
             plan.estimators["xla"] += sum(v for k, v in items.items() if k.startswith("teacher_"))
             plan.notes.append("xla: the student's step compiled by XLA plus the teacher's analytic items")
+        if inp.rl:  # XLA compiles the update; the rollout phase has the analytic figure only
+            plan.estimators["xla"] = max(plan.estimators["xla"] + items.get("rl_aux", 0), details["phases"]["rollout"])
+            plan.notes.append("xla: the update step compiled by XLA (plus rl_aux), or the analytic rollout phase "
+                              "when that is larger")
         plan.details["xla"] = res
         plan.details["xla_over_analytic"] = round(plan.estimators["xla"] / peak, 3)
     if not plan.fits:
@@ -96,11 +96,21 @@ def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None
         weight_qtype=cfg.lora_weight_qtype if engine == "jax" and cfg.finetune == "lora" else None,
         grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip, loss_impl=cfg.loss_impl,
         loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
-        **({"rl_prompts": cfg.rl_prompts, "group_size": cfg.group_size,
-            "rollout_tokens": cfg.rollout_max_new_tokens} if rolls_out(cfg.method) else {}),
+        **_sampling_inputs(cfg),
         teacher=teacher_model(cfg.teacher, cfg.model) if uses_teacher(cfg.method) else None,
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
+
+
+def _sampling_inputs(cfg) -> dict[str, Any]:
+    """The PlanInputs of a config's sampling (train.methods.sampling: every method that
+    samples, each counted by the one rule of plan.rl); {} when its steps do not sample."""
+    s = sampling(cfg)
+    if s is None:
+        return {}
+    return {"rl_prompts": s.prompts, "group_size": s.group, "rollout_tokens": s.new_tokens,
+            "trains_on_rollouts": s.trains_on_rollouts, "held_out_decode": s.held_out_decode,
+            "long_prompts": not s.prompt_room}
 
 
 def xla_estimate(inp: PlanInputs, timeout: float = 300.0) -> dict[str, Any]:

@@ -1,18 +1,23 @@
-"""The analytic estimate of an RL step, and `analytic`, the estimate of any step.
+"""The analytic estimate of a step that samples, and `analytic`, the estimate of any step.
 
-An RL step (method grpo: `rl_prompts` P, `group_size` G, `rollout_tokens` T) has two phases
-that never overlap, and peaks in the larger (`details.phases`, `details.peak_phase`):
-- update: the training step above over the P x G rollout sequences (prompt + completion, at
-  most seq tokens) in micro-batches of `batch`, all accumulated into one optimizer step,
-  plus rl_aux (the per-token coef, advantage, old and reference log-prob arrays; the
-  reference is the adapter-off model, no second copy);
-- rollout: the resident weights and optimizer state, merged_view (torch LoRA: W + scale B@A
-  of every adapted projection, held for the whole rollout), rollout_cache (the KV cache of
-  every row: P x G rollouts of the longest prompt, seq - T, plus T new tokens, in the
-  weights' dtype, with the generator's transient copies) and rollout_workspace (the
-  prefill's one-layer intermediates or a decode step's logits and sampler buffers); the
-  held-out greedy decode of a GRPO run (eval's batch of prompts, the int8 screen of the head
-  on a CPU) is planned the same way and counted when it is the larger.
+A step that samples (`rl_prompts` P, `group_size` G, `rollout_tokens` T: grpo, rft, dpo with
+pairs=rollouts, distill with kd_on_policy; train.methods.sampling says which and how) has
+two phases that never overlap, and peaks in the larger (`details.phases`,
+`details.peak_phase`):
+- update: GRPO's (trains_on_rollouts) is the training step above over the P x G rollout
+  sequences (prompt + completion, at most seq tokens) in micro-batches of `batch`, all
+  accumulated into one optimizer step, plus rl_aux (the per-token coef, advantage, old and
+  reference log-prob arrays; the reference is the adapter-off model, no second copy); any
+  other method's is its own step (batch x grad_accum, with a teacher's items: plan.teacher);
+- rollout: the resident weights and optimizer state (and a distillation teacher's weights),
+  merged_view (torch LoRA: W + scale B@A of every adapted projection, held for the whole
+  rollout), rollout_cache (the KV cache of every row: P x G rollouts of the longest prompt,
+  seq - T, or seq - 1 with long_prompts, plus T new tokens, in the weights' dtype, with the
+  generator's transient copies) and rollout_workspace (the prefill's one-layer
+  intermediates or a decode step's logits and sampler buffers); the held-out greedy decode
+  of a GRPO-style eval (eval's batch of prompts, the int8 screen of the head on a CPU) is
+  planned the same way and counted when it is the larger.
+This is the one rule for every method's sampling: a method only says its rows (P, G, T).
 """
 
 from __future__ import annotations
@@ -36,27 +41,32 @@ GREEDY_BUFFERS = 3
 
 
 def update_inputs(inp: PlanInputs) -> PlanInputs:
-    """The update of an RL step as a training step: the P x G rollout sequences (prompt +
-    completion, at most seq tokens) in micro-batches of `batch` (all of them when fewer),
-    every micro-batch accumulated into one optimizer step (train.grpo: grad_accum plays no
-    part there)."""
+    """The update of a sampling step as a training step. GRPO's (trains_on_rollouts): the
+    P x G rollout sequences (prompt + completion, at most seq tokens) in micro-batches of
+    `batch` (all of them when fewer), every micro-batch accumulated into one optimizer step
+    (train.grpo: grad_accum plays no part there). Any other method's: its own step as asked."""
+    off = dict(rl_prompts=0, group_size=0, rollout_tokens=0, trains_on_rollouts=True, held_out_decode=True,
+               long_prompts=False)
+    if not inp.trains_on_rollouts:
+        return replace(inp, **off)
     rows = inp.rl_prompts * inp.group_size
     batch = min(inp.batch, rows)
-    return replace(inp, batch=batch, grad_accum=math.ceil(rows / batch), rl_prompts=0, group_size=0,
-                   rollout_tokens=0)
+    return replace(inp, batch=batch, grad_accum=math.ceil(rows / batch), **off)
 
 
 def _rl_aux_bytes(inp: PlanInputs, upd: PlanInputs, f: Facts, device: DeviceSpec) -> float:
     """The update's per-token fp32 arrays: coef, adv, old and reference log-probs of every
     rollout sequence (host arrays: on a CPU, the device's memory), and one micro-batch's
-    device copy of them with the loss's stacked [B, L, 3] aux."""
+    device copy of them with the loss's stacked [B, L, 3] aux. None without GRPO's update."""
+    if not inp.trains_on_rollouts:
+        return 0.0
     host = 4 * inp.rl_prompts * inp.group_size * inp.seq * 4 if device.kind == "cpu" else 0
     return host + 7 * math.ceil(upd.batch / f.ranks) * upd.seq * 4
 
 
 def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, greedy: bool) -> dict[str, float]:
     """KV cache and workspace of one generate call of `rows` prompts (the longest prompt
-    `seq - rollout_tokens` tokens, then rollout_tokens new ones), per device. Every device
+    `inp.rollout_prompt` tokens, then rollout_tokens new ones), per device. Every device
     decodes every row: the JAX generator's cache and batch are not sharded, and each torch
     rank runs the method's rollouts itself.
     - torch (eval.generate + fast_gemma.LeanGemma): a cache of prompt + new slots per layer,
@@ -77,13 +87,13 @@ def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, gree
     from tunix_rt.eval.screened_head import PAD_COLS
 
     p, new = f.p, inp.rollout_tokens
-    prompt = inp.seq - new
+    prompt = inp.rollout_prompt
     per_token = 2 * p.num_layers * p.num_kv_heads * p.head_dim * f.wb  # K and V, every layer
     if f.jax:
         slots = -(-prompt // BUCKET) * BUCKET + new
         cache = 2 * rows * slots * per_token
     else:
-        slots = inp.seq
+        slots = prompt + new
         cache = rows * slots * per_token + max(rows * prompt * per_token, (rows - 1) * slots * per_token / 2)
     h, i = p.hidden_size, p.intermediate_size
     q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
@@ -103,20 +113,23 @@ def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, gree
 
 
 def _rollout_phase(inp: PlanInputs, f: Facts, device: DeviceSpec, weights: float,
-                   optimizer: float) -> dict[str, Any]:
+                   optimizer: float, frozen: float = 0.0) -> dict[str, Any]:
     """Bytes per device while the method decodes: the resident weights and optimizer state
-    (no gradients, no activations: the last step freed them), on the torch engine with LoRA
-    the merged view (W + scale B@A of every adapted projection, a second copy of those
-    weights for the whole rollout: torch_engine.merged_lora_view), and the larger of the two
-    decodes a GRPO run makes: the rollouts (P x G rows, sampled) and the held-out
+    (no gradients, no activations: the last step freed them) and `frozen` (a distillation
+    teacher's weights, loaded for the whole run), on the torch engine with LoRA the merged
+    view (W + scale B@A of every adapted projection, a second copy of those weights for the
+    whole rollout: torch_engine.merged_lora_view), and the larger of the decodes the method
+    makes: the rollouts (P x G rows, sampled) and, with held_out_decode, the held-out
     evaluation (greedy, eval's default batch of prompts)."""
     from tunix_rt.eval.generate import DecodeConfig
 
     merged = 0.0
     if not f.jax and not f.full:
         merged = proj_elems(f.p, inp.lora_targets) * f.wb / f.shard
-    rows = {"rollouts": (inp.rl_prompts * inp.group_size, False), "held-out eval": (DecodeConfig().batch_size, True)}
-    resident = weights if inp.donate else weights / 2  # no step in flight: no undonated copy
+    rows = {"rollouts": (inp.rl_prompts * inp.group_size, False)}
+    if inp.held_out_decode:
+        rows["held-out eval"] = (DecodeConfig().batch_size, True)
+    resident = (weights if inp.donate else weights / 2) + frozen  # no step in flight: no undonated copy
     gather = workspace_parts(inp, f, device)  # the forward's FSDP gathers, as in training
     decodes = {}
     for name, (n, greedy) in rows.items():
@@ -138,30 +151,33 @@ def _ints(d: dict[str, float]) -> dict[str, int]:
 
 
 def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[str, int], dict[str, Any], int]:
-    """An RL step peaks in one of its two phases: peak = max(update, rollout), where the
-    update is a training step over the rollout sequences plus the RL per-token arrays, and
-    the rollout holds the weights, optimizer state, merged view, KV cache and decode
-    workspace (see `_rollout_phase`)."""
+    """A sampling step peaks in one of its two phases: peak = max(update, rollout), where the
+    update is the method's training step (GRPO's: over the rollout sequences, plus the RL
+    per-token arrays), and the rollout holds the weights, optimizer state, a teacher's
+    weights, merged view, KV cache and decode workspace (see `_rollout_phase`)."""
+    from tunix_rt.plan.teacher import with_teacher
+
     upd = update_inputs(inp)
-    items, details, update_peak = step_analytic(upd, preset, device)
+    items, details, update_peak = with_teacher(upd, preset, device, *step_analytic(upd, preset, device))
     f = facts(upd, preset)
     aux = _rl_aux_bytes(inp, upd, f, device)
     update_peak += aux * (1 + SLACK[device.kind])
     update_ws = items["workspace"] + aux * SLACK[device.kind]
-    roll = _rollout_phase(inp, f, device, items["weights"], items["optimizer"])
+    roll = _rollout_phase(inp, f, device, items["weights"], items["optimizer"], items.get("teacher_weights", 0))
     phase = "rollout" if roll["peak"] > update_peak else "update"
-    items = {**{k: v for k, v in items.items() if k != "workspace"}, "rl_aux": aux,
+    items = {**{k: v for k, v in items.items() if k != "workspace"}, **({"rl_aux": aux} if inp.trains_on_rollouts else {}),
              "merged_view": roll["merged_view"], "rollout_cache": roll["rollout_cache"],
              "rollout_workspace": roll["rollout_workspace"],
              "workspace": roll["workspace"] if phase == "rollout" else update_ws}
+    update = details["peak_formula"] + (" + rl_aux" if inp.trains_on_rollouts else "")
+    frozen = " + teacher_weights" if "teacher_weights" in items else ""
     details.update({
         "peak_phase": phase, "phases": {"update": int(update_peak), "rollout": int(roll["peak"])},
         "update_batch": upd.batch, "update_micro_batches": upd.grad_accum, "rollout_decode": roll["decode"],
         "decodes": roll["decodes"], "rollout_workspace_parts": _ints(roll["workspace_parts"]),
         "update_workspace_parts": details.pop("workspace_parts"),
-        "peak_formula": "max(update: weights + optimizer + max(activations + loss_head, gradients) + rl_aux "
-                        "+ workspace, rollout: weights + optimizer + merged_view + rollout_cache "
-                        "+ rollout_workspace + workspace)",
+        "peak_formula": f"max(update: {update}, rollout: weights + optimizer{frozen} + merged_view "
+                        "+ rollout_cache + rollout_workspace + workspace)",
     })
     return {k: int(v) for k, v in items.items()}, details, int(max(update_peak, roll["peak"]))
 
@@ -170,5 +186,6 @@ def analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[dict[
     """(items, details, peak) in bytes per device; see this module's and `plan.step`'s docstrings."""
     from tunix_rt.plan.teacher import with_teacher
 
-    step = _rl_analytic(inp, preset, device) if inp.rl else step_analytic(inp, preset, device)
-    return with_teacher(inp, preset, device, *step)
+    if inp.rl:
+        return _rl_analytic(inp, preset, device)
+    return with_teacher(inp, preset, device, *step_analytic(inp, preset, device))

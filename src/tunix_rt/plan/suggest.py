@@ -43,12 +43,13 @@ def _batch_splits(inp: PlanInputs) -> list[tuple[int, str, PlanInputs]]:
     """Smaller micro-batches, same maths: more accumulation (an RL update accumulates every
     micro-batch of its rollouts anyway)."""
     out = []
-    start = update_inputs(inp).batch if inp.rl else inp.batch
+    grpo = inp.rl and inp.trains_on_rollouts
+    start = update_inputs(inp).batch if grpo else inp.batch
     b = start
     while b > 1:
         b //= 2
         if start % b == 0 and (b % inp.fsdp == 0 or b >= inp.fsdp):
-            if inp.rl:
+            if grpo:
                 out.append((2, f"batch={b}", replace(inp, batch=b)))
                 continue
             acc = inp.grad_accum * inp.batch // b
@@ -59,8 +60,15 @@ def _batch_splits(inp: PlanInputs) -> list[tuple[int, str, PlanInputs]]:
 def _rl_candidates(inp: PlanInputs) -> list[tuple[int, str, PlanInputs]]:
     """Fewer prompts per step (the same estimator on fewer prompts), a smaller group (noisier
     advantages), shorter rollouts keeping the prompts' room (answers may be cut): each
-    halved until it fits, the least change first."""
+    halved until it fits, the least change first. Sampling from whole prompts (long_prompts:
+    on-policy distill, one completion of each example of the step) has only the last."""
     out = []
+    t = inp.rollout_tokens
+    if inp.long_prompts:
+        while t > 16:
+            t //= 2
+            out.append((3, f"rollout_max_new_tokens={t}", replace(inp, rollout_tokens=t)))
+        return out
     n = inp.rl_prompts
     while n > 1:
         n //= 2
@@ -69,7 +77,6 @@ def _rl_candidates(inp: PlanInputs) -> list[tuple[int, str, PlanInputs]]:
     while g > 2:
         g //= 2
         out.append((3, f"group_size={g}", replace(inp, group_size=g)))
-    t = inp.rollout_tokens
     while t > 16:
         t //= 2
         seq = inp.seq - (inp.rollout_tokens - t)

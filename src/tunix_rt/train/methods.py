@@ -12,14 +12,23 @@ phases of one of its steps: "update" (forward + backward on batches), and before
 "rollout" (the engine's generator samples completions). The plan estimates each phase, and
 what needs a generator (one process on the JAX engine, the rollout settings) follows from
 the phases, not from a method's name. Nothing here imports the methods' modules.
+
+Some methods sample only when their config asks (`sampling_on`: distill's kd_on_policy, dpo's
+pairs=rollouts); `sampling` says, for a config, whether and how a step samples, which is what
+the memory plan counts (the KV cache and decode batch of the rollouts).
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Any
 
 ROLLOUT, UPDATE = "rollout", "update"
+#: how a sampling step's rows are made: "groups" (GRPO's rollouts: group_size completions of
+#: each of rl_prompts prompts, and GRPO's greedy held-out eval) or "batch" (one completion of
+#: each of the step's batch_size x grad_accum examples, in one generate call)
+GROUPS, BATCH = "groups", "batch"
 #: a frozen teacher model runs (forward only) beside the trained one: the config requires a
 #: `teacher`, and the plan counts its weights
 TEACHER = "teacher"
@@ -31,15 +40,58 @@ class MethodSpec:
     """"module:class" of the method."""
     phases: tuple[str, ...]
     """What one step runs, in order."""
+    rows: str = ""
+    """A step that samples: how its rows are made (GROUPS or BATCH); "": it never samples."""
+    sampling_on: tuple[str, Any] | None = None
+    """(config field, value) that turns sampling on for a method without a rollout phase;
+    None: the phases decide."""
+    trains_on_rollouts: bool = False
+    """The update is an RL step over every rollout sequence (GRPO: P x G of them, with their
+    per-token advantages); False: the method's own batches (rft's kept completions, dpo's
+    pairs, distill's examples) at batch_size x grad_accum."""
 
 
 METHODS: dict[str, MethodSpec] = {
     "sft": MethodSpec("tunix_rt.train.sft:SFT", (UPDATE,)),
-    "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE)),
-    "rft": MethodSpec("tunix_rt.train.rft:RFT", (ROLLOUT, UPDATE)),
-    "distill": MethodSpec("tunix_rt.train.distill:Distill", (TEACHER, UPDATE)),
-    "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,)),
+    "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE), GROUPS, trains_on_rollouts=True),
+    "rft": MethodSpec("tunix_rt.train.rft:RFT", (ROLLOUT, UPDATE), GROUPS),
+    "distill": MethodSpec("tunix_rt.train.distill:Distill", (TEACHER, UPDATE), BATCH, ("kd_on_policy", True)),
+    "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,), GROUPS, ("pairs", "rollouts")),
 }
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What the rollouts of one step of a config decode (plan.rl plans their memory)."""
+
+    prompts: int
+    """Prompts per generate call."""
+    group: int
+    """Completions per prompt."""
+    new_tokens: int
+    """Most new tokens per completion (rollout_max_new_tokens)."""
+    trains_on_rollouts: bool
+    """MethodSpec.trains_on_rollouts."""
+    held_out_decode: bool
+    """The held-out eval decodes greedily too (GRPO's eval: the GROUPS methods)."""
+    prompt_room: bool
+    """Prompts leave their completion its room (GRPO keeps the prompts of at most
+    max_seq_len - rollout_max_new_tokens tokens); False: a prompt may take up to
+    max_seq_len - 1 tokens (an example's prompt; distill cuts the completion afterwards)."""
+
+
+def sampling(cfg: Any) -> Sampling | None:
+    """How a step of `cfg` (a TrainConfig) samples from the model it trains; None: it does not."""
+    spec = METHODS[cfg.method]
+    on = ROLLOUT in spec.phases or (spec.sampling_on is not None
+                                    and getattr(cfg, spec.sampling_on[0]) == spec.sampling_on[1])
+    if not on or not spec.rows:
+        return None
+    if spec.rows == GROUPS:
+        return Sampling(cfg.rl_prompts, cfg.group_size, cfg.rollout_max_new_tokens, spec.trains_on_rollouts,
+                        held_out_decode=True, prompt_room=True)
+    return Sampling(cfg.batch_size * cfg.grad_accum, 1, cfg.rollout_max_new_tokens, spec.trains_on_rollouts,
+                    held_out_decode=False, prompt_room=False)
 
 
 def rolls_out(method: str) -> bool:
