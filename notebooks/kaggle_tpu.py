@@ -17,10 +17,13 @@
 #
 # This notebook teaches Gemma 3 1B (the hackathon's model) to answer as
 # `<reasoning>…</reasoning><answer>…</answer>` on GSM8K with the JAX engine (google-tunix),
-# sharded over every TPU chip: supervised fine-tuning (LoRA) on the reasoning traces, then
-# reinforcement learning with verifiable rewards (GRPO: the answer, the format and the
-# arithmetic of the reasoning) from the SFT model. It evaluates base, SFT and SFT+RL on the
-# same dev items and packages the RL adapter with its evidence as a verifiable zip.
+# sharded over every TPU chip, in the chain SFT → SimPO → GRPO (the Tunix hackathon's
+# second-place recipe): supervised fine-tuning (LoRA) on the reasoning traces; SimPO from the
+# SFT model on its own samples (each prompt's best completion against its worst, ranked by
+# the rewards; no reference model); then reinforcement learning with verifiable rewards (GRPO:
+# the answer, the format and the arithmetic of the reasoning) from the SimPO model. Set
+# `PREF_CONFIG = ""` for plain SFT → GRPO. It evaluates every stage on the same dev items and
+# packages the RL adapter with its evidence as a verifiable zip.
 #
 # 1. Settings: Accelerator **TPU VM v5e-8** (or any TPU), Internet on for the install,
 #    or attach a tunix-rt wheel as a dataset.
@@ -40,7 +43,10 @@ KAGGLE_HANDLE = "google/gemma-3/transformers/gemma-3-1b-it"
 CONFIG = "gpu"  # SFT preset (bf16 LoRA; its batch is split over the chips)
 STEPS = 300  # SFT optimizer steps
 EXTRA = []  # more key=value SFT overrides, e.g. ["lr=1e-4", "batch_size=32"]
-RL_CONFIG = "gpu-grpo"  # RL preset (GRPO from the SFT run; bf16 LoRA)
+PREF_CONFIG = "gpu-dpo"  # preference preset (on-policy pairs, bf16 LoRA) for the SimPO stage; "" skips it (SFT -> GRPO)
+PREF_STEPS = 100  # SimPO steps (each: rl_prompts x group_size samples, then best-vs-worst pairs)
+PREF_EXTRA = ["pref_loss=simpo", "pref_beta=2.0", "simpo_gamma=1.0"]  # SimPO (gamma/beta 0.5); pref_loss=dpo|ipo|orpo also run
+RL_CONFIG = "gpu-grpo"  # RL preset (GRPO from the previous stage's run; bf16 LoRA)
 RL_STEPS = 200  # GRPO steps (each: rl_prompts x group_size rollouts, then the update)
 RL_EXTRA = []  # more key=value RL overrides, e.g. ["group_size=8", "rl_loss=dapo", "epsilon_high=0.28"]
 EVAL_N = 200  # dev items evaluated before and after
@@ -130,26 +136,46 @@ else:
 tunix("model", "list")
 
 # %% [markdown]
-# ## Plan: will both stages fit?
-# The memory plan per device, before anything is allocated: the SFT step, and the RL step
-# (the rollout's KV cache for every sampled completion, then the update).
+# ## The stages' configs, checked before anything runs
+# Each stage is a shipped preset plus key=value overrides, checked here as `tunix-rt train`
+# checks them (a bad name or value stops the notebook now, not hours later).
+
+# %% tags=["configs"]
+from tunix_rt.train.config import TrainConfig
+
+
+def stage_overrides(steps: int, extra: list) -> list:
+    return [f"model={MODEL}", f"max_steps={steps}", "epochs=", "engine=jax", f"device={DEVICE}", "mesh=auto", *extra]
+
+
+OVERRIDES = stage_overrides(STEPS, EXTRA)
+PREF_OVERRIDES = stage_overrides(PREF_STEPS, PREF_EXTRA)
+RL_OVERRIDES = stage_overrides(RL_STEPS, RL_EXTRA)
+cfg = TrainConfig.load(CONFIG, OVERRIDES)
+pref_cfg = TrainConfig.load(PREF_CONFIG, PREF_OVERRIDES) if PREF_CONFIG else None
+rl_cfg = TrainConfig.load(RL_CONFIG, RL_OVERRIDES)
+if pref_cfg is not None and pref_cfg.method != "dpo":
+    raise ValueError(f"PREF_CONFIG {PREF_CONFIG!r} trains method={pref_cfg.method}, not a preference method (dpo)")
+print(f"SFT: {CONFIG}; preference: {f'{PREF_CONFIG} ({pref_cfg.pref_loss})' if pref_cfg else 'skipped'}; "
+      f"RL: {RL_CONFIG} ({rl_cfg.rl_loss})")
+
+# %% [markdown]
+# ## Plan: will every stage fit?
+# The memory plan per device, before anything is allocated: the SFT step, and each sampling
+# step (SimPO's and GRPO's: the rollout's KV cache for every sampled completion, then the update).
 
 # %%
 from tunix_rt.plan import JAX_KINDS
-from tunix_rt.train.config import TrainConfig
 
-OVERRIDES = [f"model={MODEL}", f"max_steps={STEPS}", "epochs=", "engine=jax",
-             f"device={DEVICE}", "mesh=auto", *EXTRA]
-RL_OVERRIDES = [f"model={MODEL}", f"max_steps={RL_STEPS}", "epochs=", "engine=jax",
-                f"device={DEVICE}", "mesh=auto", *RL_EXTRA]
-cfg = TrainConfig.load(CONFIG, OVERRIDES)
-rl_cfg = TrainConfig.load(RL_CONFIG, RL_OVERRIDES)
 if DEVICE == "tpu" and devices["kind"] not in JAX_KINDS:
     raise RuntimeError(f"TPU kind {devices['kind']!r} has no memory model yet; known: {sorted(JAX_KINDS)}")
 PLAN_DEVICE = JAX_KINDS[devices["kind"]] if DEVICE == "tpu" else "cpu"
 
 
-def plan_of(c: TrainConfig, *rl: str) -> dict:
+def plan_of(c: TrainConfig, sampling: bool = False) -> dict:
+    """The plan of a stage's step; `sampling`: the stage samples completions first."""
+    rl = ["--rl-prompts", str(c.rl_prompts), "--group-size", str(c.group_size),
+          "--rollout-tokens", str(c.rollout_max_new_tokens)] if sampling else []
     out = json.loads(tunix(
         "plan", "--model", MODEL, "--method", c.finetune, "--seq", str(c.max_seq_len),
         "--batch", str(c.batch_size), "--grad-accum", str(c.grad_accum), "--dtype", c.dtype,
@@ -162,8 +188,8 @@ def plan_of(c: TrainConfig, *rl: str) -> dict:
 
 
 plan = plan_of(cfg)
-rl_plan = plan_of(rl_cfg, "--rl-prompts", str(rl_cfg.rl_prompts), "--group-size", str(rl_cfg.group_size),
-                  "--rollout-tokens", str(rl_cfg.rollout_max_new_tokens))
+pref_plan = plan_of(pref_cfg, sampling=pref_cfg.pairs == "rollouts") if pref_cfg else None
+rl_plan = plan_of(rl_cfg, sampling=True)
 
 # %% [markdown]
 # ## 1. SFT with the JAX engine, sharded over all chips (`mesh=auto`: every chip on fsdp)
@@ -189,29 +215,50 @@ def train(config: str, overrides: list[str]) -> Path:
 SFT_RUN = train(CONFIG, OVERRIDES)
 
 # %% [markdown]
-# ## 2. RL (GRPO) from the SFT run: rewards for the answer, the format and the arithmetic
+# ## 2. SimPO from the SFT run, on the model's own samples
+# Each step samples `group_size` completions of `rl_prompts` prompts, ranks them by the
+# rewards and trains each group's best against its worst (where they differ). The implicit
+# reward margin and its accuracy (how often the chosen completion scores higher) are in
+# metrics.jsonl, TensorBoard and the run page.
 
 # %%
-RUN = train(RL_CONFIG, [*RL_OVERRIDES, f"init={SFT_RUN.name}"])
+PREF_RUN = train(PREF_CONFIG, [*PREF_OVERRIDES, f"init={SFT_RUN.name}"]) if PREF_CONFIG else None
+if PREF_RUN is not None:
+    pref_rows = [json.loads(x) for x in (PREF_RUN / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    paired = [r for r in pref_rows if r.get("pairs")]
+    print(f"{len(paired)} of {len([r for r in pref_rows if 'loss' in r])} steps had pairs"
+          + (f"; implicit-reward accuracy, last step with pairs {paired[-1]['rewards_accuracy']:.2f}, "
+             f"margin {paired[-1]['rewards_margin']:.3f}" if paired else ""))
+
+# %% [markdown]
+# ## 3. RL (GRPO) from the SimPO run (or the SFT run): rewards for the answer, the format and the arithmetic
+
+# %%
+RUN = train(RL_CONFIG, [*RL_OVERRIDES, f"init={(PREF_RUN or SFT_RUN).name}"])
 rows = [json.loads(x) for x in (RUN / "metrics.jsonl").read_text().splitlines() if x.strip()]
 steps = [r for r in rows if "reward" in r]
 print(f"mean reward, first 5 steps {sum(r['reward'] for r in steps[:5]) / len(steps[:5]):.3f} -> "
       f"last 5 steps {sum(r['reward'] for r in steps[-5:]) / len(steps[-5:]):.3f}")
 
 # %% [markdown]
-# ## Evaluate: base model, SFT and SFT+RL on the same dev items, greedy
+# ## Evaluate: base model, SFT, SFT+SimPO and the final RL model on the same dev items, greedy
 
 # %%
 EVAL = ["--dataset", cfg.dataset, "--split", "dev", "--limit", str(EVAL_N),
         "--max-new-tokens", str(MAX_NEW_TOKENS), "--engine", "jax", "--device", DEVICE]
 BASE_EVAL = Path(HOME_DIR) / "evals" / f"base-for-{SFT_RUN.name}"
 SFT_EVAL = SFT_RUN / "eval" / "kaggle-sft"
+PREF_EVAL = PREF_RUN / "eval" / "kaggle-pref" if PREF_RUN else None
 RL_EVAL = RUN / "eval" / "kaggle-rl"
 tunix("eval", "--model", MODEL, *EVAL, "--out", str(BASE_EVAL))
 tunix("eval", "--adapter", str(SFT_RUN), *EVAL, "--out", str(SFT_EVAL))
+if PREF_RUN is not None:
+    tunix("eval", "--adapter", str(PREF_RUN), *EVAL, "--out", str(PREF_EVAL))
 tunix("eval", "--adapter", str(RUN), *EVAL, "--out", str(RL_EVAL))
 tunix("compare", str(BASE_EVAL), str(SFT_EVAL))
-tunix("compare", str(SFT_EVAL), str(RL_EVAL))  # what RL added: flips and McNemar's p
+if PREF_RUN is not None:
+    tunix("compare", str(SFT_EVAL), str(PREF_EVAL))  # what SimPO added
+tunix("compare", str(PREF_EVAL or SFT_EVAL), str(RL_EVAL))  # what RL added: flips and McNemar's p
 
 # %% [markdown]
 # ## Package: the RL adapter, its evaluation, report and evidence, with sha256 of every file
