@@ -77,9 +77,12 @@ def main() -> None:
     from tunix_rt.train.config import TrainConfig
 
     fit = fields.pop("_seq_fits_prompts", False)
+    room = fields.pop("_seq_is_prompt_plus", None)  # max_seq_len = the longest prompt + this
     home = Home.resolve().ensure()
     if fit:
         fields["max_seq_len"] = longest_prompt(fields, home) + fields["rollout_max_new_tokens"]
+    if room is not None:
+        fields["max_seq_len"] = longest_prompt(fields, home) + room
     cfg = TrainConfig(**fields)
     plan = plan_train(cfg, "cpu", 1, engine=engine)
     phases = None
@@ -110,8 +113,16 @@ def main() -> None:
             "rollouts": (d["decodes"]["rollouts"]["peak"], m["rollout"])}
         if "held-out eval" in d["decodes"]:
             compare["held-out eval"] = (d["decodes"]["held-out eval"]["peak"], m["eval"])
+        # what the rollout phase adds to what is resident when it starts: the decode's cache and
+        # workspace and the merged view, with the allocator's slack (plan.rl's rule), measured
+        # as the phase's peak over its starting RSS (free of the process baseline)
+        from tunix_rt.plan import SLACK
+
+        roll = d["decodes"]["rollouts"]
+        grows = (roll["cache"] + roll["workspace"] + plan.items["merged_view"]) * (1 + SLACK["cpu"])
         out.update(measured_peak_rss=max(m.values()), measured_phases=m, phase_start_rss=phases.starts,
-                   details=d, compare=compare)
+                   details=d, compare=compare,
+                   rollout_growth=(int(grows), m["rollout"] - phases.starts["rollout"]))
     print(json.dumps(out))
 
 

@@ -28,23 +28,42 @@ def test_torch_lora_rollout_items_by_hand():
     # merged view: W + scale B@A of every adapted projection, per layer q 128x128, k and v
     # 128x32, o 128x128, gate and up 128x256, down 256x128 = 139,264 weights, 2 layers, fp32
     assert i["merged_view"] == 2 * 139_264 * 4 == 1_114_112
+    roll = d["decodes"]["rollouts"]
     # the rollouts' cache: 16 rows x 104 preallocated slots, plus the larger transient: the
-    # prefill's own 72-slot cache while it is copied in (over half a cache as a row leaves)
-    assert i["rollout_cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN == 1_441_792
-    # prefill workspace: per prompt token 2h + q + 2kv + 3i + 2 heads x 72 keys = 1792
-    # elements of 4 B, for 16 x 72 tokens, and the last position's logits 16 x 1024 fp32;
-    # sampling goes through the int8 screen of the head too: 1024 x (128 + 8)
-    assert i["rollout_workspace"] == 16 * 72 * 1792 * 4 + 16 * 1024 * 4 + 1024 * 136 == 8_462_336
-    assert d["decodes"]["rollouts"]["step"] == 8 * 16 * 1024 * 4  # logits + sampler buffers: smaller
-    # the held-out greedy decode (8 rows) holds the same screen
+    # prefill's 72-slot cache (its 4 prompts' rows repeated for their 4 samples) while it is
+    # copied in (over half a cache as a row leaves)
+    assert roll["cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN == 1_441_792
+    # prefill workspace: each distinct prompt once (a group's samples share it), per prompt
+    # token 2h + q + 2kv + 3i = 1216 elements of 4 B (torch's sdpa holds no [L, L] scores),
+    # for 4 x 72 tokens, and the last position's logits of the 16 rows, fp32; sampling goes
+    # through the int8 screen of the head too: 1024 x (128 + 8)
+    assert roll["prefilled"] == 4
+    assert roll["workspace"] == 4 * 72 * 1216 * 4 + 16 * 1024 * 4 + 1024 * 136 == 1_605_632
+    assert roll["step"] == 8 * 16 * 1024 * 4  # logits + sampler buffers: smaller
+    # the held-out greedy decode (8 rows, 8 prompts to prefill) holds the same screen, and
+    # is here the larger of the two decodes: the phase's items are its
     held = d["decodes"]["held-out eval"]
     assert held["screen"] == 1024 * 136 and held["cache"] == 8 * 104 * KV_TOKEN + 8 * 72 * KV_TOKEN
-    assert d["rollout_decode"] == "rollouts"
+    assert held["workspace"] == 8 * 72 * 1216 * 4 + 8 * 1024 * 4 + 1024 * 136
+    assert d["rollout_decode"] == "held-out eval"
+    assert (i["rollout_cache"], i["rollout_workspace"]) == (held["cache"], held["workspace"])
     # the phase: resident weights + optimizer + the three rollout items, 5% slack, process
-    core = i["weights"] + i["optimizer"] + 1_114_112 + 1_441_792 + 8_462_336
+    core = i["weights"] + i["optimizer"] + 1_114_112 + i["rollout_cache"] + i["rollout_workspace"]
     assert d["phases"]["rollout"] == int(core * (1 + SLACK["cpu"]) + d["rollout_workspace_parts"]["process_or_context"])
     # host aux arrays of all 16 x 104 tokens (coef, adv, old/ref logp) + one micro-batch's 7 copies
     assert i["rl_aux"] == 4 * 16 * 104 * 4 + 7 * 4 * 104 * 4 == 38_272
+
+
+def test_eager_attention_holds_the_prefills_scores():
+    """Gemma 2 soft-caps its attention logits: the torch engine loads it with eager attention
+    (torch_engine.attention_of), whose prefill holds the scores and probabilities [heads, L]
+    of every prompt token; sdpa (every other Gemma) holds none."""
+    from tunix_rt.plan import resolve_preset
+
+    p = resolve_preset("tiny-gemma2")
+    dense = 2 * p.hidden_size + p.num_heads * p.head_dim + 2 * p.num_kv_heads * p.head_dim + 3 * p.intermediate_size
+    roll = make_plan(PlanInputs(**{**TINY_RL, "model": "tiny-gemma2"})).details["decodes"]["rollouts"]
+    assert roll["prefill"] == 4 * 72 * (dense + 2 * p.num_heads * 72) * 4 + 16 * p.vocab_size * 4
 
 
 def test_jax_rollout_has_no_merged_view_and_both_caches_of_the_undonated_step():

@@ -60,17 +60,19 @@ def test_rft_and_rollout_pairs_count_grpos_rollouts_and_their_own_update(over):
     off = _plan(method="sft") if over["method"] == "rft" else _plan(method="dpo")
     for k in ("merged_view", "rollout_cache", "rollout_workspace"):
         assert on.items[k] == grpo.items[k], k
-    assert on.items["rollout_cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN
-    assert on.items["rollout_workspace"] == 16 * 72 * 1792 * 4 + 16 * 1024 * 4 + SCREEN
+    roll = on.details["decodes"]["rollouts"]
+    assert roll["cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN
+    # each of the 4 prompts prefilled once: 1216 elements a token (2h + q + 2kv + 3i, sdpa)
+    assert roll["workspace"] == 4 * 72 * 1216 * 4 + 16 * 1024 * 4 + SCREEN
     assert on.details["decodes"] == grpo.details["decodes"]  # the rollouts and the held-out greedy decode
     assert on.details["phases"]["rollout"] == grpo.details["phases"]["rollout"] == _rollout_phase(on)
     assert "rl_aux" not in on.items and on.details["phases"]["update"] == off.peak_bytes_per_device
     assert on.peak_bytes_per_device == max(off.peak_bytes_per_device, _rollout_phase(on))
     # many long rollouts: the rollout phase is the peak, and the plan grows by exactly its excess
-    big = dict(rl_prompts=16, group_size=8, rollout_max_new_tokens=64, max_seq_len=136)
+    big = dict(rl_prompts=32, group_size=8, rollout_max_new_tokens=256, max_seq_len=328, batch_size=2)
     on, off = _plan(**over, **big), (_plan(**big) if over["method"] == "rft" else _plan(method="dpo", **big))
-    assert on.details["peak_phase"] == "rollout"
-    assert on.items["rollout_cache"] == 128 * 136 * KV_TOKEN + 128 * 72 * KV_TOKEN
+    assert on.details["peak_phase"] == "rollout" and on.details["rollout_decode"] == "rollouts"
+    assert on.items["rollout_cache"] == 256 * 328 * KV_TOKEN + 255 * 328 * KV_TOKEN // 2
     assert on.peak_bytes_per_device - off.peak_bytes_per_device == _rollout_phase(on) - off.peak_bytes_per_device > 0
 
 
@@ -85,9 +87,9 @@ def test_on_policy_distill_counts_one_completion_of_each_example_and_the_teacher
     assert i["teacher_weights"] == off.items["teacher_weights"] > 0
     slots = 103 + 32
     assert i["rollout_cache"] == 4 * slots * KV_TOKEN + 4 * 103 * KV_TOKEN == 487_424
-    # prefill: per prompt token 2h + q + 2kv + 3i + 2 heads x 103 keys = 2040 elements of 4 B,
+    # prefill: per prompt token 2h + q + 2kv + 3i = 1216 elements of 4 B (sdpa: no scores),
     # 4 x 103 tokens, the last position's logits, and the screen of the head
-    assert i["rollout_workspace"] == 4 * 103 * 2040 * 4 + 4 * 1024 * 4 + SCREEN
+    assert i["rollout_workspace"] == 4 * 103 * 1216 * 4 + 4 * 1024 * 4 + SCREEN
     assert set(on.details["decodes"]) == {"rollouts"}
     assert on.details["phases"]["rollout"] == _rollout_phase(on, frozen=i["teacher_weights"])
     assert on.details["phases"]["update"] == off.peak_bytes_per_device  # the distill step itself

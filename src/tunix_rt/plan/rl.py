@@ -64,7 +64,8 @@ def _rl_aux_bytes(inp: PlanInputs, upd: PlanInputs, f: Facts, device: DeviceSpec
     return host + 7 * math.ceil(upd.batch / f.ranks) * upd.seq * 4
 
 
-def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, greedy: bool) -> dict[str, float]:
+def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, greedy: bool,
+                  distinct: int | None = None) -> dict[str, float]:
     """KV cache and workspace of one generate call of `rows` prompts (the longest prompt
     `inp.rollout_prompt` tokens, then rollout_tokens new ones), per device. Every device
     decodes every row: the JAX generator's cache and batch are not sharded, and each torch
@@ -76,9 +77,11 @@ def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, gree
     - JAX (eval.jax_generate): the prompt padded to a BUCKET multiple, and the jitted step's
       input and output caches both live (the step does not donate its cache).
     - workspace: the larger of the prefill (one layer's inference intermediates on every
-      prompt token: residual and normed input, q/k/v, the attention scores and
-      probabilities, the MLP's gate/up/product; and the last position's logits) and a
-      decode step (the logits and the sampler's buffers); a decode of the torch engine on a
+      prompt token: residual and normed input, q/k/v, the MLP's gate/up/product, and the
+      attention scores and probabilities where they exist: JAX, and torch's eager attention
+      of Gemma 2's soft-capped logits, not torch's sdpa; and the last position's logits;
+      torch prefills each distinct prompt once, `distinct` of them, the JAX generator every
+      row) and a decode step (the logits and the sampler's buffers); a decode of the torch engine on a
       CPU in fp32, greedy or sampled (Gumbel-max through the screen), also holds the int8
       copy of the head (eval.screened_head) and its permutation, built one group of rows
       at a time (once per head version: decoders share it)."""
@@ -98,18 +101,26 @@ def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, gree
     h, i = p.hidden_size, p.intermediate_size
     q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
     keys = slots if f.jax else prompt  # JAX attends over the whole cache in the prefill
-    layer = 2 * h + q + 2 * kv + 3 * i + 2 * p.num_heads * keys
+    scores = 2 * p.num_heads * keys if f.jax or _eager_attention(p) else 0
+    layer = 2 * h + q + 2 * kv + 3 * i + scores
     logits = rows * p.vocab_size * 4
-    prefill = rows * prompt * layer * f.wb + logits
+    prefilled = rows if f.jax else min(rows, distinct or rows)
+    prefill = prefilled * prompt * layer * f.wb + logits
     step = (GREEDY_BUFFERS if greedy else SAMPLER_BUFFERS) * logits
     screen = build = 0
     if not f.jax and device.kind == "cpu" and f.wb == 4 and p.vocab_size >= 4 * PAD_COLS:
         screen = p.vocab_size * (p.hidden_size + 8)  # int8 rows, int64 permutation
         per = -(-p.vocab_size // SCREEN_GROUPS)  # built one group of rows at a time:
         build = screen + per * p.hidden_size * 32  # fp32 rows and codes, fp64 rows, codes, error
-    return {"rows": rows, "slots": slots, "kv_bytes_per_token": per_token, "cache": cache,
+    return {"rows": rows, "prefilled": prefilled, "slots": slots, "kv_bytes_per_token": per_token, "cache": cache,
             "workspace": max(max(prefill, step) + screen, build), "prefill": prefill, "step": step,
             "screen": screen, "screen_build": build}
+
+
+def _eager_attention(p: Preset) -> bool:
+    """The torch engine's attention holds the [L, L] scores: eager, which it loads where the
+    model soft-caps attention logits (Gemma 2: torch_engine.attention_of); sdpa elsewhere."""
+    return bool((p.hf_config or {}).get("attn_logit_softcapping"))
 
 
 def _rollout_phase(inp: PlanInputs, f: Facts, device: DeviceSpec, weights: float,
@@ -126,14 +137,14 @@ def _rollout_phase(inp: PlanInputs, f: Facts, device: DeviceSpec, weights: float
     merged = 0.0
     if not f.jax and not f.full:
         merged = proj_elems(f.p, inp.lora_targets) * f.wb / f.shard
-    rows = {"rollouts": (inp.rl_prompts * inp.group_size, False)}
+    rows = {"rollouts": (inp.rl_prompts * inp.group_size, False, inp.rl_prompts)}
     if inp.held_out_decode:
-        rows["held-out eval"] = (DecodeConfig().batch_size, True)
+        rows["held-out eval"] = (DecodeConfig().batch_size, True, DecodeConfig().batch_size)
     resident = (weights if inp.donate else weights / 2) + frozen  # no step in flight: no undonated copy
     gather = workspace_parts(inp, f, device)  # the forward's FSDP gathers, as in training
     decodes = {}
-    for name, (n, greedy) in rows.items():
-        d = _decode_bytes(inp, f, device, n, greedy)
+    for name, (n, greedy, distinct) in rows.items():
+        d = _decode_bytes(inp, f, device, n, greedy, distinct)
         core = resident + optimizer + merged + d["cache"] + d["workspace"]
         parts = {"process_or_context": gather["process_or_context"], "fsdp_gather": gather["fsdp_gather"]}
         parts["allocator_slack"] = SLACK[device.kind] * (core + parts["fsdp_gather"])
