@@ -51,7 +51,9 @@ class ImportParams(BaseModel):
 
 
 class TrainParams(BaseModel):
-    """A shipped preset (smoke, cpu-demo, gpu) plus key=value overrides of TrainConfig."""
+    """A shipped preset (smoke, cpu-demo, cpu-simpo, gpu-dpo, …: src/tunix_rt/configs) plus
+    key=value overrides of TrainConfig: any method (sft, grpo, dpo, rft, distill) and its
+    fields, checked by TrainConfig as on the command line."""
 
     model_config = ConfigDict(extra="forbid")
     preset: Annotated[str, Field(pattern=NAME)] = "smoke"
@@ -81,7 +83,8 @@ class TrainParams(BaseModel):
 
 RUN_ID = NAME
 """A run by its id: the name of its directory under <home>/runs."""
-HOME_NAMES = {"model": (REF, "name"), "dataset": (REF, "name"), "init": (RUN_ID, "run id")}
+HOME_NAMES = {"model": (REF, "name"), "dataset": (REF, "name"), "init": (RUN_ID, "run id"),
+              "teacher": (RUN_ID, "catalog model or run id")}
 """The config fields a job names files with, each by a name from the home: never a path."""
 
 
@@ -118,6 +121,23 @@ def home_run(key: str, run_id: Any, home: Home) -> Path:
     if (Path(name) / MANIFEST).is_file() and Path(name).resolve() != target:
         raise BadInput(f"{key}: {name!r} also names a run in the current directory; run the worker elsewhere")
     return target
+
+
+def check_home_runs(cfg, home: Home) -> None:
+    """The fields of a job's config that may name a run, checked where the files are: `init`
+    a run of this home; `teacher` a catalog model, else a run of this home (never a directory:
+    distillation's teacher lookup would take a directory the worker's working directory holds).
+    BadInput otherwise."""
+    if cfg.init is not None:
+        home_run("init", cfg.init, home)
+    if cfg.teacher is not None:
+        from tunix_rt.models.catalog import PRESETS
+
+        name = str(cfg.teacher)
+        target = None if name in PRESETS else home_run("teacher", name, home)
+        if Path(name).is_dir() and (target is None or Path(name).resolve() != target):
+            raise BadInput(f"teacher: {name!r} also names a directory in the current directory, which the teacher "
+                           "lookup reads first; run the worker elsewhere")
 
 
 class TrialParams(BaseModel):

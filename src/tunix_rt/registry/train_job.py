@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tunix_rt.errors import TunixRtError
-from tunix_rt.registry.jobs import JobContext, home_run
+from tunix_rt.registry.jobs import JobContext, check_home_runs
 from tunix_rt.rundir import CHECKPOINTS, Run, final_dir
 
 
@@ -18,8 +18,7 @@ def train_for_job(ctx: JobContext, cfg, should_stop: Callable[[], bool], *, one_
     one_run: resume the earlier attempt's run even before its first checkpoint (from step 0),
     so the job has exactly one run (a sweep trial's). `should_stop` is polled after every step
     (RunStopped once it says so)."""
-    if cfg.init is not None:  # checked where the files are: a job row may come from anywhere
-        home_run("init", cfg.init, ctx.home)
+    check_home_runs(cfg, ctx.home)  # checked where the files are: a job row may come from anywhere
     earlier = ctx.find_run_dir()
     if earlier is not None and Run(earlier).status() == "succeeded":
         run_dir = earlier  # an earlier attempt finished training and died before reporting

@@ -3,12 +3,14 @@ job), cancel, and the run directory's files."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
 from tunix_rt.errors import BadInput
 from tunix_rt.registry import queries, queue
-from tunix_rt.registry.jobs import home_run
+from tunix_rt.registry.jobs import check_home_runs
 from tunix_rt.registry.queries import NotFound
 from tunix_rt.service.artifacts import list_artifacts, resolve_artifact, run_root
 from tunix_rt.service.deps import Position, SettingsDep, paged
@@ -22,12 +24,13 @@ RunPage = paged(100, 1000)
 @router.post("", status_code=202, response_model=JobPublic)
 def submit_run(body: TrainSubmit, settings: SettingsDep):
     """Queue a train job; the run appears once a worker starts it (job.run_id links it).
-    `init` must be a run of this home (422 otherwise); the worker checks it again."""
-    if body.overrides.get("init") is not None:
-        try:
-            home_run("init", body.overrides["init"], settings.home_obj)
-        except BadInput as e:
-            raise HTTPException(422, str(e)) from None
+    `init` must be a run of this home, `teacher` a catalog model or a run of this home (422
+    otherwise); the worker checks them again."""
+    try:
+        check_home_runs(SimpleNamespace(init=body.overrides.get("init"), teacher=body.overrides.get("teacher")),
+                        settings.home_obj)
+    except BadInput as e:
+        raise HTTPException(422, str(e)) from None
     job_id = queue.enqueue("train", body.model_dump(), max_attempts=settings.max_attempts, url=settings.database_url)
     return queue.get_job(job_id, url=settings.database_url)
 
