@@ -100,19 +100,24 @@ function curves(metrics) {
     lineChart("learning rate", [line("lr", "lr")], "lr-chart", { y: "lr" })];
   if (pts("tokens_per_s").length) charts.push(lineChart("throughput", [line("tokens_per_s", "tokens/s")], "throughput-chart", { y: "tokens/s" }));
   const rewardKeys = [...new Set(metrics.flatMap((m) => Object.keys(m.values)))].filter((k) => k.startsWith("reward_")).sort();
-  if (pts("reward").length) {  // an RL run: the rewards and what explains them
+  // a chart of the block below is drawn once one of its lines has a point: RFT and on-policy
+  // DPO sample like GRPO but have no clip, KL or zero-variance share to show
+  const some = (...charts) => charts.filter((c) => c.lines.some((l) => l.points.length)).map((c) => lineChart(c.title, c.lines, c.id, c.axes));
+  const chart = (title, lines, id, axes) => ({ title, lines, id, axes });
+  if (pts("reward").length) {  // an RL run (grpo, rft, dpo on its own samples): the rewards and what explains them
     charts.push(
       lineChart("reward: total (solid), " + rewardKeys.map((k) => k.slice(7)).join(", ") + " (dashed, in that order)",
         [line("reward", "total"), ...rewardKeys.map((k) => line(k, k.slice(7), "eval"))], "reward-chart", { y: "reward" }),
-      lineChart("rollout accuracy (solid), format rate (dashed)",
-        [line("rollout_accuracy", "accuracy"), line("rollout_format_rate", "format rate", "eval")], "rollout-chart", { y: "rate (0–1)" }),
-      lineChart("zero-variance group share (solid), skipped by the filters (dashed)",
-        [line("zero_variance_share", "share"), line("filter_skipped_share", "skipped", "eval")], "zero-var-chart", { y: "share (0–1)" }),
-      lineChart("KL to the reference (solid), clip fraction (dashed)",
-        [line("kl", "KL"), line("clip_fraction", "clip fraction", "eval")], "kl-chart", { y: "KL, fraction" }),
-      lineChart("completion length", [line("completion_tokens", "tokens")], "length-chart", { y: "tokens" }),
-      lineChart("time per step: rollout (solid), update (dashed)",
-        [line("rollout_s", "rollout s"), line("update_s", "update s", "eval")], "time-chart", { y: "seconds" }));
+      ...some(
+        chart("rollout accuracy (solid), format rate (dashed)",
+          [line("rollout_accuracy", "accuracy"), line("rollout_format_rate", "format rate", "eval")], "rollout-chart", { y: "rate (0–1)" }),
+        chart("zero-variance group share (solid), skipped by the filters (dashed)",
+          [line("zero_variance_share", "share"), line("filter_skipped_share", "skipped", "eval")], "zero-var-chart", { y: "share (0–1)" }),
+        chart("KL to the reference (solid), clip fraction (dashed)",
+          [line("kl", "KL"), line("clip_fraction", "clip fraction", "eval")], "kl-chart", { y: "KL, fraction" }),
+        chart("completion length", [line("completion_tokens", "tokens")], "length-chart", { y: "tokens" }),
+        chart("time per step: rollout (solid), update (dashed)",
+          [line("rollout_s", "rollout s"), line("update_s", "update s", "eval")], "time-chart", { y: "seconds" })));
     // a curriculum run (train.curriculum): each task's difficulty level per step
     const levelKeys = [...new Set(metrics.flatMap((m) => Object.keys(m.values)))].filter((k) => k.startsWith("curriculum_level_")).sort();
     if (levelKeys.length) charts.push(lineChart("curriculum level: " + levelKeys.map((k) => k.slice(17)).join(", "),
@@ -124,6 +129,17 @@ function curves(metrics) {
     if (pts("kept_share").length) charts.push(lineChart("RFT: kept share per round (accepted and distinct / samples)",
       [line("kept_share", "kept share")], "kept-chart", { y: "share (0–1)" }));
   }
+  // a preference run (train.preference: DPO, IPO, SimPO, ORPO): the implicit rewards of the
+  // chosen and the rejected completions, their margin and how often the chosen one wins
+  if (pts("rewards_margin").length || pts("eval_rewards_margin").length) charts.push(
+    lineChart("implicit reward: chosen (solid), rejected (dashed)",
+      [line("rewards_chosen", "chosen"), line("rewards_rejected", "rejected", "eval")], "pref-rewards-chart", { y: "implicit reward" }),
+    lineChart("reward margin, chosen − rejected (train solid, held-out dashed)",
+      [line("rewards_margin", "margin"), line("eval_rewards_margin", "held-out margin", "eval")], "pref-margin-chart", { y: "margin" }),
+    lineChart("implicit-reward accuracy: chosen above rejected (train solid, held-out dashed)",
+      [line("rewards_accuracy", "accuracy"), line("eval_rewards_accuracy", "held-out accuracy", "eval")], "pref-accuracy-chart", { y: "share of pairs (0–1)" }),
+    ...some(chart("on-policy pairs: share of groups whose best and worst differ",
+      [line("paired_share", "paired share")], "pref-paired-chart", { y: "share (0–1)" })));
   // a distillation run (train.distill): the KL to the teacher per step and held out, the student's NLL
   if (pts("kl_teacher").length) charts.push(
     lineChart("KL to the teacher (train solid, held-out dashed)",
@@ -197,15 +213,68 @@ function evaluated(e) {
   return h("span", { title: paths || null }, pathName(isPath(e.adapter) ? e.adapter : e.model));
 }
 
+// The shipped presets (src/tunix_rt/configs; a test holds this list to that folder).
+const PRESETS = ["smoke", "cpu-demo", "cpu-sft", "cpu-grpo", "cpu-rft", "cpu-simpo", "cpu-distill", "gpu", "gpu-grpo", "gpu-dpo"];
+// Each method's main settings on the run form (TrainConfig's names; the server checks them as
+// it checks any override): [field, choices] for a list, [field, "number" | "int" | "text"]. A
+// field left empty keeps the preset's value.
+const METHOD_FIELDS = {
+  sft: [],
+  grpo: [["rl_loss", ["grpo", "dr_grpo", "dapo", "gspo", "rloo"]], ["beta", "number"], ["group_size", "int"], ["rl_prompts", "int"], ["init", "text"]],
+  dpo: [["pref_loss", ["dpo", "ipo", "simpo", "orpo"]], ["pref_beta", "number"], ["simpo_gamma", "number"], ["label_smoothing", "number"],
+    ["orpo_lambda", "number"], ["pairs", ["rollouts", "dataset"]], ["group_size", "int"], ["rl_prompts", "int"], ["init", "text"]],
+  rft: [["rft_round_steps", "int"], ["group_size", "int"], ["rl_prompts", "int"], ["init", "text"]],
+  distill: [["teacher", "text"], ["kd_loss", ["forward_kl", "reverse_kl", "jsd"]], ["kd_beta", "number"], ["kd_temperature", "number"],
+    ["kd_alpha", "number"], ["kd_on_policy", ["false", "true"]]],
+};
+const METHOD_HINTS = {
+  sft: "Supervised fine-tuning on the dataset's traces.",
+  grpo: "RL with verifiable rewards (the GRPO family; gspo: one ratio per sequence, rloo: leave-one-out baseline). init: the SFT run to start from.",
+  dpo: "Preference optimisation. pairs=rollouts ranks the model's own samples by the rewards (any trace dataset); pairs=dataset needs a prompt/chosen/rejected dataset. dpo and ipo need LoRA (the reference is the adapter-off model); simpo and orpo have no reference.",
+  rft: "Rejection sampling: each round samples, keeps the completions the rewards accept, and trains SFT on them.",
+  distill: "Distillation from a teacher with the student's tokenizer: a catalog model or a run id of this home.",
+};
+
+// The method picker and its fields; value() is what they add to the overrides.
+function methodFields() {
+  const method = h("select", { id: "method" }, h("option", { value: "" }, "the preset's"), Object.keys(METHOD_FIELDS).map((m) => h("option", { value: m }, m)));
+  const box = h("div", { class: "row", "data-testid": "method-fields" });
+  const hint = h("p", { class: "muted", "data-testid": "method-hint" });
+  let inputs = [];
+  const render = () => {
+    inputs = (METHOD_FIELDS[method.value] || []).map(([name, kind]) => {
+      const id = "f-" + name;
+      const el = Array.isArray(kind)
+        ? h("select", { id }, h("option", { value: "" }, "preset's"), kind.map((c) => h("option", { value: c }, c)))
+        : h("input", { id, type: kind === "text" ? "text" : "number", step: kind === "int" ? "1" : "any", size: kind === "text" ? 16 : 8, placeholder: "preset's" });
+      return { name, kind, el };
+    });
+    box.replaceChildren(...inputs.map(({ name, el }) => labelled(name, el)));
+    hint.textContent = METHOD_HINTS[method.value] || "";
+  };
+  method.addEventListener("change", render);
+  const value = () => {
+    const out = method.value ? { method: method.value } : {};
+    for (const { name, kind, el } of inputs) {
+      const raw = el.value.trim();
+      if (!raw) continue;
+      out[name] = kind === "number" || kind === "int" ? Number(raw) : raw === "true" || raw === "false" ? raw === "true" : raw;
+    }
+    return out;
+  };
+  return { nodes: [h("div", { class: "row" }, labelled("method", method)), box, hint], value };
+}
+
 async function runsPage() {
   const runs = await api("/api/runs");
-  const overrides = h("textarea", { id: "overrides", rows: 3, cols: 50, placeholder: "key=value per line, e.g. max_steps=4" });
-  const preset = h("select", { id: "preset" }, ["smoke", "cpu-demo", "gpu"].map((p) => h("option", { value: p }, p)));
+  const overrides = h("textarea", { id: "overrides", rows: 3, cols: 50, placeholder: "key=value per line, e.g. max_steps=4 (these win over the fields above)" });
+  const preset = h("select", { id: "preset" }, PRESETS.map((p) => h("option", { value: p }, p)));
+  const fields = methodFields();
   const evaluate = h("input", { type: "checkbox", id: "evaluate", checked: true });
-  const msg = h("p", { class: "error" });
+  const msg = h("p", { class: "error", "data-testid": "submit-error" });
   const submit = async (ev) => {
     ev.preventDefault();
-    const ov = {};
+    const ov = fields.value();
     for (const line of overrides.value.split("\n").map((l) => l.trim()).filter(Boolean)) {
       const i = line.indexOf("=");
       if (i < 1) { msg.textContent = "override without '=': " + line; return; }
@@ -226,6 +295,7 @@ async function runsPage() {
   show(h("h1", {}, "Runs"),
     h("form", { class: "card", onsubmit: submit }, h("h2", {}, "Start a training run"),
       h("div", { class: "row" }, labelled("preset", preset), h("label", {}, evaluate, " evaluate on the dev split afterwards")),
+      fields.nodes,
       h("div", {}, h("label", { for: "overrides", class: "muted" }, "overrides")), overrides, h("div", { class: "row" }, h("button", { type: "submit", id: "submit-run" }, "Queue run")), msg),
     h("h2", {}, "All runs"), table);
 }
