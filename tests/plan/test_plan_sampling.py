@@ -143,3 +143,49 @@ def test_plan_inputs_of_whole_prompts():
     assert make_plan(inp).items["rollout_cache"] == 4 * (103 + 256) * KV_TOKEN + 3 * 359 * KV_TOKEN // 2
     with pytest.raises(BadInput, match="leave room for the prompt"):
         dataclasses.replace(inp, long_prompts=False)
+
+
+CLI = ["plan", "--model", "tiny-gemma3", "--device", "cpu", "--engine", "torch", "--dtype", "fp32", "--json"]
+
+
+@pytest.mark.parametrize("flags, over", [
+    (["--train-method", "rft", "--batch", "4", "--rl-prompts", "4", "--group-size", "4", "--rollout-tokens", "32"],
+     {"method": "rft"}),
+    (["--train-method", "dpo", "--pairs", "rollouts", "--batch", "4", "--rl-prompts", "4", "--group-size", "4",
+      "--rollout-tokens", "32"], {"method": "dpo", "pairs": "rollouts"}),
+    (["--train-method", "distill", "--on-policy", "--teacher", "tiny-gemma3", "--batch", "2", "--grad-accum", "2",
+      "--rollout-tokens", "32"],
+     {"method": "distill", "teacher": "tiny-gemma3", "kd_on_policy": True, "batch_size": 2, "grad_accum": 2}),
+])
+def test_tunix_rt_plan_plans_each_methods_sampling_as_train_does(flags, over):
+    """`tunix-rt plan --train-method ...` is the plan `train` checks for that config."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from tunix_rt.cli import app
+
+    res = CliRunner().invoke(app, [*CLI, "--seq", "104", *flags])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    want = _plan(**over)
+    assert out["peak_bytes_per_device"] == want.peak_bytes_per_device and out["items"] == want.items
+    assert out["peak_phase"] == want.details["peak_phase"] and out["details"]["decodes"] == want.details["decodes"]
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--train-method", "rft"], "needs --rl-prompts, --group-size, --rollout-tokens together; got none"),
+    (["--train-method", "distill", "--on-policy", "--teacher", "tiny-gemma3", "--rl-prompts", "4",
+      "--rollout-tokens", "8"], "needs --rollout-tokens (its rows are --batch x --grad-accum examples)"),
+    (["--train-method", "dpo", "--rl-prompts", "4", "--group-size", "4", "--rollout-tokens", "8"], "samples nothing"),
+    (["--train-method", "distill", "--on-policy", "--rollout-tokens", "8"], "needs --teacher"),
+    (["--train-method", "ppo"], "--train-method must be one of"),
+])
+def test_tunix_rt_plan_sampling_flags_bad_input(flags, needle):
+    from typer.testing import CliRunner
+
+    from tunix_rt.cli import app
+
+    res = CliRunner().invoke(app, [*CLI, "--seq", "64", *flags])
+    assert isinstance(res.exception, BadInput) and res.exception.exit_code == 2, res.output
+    assert needle in str(res.exception)

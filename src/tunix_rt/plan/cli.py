@@ -12,6 +12,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.plan import DEVICES, PlanInputs, make_plan, device_spec, resolve_engine
 from tunix_rt.plan.teacher import teacher_model
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
+from tunix_rt.train.methods import uses_teacher
 
 
 def plan_command(xla: bool | None, as_json: bool, **fields) -> None:
@@ -62,21 +63,60 @@ def plan_cmd(
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="RL step: completions sampled per prompt (group_size).")] = None,
     rollout_tokens: Annotated[Optional[int], typer.Option("--rollout-tokens", help="RL step: most new tokens per completion (rollout_max_new_tokens); prompts get --seq minus these.")] = None,
     teacher: Annotated[Optional[str], typer.Option("--teacher", help="Distillation: the teacher (catalog preset, model directory or run); its weights, forward and loss terms are added.")] = None,
+    train_method: Annotated[Optional[str], typer.Option("--train-method", help="The training method whose sampling to plan (train config `method`): grpo (the default with --rl-prompts: its update trains on the rollouts), rft or dpo with --pairs rollouts (the rollouts, then the method's own step), distill with --on-policy (one completion of each of the step's --batch x --grad-accum examples).")] = None,
+    pairs: Annotated[str, typer.Option("--pairs", help="dpo: dataset or rollouts (GRPO's rollouts paired: planned with them).")] = "dataset",
+    on_policy: Annotated[bool, typer.Option("--on-policy", help="distill: the student samples its completions (kd_on_policy), --rollout-tokens each.")] = False,
     xla: Annotated[Optional[bool], typer.Option("--xla/--no-xla", help="Also ask XLA (JAX engine only; on by default there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Predict peak bytes per device of a training step (SFT, or with --rl-prompts,
-    --group-size and --rollout-tokens an RL step: rollouts, then the update), say whether it
-    fits and what would."""
-    rl = (rl_prompts, group_size, rollout_tokens)
-    if any(v is not None for v in rl) and any(v is None for v in rl):
-        raise BadInput("plan: an RL step needs --rl-prompts, --group-size and --rollout-tokens together")
+    --group-size and --rollout-tokens an RL step: rollouts, then the update; --train-method
+    plans another method's sampling), say whether it fits and what would."""
+    sampled = _sampling(train_method, rl_prompts, group_size, rollout_tokens, batch, grad_accum, pairs, on_policy)
+    if train_method and uses_teacher(train_method) and not teacher:
+        raise BadInput(f"plan: --train-method {train_method} needs --teacher (its weights, forward and loss terms)")
     plan_command(xla, as_json, model=model, method=method, seq=seq, batch=batch, device=device,
                  devices=devices, strategy=strategy, optimizer=optimizer, dtype=dtype, engine=engine,
                  remat=remat, donate=donate, lora_rank=lora_rank, weight_qtype=weight_qtype,
                  grad_accum=grad_accum, grad_clip=grad_clip, loss_chunk_bytes=loss_chunk_bytes,
-                 rl_prompts=rl_prompts or 0, group_size=group_size or 0, rollout_tokens=rollout_tokens or 0,
-                 teacher=teacher_model(teacher))
+                 teacher=teacher_model(teacher), **sampled)
+
+
+#: the flags of a step's sampling, in PlanInputs' order (rl_prompts, group_size, rollout_tokens)
+RL_FLAGS = ("--rl-prompts", "--group-size", "--rollout-tokens")
+
+
+def _sampling(train_method: str | None, rl_prompts: int | None, group_size: int | None, rollout_tokens: int | None,
+              batch: int, grad_accum: int, pairs: str, on_policy: bool) -> dict:
+    """The PlanInputs of the sampling the flags describe, by the training path's own rule
+    (train.methods.sampling, plan.make.sampling_inputs); {} for a step that does not sample."""
+    from types import SimpleNamespace
+
+    from tunix_rt.plan.make import sampling_inputs
+    from tunix_rt.train.methods import METHODS
+
+    rl = (rl_prompts, group_size, rollout_tokens)
+    name = train_method or ("grpo" if any(v is not None for v in rl) else "sft")
+    if name not in METHODS:
+        raise BadInput(f"plan: --train-method must be one of {'|'.join(METHODS)}, got {name!r}")
+    if pairs not in ("dataset", "rollouts"):
+        raise BadInput(f"plan: --pairs must be dataset or rollouts, got {pairs!r}")
+    flags = SimpleNamespace(method=name, rl_prompts=rl_prompts, group_size=group_size,
+                            rollout_max_new_tokens=rollout_tokens, batch_size=batch, grad_accum=grad_accum,
+                            pairs=pairs, kd_on_policy=on_policy)
+    out = sampling_inputs(flags)
+    asked = [f for f, v in zip(RL_FLAGS, rl) if v is not None]
+    if not out:
+        if asked:
+            raise BadInput(f"plan: {', '.join(asked)}: --train-method {name} samples nothing (grpo and rft do; dpo "
+                           "with --pairs rollouts; distill with --on-policy)")
+        return {}
+    used = RL_FLAGS[2:] if out["long_prompts"] else RL_FLAGS  # one completion of each example: tokens only
+    if asked != list(used):
+        raise BadInput(f"plan: a {name} step that samples needs {', '.join(used)}"
+                       + (" together" if len(used) > 1 else " (its rows are --batch x --grad-accum examples)")
+                       + f"; got {', '.join(asked) or 'none'}")
+    return out
 
 
 def register(app) -> None:

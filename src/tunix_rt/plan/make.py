@@ -96,15 +96,16 @@ def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None
         weight_qtype=cfg.lora_weight_qtype if engine == "jax" and cfg.finetune == "lora" else None,
         grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip, loss_impl=cfg.loss_impl,
         loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
-        **_sampling_inputs(cfg),
+        **sampling_inputs(cfg),
         teacher=teacher_model(cfg.teacher, cfg.model) if uses_teacher(cfg.method) else None,
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
 
 
-def _sampling_inputs(cfg) -> dict[str, Any]:
+def sampling_inputs(cfg) -> dict[str, Any]:
     """The PlanInputs of a config's sampling (train.methods.sampling: every method that
-    samples, each counted by the one rule of plan.rl); {} when its steps do not sample."""
+    samples, each counted by the one rule of plan.rl); {} when its steps do not sample.
+    `cfg`: a TrainConfig, or anything with the fields sampling reads (the plan CLI's flags)."""
     s = sampling(cfg)
     if s is None:
         return {}

@@ -58,8 +58,8 @@ class Plan:
         title = (f"{i.model} {i.method} on {i.devices} x {self.device.name} ({how}): "
                  f"batch {i.batch} x seq {i.seq}, {i.dtype}, {i.optimizer}"
                  + (", remat" if i.remat else "") + (f", {i.weight_qtype}" if i.weight_qtype else "")
-                 + (f"; RL step: {i.rl_prompts} prompts x {i.group_size} samples, up to {i.rollout_tokens} "
-                    f"new tokens" if i.rl else ""))
+                 + (f"; {'RL step' if i.trains_on_rollouts else 'sampling'}: {i.rl_prompts} prompts x "
+                    f"{i.group_size} samples, up to {i.rollout_tokens} new tokens" if i.rl else ""))
         table = Table()
         table.add_column("item")
         table.add_column("per device", justify="right")
@@ -106,6 +106,7 @@ class Plan:
 
 #: which phase of an RL step holds an item (the rest, weights and optimizer state, both)
 RL_ITEM_PHASE = {"gradients": "update", "activations": "update", "loss_head": "update", "rl_aux": "update",
+                 "teacher_forward": "update", "teacher_loss_head": "update",
                  "merged_view": "rollout", "rollout_cache": "rollout", "rollout_workspace": "rollout",
                  "workspace": "the peak's"}
 
