@@ -232,6 +232,10 @@ class SweepSummary(BaseModel):
     trials_requested: int
     trials_asked: int
     best_value: float | None
+    objective: str
+    """The held-out metric the trials are scored by (eval_loss unless the space chose another)."""
+    direction: str
+    """minimize or maximize."""
     params: list[str]
 
 

@@ -52,10 +52,11 @@ def sweep_cmd(
     spec = load_space(space)
     jobs = create_sweep(name, base.to_dict(), spec, trials, seed=seed, max_attempts=max_attempts)
     out.print(f"sweep {name}: {trials} trial job(s) queued (jobs {jobs[0]}..{jobs[-1]}); "
-              f"objective eval_loss, minimised; params {', '.join(spec.params)}", highlight=False)
+              f"objective {spec.objective.metric}, {spec.objective.direction}d; params {', '.join(spec.params)}",
+              highlight=False)
     if not base.eval_interval:
-        out.print("note: eval_interval is 0, so trials report only their final eval loss and none can be pruned",
-                  highlight=False)
+        out.print(f"note: eval_interval is 0, so trials report only their final {spec.objective.metric} and none "
+                  "can be pruned", highlight=False)
     out.print(f"run them with `tunix-rt worker` (as many as you like); then `tunix-rt sweep show {name}`",
               highlight=False)
 
@@ -97,10 +98,10 @@ def list_cmd() -> None:
     """Every sweep, newest first."""
     from tunix_rt.sweep.study import list_sweeps
 
-    table = Table("sweep", "created", "trials asked", "best eval_loss", "params")
+    table = Table("sweep", "created", "trials asked", "objective", "best", "params")
     for s in list_sweeps():
         table.add_row(s["name"], s["created_at"][:19], f"{s['trials_asked']}/{s['trials_requested']}",
-                      _num(s["best_value"]), ", ".join(s["params"]))
+                      f"{s['objective']} ({s['direction'][:3]})", _num(s["best_value"]), ", ".join(s["params"]))
     out.print(table)
 
 

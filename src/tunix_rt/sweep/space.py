@@ -7,7 +7,12 @@
     enqueue:                      # optional: the first trials pin these values (a known-good
       - {lr: 3.0e-3}              # config, say); the others are asked of the sampler
     sampler: {n_startup_trials: 10}              # TPE: random trials before its model
-    pruner: {n_startup_trials: 5, n_warmup_steps: 0}   # median rule, on the eval loss
+    pruner: {n_startup_trials: 5, n_warmup_steps: 0}   # median rule, on the objective
+    objective: {metric: eval_loss, direction: minimize}  # the default; any held-out metric
+                                  # the base's method logs: eval_accuracy (maximize) for the
+                                  # sampling methods (grpo, rft, dpo on rollouts), whose runs
+                                  # log no eval_loss; eval_rewards_accuracy for dpo on pairs
+                                  # (its eval_loss is not comparable across pref_loss or beta)
 
 Everything is checked before a sweep is created: names are TrainConfig fields, every bound,
 choice and enqueued value makes a valid config with the base (bad input, exit 2, nothing
@@ -141,11 +146,20 @@ class PrunerSpec(_Strict):
     """Prune nothing before this training step."""
 
 
+class ObjectiveSpec(_Strict):
+    metric: Annotated[str, Field(pattern=r"^eval_[a-z0-9_]+$")] = "eval_loss"
+    """A held-out metric the trials' runs log (a key of their eval rows and of their final
+    metrics): eval_loss, eval_accuracy, eval_reward, eval_rewards_accuracy, eval_kl_teacher…"""
+    direction: Literal["minimize", "maximize"] = "minimize"
+
+
 class SweepSpace(_Strict):
     params: Annotated[dict[str, Param], Field(min_length=1)]
     enqueue: list[dict[str, Choice]] = Field(default_factory=list)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     pruner: PrunerSpec = Field(default_factory=PrunerSpec)
+    objective: ObjectiveSpec = Field(default_factory=ObjectiveSpec)
+    """What every trial is scored by (a sweep stored before there was a choice: eval_loss, minimised)."""
 
     @model_validator(mode="after")
     def _check(self) -> "SweepSpace":

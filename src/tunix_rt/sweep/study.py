@@ -38,7 +38,8 @@ JOB_ATTR = "job"
 RUN_ATTR = "run_id"
 """Trial user attribute: the trial's run directory under <home>/runs."""
 OBJECTIVE = "eval_loss"
-"""What every trial minimises: the held-out loss at the end of its run."""
+"""What a trial is scored by unless the space says otherwise (space.ObjectiveSpec): the
+held-out loss at the end of its run, minimised."""
 
 
 @contextlib.contextmanager
@@ -77,6 +78,16 @@ class Sweep:
         self.trials: int = settings["trials"]
         self.seed: int = settings["seed"]
         self.created_at: str = settings["created_at"]
+
+    @property
+    def objective(self) -> str:
+        """The held-out metric every trial is scored by (the final one told to Optuna, each
+        eval row's reported for pruning)."""
+        return self.space.objective.metric
+
+    @property
+    def direction(self) -> str:
+        return self.space.objective.direction
 
     def config(self, values: dict[str, Any], run_name: str | None = None):
         return trial_config(self.base, values, run_name, source=f"sweep {self.name}")
@@ -131,7 +142,7 @@ def create_sweep(name: str, base: dict[str, Any], space: SweepSpace, trials: int
               for i in range(trials)]
     with opened(url) as storage:
         try:
-            study = optuna.create_study(study_name=name, storage=storage, direction="minimize")
+            study = optuna.create_study(study_name=name, storage=storage, direction=space.objective.direction)
         except optuna.exceptions.DuplicatedStudyError:
             raise BadInput(f"sweep {name!r} exists already; pick another --name") from None
         study.set_user_attr(ATTR, {"base": base, "space": space.model_dump(mode="json"), "trials": trials,
@@ -156,12 +167,13 @@ def describe(name: str, url: str | None = None) -> dict[str, Any]:
     by_job = {t.user_attrs.get(JOB_ATTR): t for t in sorted(trials, key=lambda t: -t.number)}  # a job's first
     rows = [_row(j, by_job.get(j.id)) for j in sweep_jobs(name, url)]
     complete = [t for t in trials if t.state.name == "COMPLETE"]
-    best = min(complete, key=lambda t: (t.value, t.number)) if complete else None
+    sign = 1 if sweep.direction == "minimize" else -1
+    best = min(complete, key=lambda t: (sign * t.value, t.number)) if complete else None
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     return {
-        "name": name, "created_at": sweep.created_at, "objective": OBJECTIVE, "direction": "minimize",
+        "name": name, "created_at": sweep.created_at, "objective": sweep.objective, "direction": sweep.direction,
         "trials_requested": sweep.trials, "counts": counts, "base": sweep.base,
         "space": sweep.space.model_dump(mode="json"), "trials": rows,
         "best": None if best is None else {
@@ -201,5 +213,7 @@ def list_sweeps(url: str | None = None) -> list[dict[str, Any]]:
     out = [{"name": s.study_name, "created_at": s.user_attrs[ATTR]["created_at"],
             "trials_requested": s.user_attrs[ATTR]["trials"], "trials_asked": s.n_trials,
             "best_value": s.best_trial.value if s.best_trial is not None else None,
+            "objective": s.user_attrs[ATTR]["space"].get("objective", {}).get("metric", OBJECTIVE),
+            "direction": s.direction.name.lower(),
             "params": sorted(s.user_attrs[ATTR]["space"]["params"])} for s in summaries]
     return sorted(out, key=lambda s: s["created_at"], reverse=True)

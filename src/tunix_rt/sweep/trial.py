@@ -1,9 +1,9 @@
 """The `trial` job: one trial of a sweep, run exactly once however many workers race.
 
     find the job's trial (or ask the study for it, fenced) → its config (base + values)
-    → train the job's run (a retry resumes it), reporting each eval loss to Optuna and
-    stopping at the step the median rule prunes → tell Optuna: COMPLETE with the final eval
-    loss, PRUNED, or FAIL
+    → train the job's run (a retry resumes it), reporting each value of the sweep's objective
+    (eval_loss unless its space says otherwise) to Optuna and stopping at the step the median
+    rule prunes → tell Optuna: COMPLETE with the final value, PRUNED, or FAIL
 
 Exactly once: the queue gives a job to one worker at a time (lease, fencing token). The trial
 is created with the job's id in it (one insert), only after the fence renewed the lease, and a
@@ -31,7 +31,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.registry.jobs import JobContext, TrialParams
 from tunix_rt.registry.train_job import require_succeeded, train_for_job
 from tunix_rt.rundir import METRICS, Run
-from tunix_rt.sweep.study import JOB_ATTR, OBJECTIVE, RUN_ATTR, Sweep, load, opened
+from tunix_rt.sweep.study import JOB_ATTR, RUN_ATTR, Sweep, load, opened
 from tunix_rt.train.run import RunDir, RunStopped
 
 
@@ -84,7 +84,7 @@ def _run(sweep: Sweep, frozen, ctx: JobContext) -> dict[str, Any]:
     cfg = sweep.config(values, run_name=f"{ctx.run_prefix}-{sweep.name}-t{trial.number}")
     print(f"sweep {sweep.name}: trial {trial.number} (job {ctx.job_id}): "
           + ", ".join(f"{k}={v}" for k, v in values.items()), flush=True)
-    watch = PruneWatch(trial, frozen.intermediate_values, ctx)
+    watch = PruneWatch(trial, frozen.intermediate_values, ctx, sweep.objective)
     try:
         run_dir = train_for_job(ctx, cfg, watch, one_run=True)
     except RunStopped:
@@ -106,26 +106,29 @@ def _run(sweep: Sweep, frozen, ctx: JobContext) -> dict[str, Any]:
     _record(run_dir, ctx)
     final = Run(run_dir).manifest.get("final", {})
     _set_run(trial, run_dir, frozen.user_attrs)
-    if OBJECTIVE not in final:
-        _fail(sweep, trial, f"run {run_dir.name} has no final {OBJECTIVE} (empty or non-finite)")
+    metric = sweep.objective
+    if metric not in final:
+        logged = sorted(k for k in final if k.startswith("eval_"))
+        _fail(sweep, trial, f"run {run_dir.name} has no final {metric} (empty or non-finite; it logged "
+                            f"{', '.join(logged) or 'no held-out metric'}: set the space's objective to one of them)")
     else:
         fence.guard(f"the result of trial {trial.number}")
         if final.get("steps") is not None and final["steps"] not in watch.reported:
-            trial.report(final[OBJECTIVE], int(final["steps"]))  # the last point of its curve
-        sweep.study.tell(trial, final[OBJECTIVE])
-        print(f"sweep {sweep.name}: trial {trial.number} complete: {OBJECTIVE} {final[OBJECTIVE]:.4f}", flush=True)
+            trial.report(final[metric], int(final["steps"]))  # the last point of its curve
+        sweep.study.tell(trial, final[metric])
+        print(f"sweep {sweep.name}: trial {trial.number} complete: {metric} {final[metric]:.4f}", flush=True)
     return outcome(sweep, _trials_of(sweep, ctx.job_id)[0])
 
 
 class PruneWatch:
     """The driver's should_stop for a trial: True when the job must stop (ctx.should_stop), or
-    when a new eval loss row in the run's metrics.jsonl, reported to Optuna, makes the median
-    rule prune the trial (`pruned_at` holds that step)."""
+    when a new eval row of the objective (`metric`) in the run's metrics.jsonl, reported to
+    Optuna, makes the median rule prune the trial (`pruned_at` holds that step)."""
 
-    def __init__(self, trial, reported: dict[int, float], ctx: JobContext) -> None:
-        self.trial, self.ctx = trial, ctx
+    def __init__(self, trial, reported: dict[int, float], ctx: JobContext, metric: str) -> None:
+        self.trial, self.ctx, self.metric = trial, ctx, metric
         self.reported = dict(reported)
-        """step -> eval loss already in Optuna (a resumed trial's earlier reports included)."""
+        """step -> objective value already in Optuna (a resumed trial's earlier reports included)."""
         self.recheck = bool(self.reported)  # resumed: the last report may have pruned it already
         self.path: Path | None = None
         self.offset = 0
@@ -137,9 +140,9 @@ class PruneWatch:
         rows = self._new_eval_rows()
         for row in rows:
             if row["step"] not in self.reported:
-                fence.guard(f"eval loss of trial {self.trial.number} at step {row['step']}")
-                self.trial.report(row[OBJECTIVE], row["step"])
-                self.reported[row["step"]] = row[OBJECTIVE]
+                fence.guard(f"{self.metric} of trial {self.trial.number} at step {row['step']}")
+                self.trial.report(row[self.metric], row["step"])
+                self.reported[row["step"]] = row[self.metric]
         if (rows or self.recheck) and self.trial.should_prune():
             self.pruned_at = max(self.reported)
             return True
@@ -161,7 +164,7 @@ class PruneWatch:
         end = data.rfind(b"\n") + 1
         self.offset += end
         rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
-        return [r for r in rows if OBJECTIVE in r and "step" in r]
+        return [r for r in rows if self.metric in r and "step" in r]
 
 
 def _pruned(sweep: Sweep, trial, ctx: JobContext, watch: PruneWatch, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +177,7 @@ def _pruned(sweep: Sweep, trial, ctx: JobContext, watch: PruneWatch, attrs: dict
     run_dir = ctx.find_run_dir()
     step, kept = watch.pruned_at, checkpoint.latest(run_dir)
     note = (f"sweep {sweep.name}: trial {trial.number} pruned by the median rule at step {step} "
-            f"({OBJECTIVE} {watch.reported[step]:.4f}); checkpoint {kept.name if kept else '-'} kept")
+            f"({watch.metric} {watch.reported[step]:.4f}); checkpoint {kept.name if kept else '-'} kept")
     RunDir.open(run_dir).update(status="pruned", error=None,
                                 sweep={"name": sweep.name, "trial": trial.number, "pruned_at_step": step, "note": note})
     _record(run_dir, ctx)

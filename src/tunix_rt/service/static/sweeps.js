@@ -9,10 +9,10 @@ async function sweepsPage() {
   show(h("h1", {}, "Sweeps"),
     h("p", { class: "muted" }, "Made with `tunix-rt sweep --config BASE --space SPACE.yaml --trials N`; any number of `tunix-rt worker`s run the trials."),
     sweeps.length ? h("table", { "data-testid": "sweeps" },
-      h("thead", {}, h("tr", {}, ["sweep", "created", "trials asked", "best eval_loss", "params"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["sweep", "created", "trials asked", "objective", "best", "params"].map((c) => h("th", {}, c)))),
       h("tbody", {}, sweeps.map((s) => h("tr", {},
         h("td", {}, h("a", { href: "#/sweep/" + encodeURIComponent(s.name) }, s.name)), h("td", {}, when(s.created_at)),
-        h("td", {}, `${s.trials_asked}/${s.trials_requested}`), h("td", {}, fmt(s.best_value, 4)), h("td", {}, s.params.join(", "))))))
+        h("td", {}, `${s.trials_asked}/${s.trials_requested}`), h("td", {}, `${s.objective} (${s.direction === "maximize" ? "max" : "min"})`), h("td", {}, fmt(s.best_value, 4)), h("td", {}, s.params.join(", "))))))
       : h("p", { class: "muted", "data-testid": "empty" }, "No sweeps yet."));
 }
 
@@ -34,7 +34,7 @@ async function sweepPage(name) {
     : h("p", { class: "muted", "data-testid": "sweep-best" }, "No trial has completed yet.");
   const counts = Object.entries(s.counts).map(([k, v]) => `${v} ${k.toLowerCase()}`).join(", ");
   show(h("h1", {}, "Sweep " + s.name),
-    h("p", { class: "muted" }, `${s.trials.length} trial(s) of ${s.trials_requested}: ${counts} · minimising ${s.objective} · created ${when(s.created_at)}`),
+    h("p", { class: "muted" }, `${s.trials.length} trial(s) of ${s.trials_requested}: ${counts} · ${s.direction === "maximize" ? "maximising" : "minimising"} ${s.objective} · created ${when(s.created_at)}`),
     h("h2", {}, "Best config"), best,
     h("h2", {}, `${s.objective} against each parameter`),
     h("p", { class: "muted" }, "Filled: completed trials (final value). Hollow: pruned trials (last reported value)."),
