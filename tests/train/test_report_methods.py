@@ -2,8 +2,9 @@
 IPO, SimPO, ORPO) its loss, beta, reference and pairs, and the implicit rewards of the chosen
 and the rejected completions, their margin and accuracy; a distillation run its teacher,
 divergence and temperature, and the KL to the teacher; a rejection-sampling run its
-acceptance rule and rounds; a GRPO run its rl_loss. Real tiny runs (tiny-gemma3, torch, CPU),
-evaluated and packaged by `submit` as a user would."""
+acceptance rule and rounds; a GRPO run its rl_loss. The same figures reach TensorBoard
+(train/… and eval/… scalars). Real tiny runs (tiny-gemma3, torch, CPU), evaluated and
+packaged by `submit` as a user would."""
 
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ BASE = dict(model="tiny-gemma3", split="all", eval_split="all", eval_limit=4, ba
             system_prompt="Be brief.")
 
 
+def _tensorboard(run) -> set[str]:
+    """The scalar tags of the run's TensorBoard events, as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    return set(acc.Tags()["scalars"])
+
+
 def _report(run, tmp_path, home) -> str:
     """`tunix-rt eval --adapter RUN` on two traces, then `tunix-rt submit RUN`: REPORT.md."""
     from tunix_rt.eval.generate import DecodeConfig
@@ -45,7 +55,10 @@ def _report(run, tmp_path, home) -> str:
 def test_a_simpo_run_reports_its_loss_and_implicit_rewards(home, tmp_path):
     cfg = TrainConfig(**BASE, dataset=_pairs(tmp_path / "pairs.jsonl"), method="dpo", pref_loss="simpo",
                       pref_beta=2.0, simpo_gamma=1.0)
-    text = _report(train(cfg, home), tmp_path, home)
+    run = train(cfg, home)
+    assert {"train/rewards_chosen", "train/rewards_rejected", "train/rewards_margin", "train/rewards_accuracy",
+            "eval/eval_rewards_margin", "eval/eval_rewards_accuracy", "eval/eval_loss"} <= _tensorboard(run)
+    text = _report(run, tmp_path, home)
     assert "dpo (simpo) with lora" in text
     assert "- preference optimisation: SimPO, beta 2.0, gamma 1.0, label smoothing 0.0; no reference model; pairs from" in text
     assert "Implicit rewards over 3 steps with pairs (6 pairs), first five steps → last five steps; held out at step 3:" in text
@@ -68,11 +81,25 @@ def test_a_distill_run_reports_its_teacher_and_kl(home, tmp_path):
     sft = train(TrainConfig(**{**BASE, "max_steps": 2}, dataset=write_traces(tmp_path / "traces.jsonl", 8), method="sft"), home)
     cfg = TrainConfig(**{**BASE, "batch_size": 2}, dataset=write_traces(tmp_path / "traces.jsonl", 8), method="distill",
                       teacher=sft.name, kd_loss="jsd", kd_beta=0.5, kd_temperature=2.0, kd_alpha=0.1)
-    text = _report(train(cfg, home), tmp_path, home)
+    run = train(cfg, home)
+    assert {"train/kl_teacher", "train/kd", "train/nll", "eval/eval_kl_teacher"} <= _tensorboard(run)
+    text = _report(run, tmp_path, home)
     assert (f"- distillation: teacher `{sft.name}`, jsd (beta 0.5), temperature 2.0, NLL weight alpha 0.1, "
             "off-policy (the dataset's traces)") in text
     assert "| KL(teacher ‖ student) |" in text and "| student NLL of the targets |" in text
     assert "Held-out KL to the teacher at step 3:" in text
+
+
+def test_an_rft_run_reports_its_acceptance_rule_and_rounds(home, tmp_path):
+    cfg = TrainConfig(**{**BASE, "max_steps": 2}, dataset=write_traces(tmp_path / "traces.jsonl", 8), method="rft",
+                      group_size=2, rl_prompts=2, rollout_max_new_tokens=8, rft_round_steps=1,
+                      rft_accept={"format": 0.0})  # every sample accepted: each round trains
+    run = train(cfg, home)
+    assert {"train/kept_share", "train/rft_kept", "train/rft_samples", "train/reward"} <= _tensorboard(run)
+    text = _report(run, tmp_path, home)
+    assert ('- rejection sampling (RFT): 2 prompts x 2 samples a round, kept when {"format": 0.0} (each reward at '
+            "least its threshold; one of each distinct completion), 1 SFT step a round, rewards") in text
+    assert "| round | step | samples | accepted | kept | kept share |" in text and "Over 2 rounds:" in text
 
 
 @pytest.mark.parametrize("preset,expect", [

@@ -91,7 +91,8 @@ def method_line(cfg: dict) -> str | None:
     if method == "rft":
         return (f"- rejection sampling (RFT): {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a round, "
                 f"kept when {json.dumps(cfg['rft_accept'], sort_keys=True)} (each reward at least its threshold; "
-                f"one of each distinct completion), {cfg['rft_round_steps']} SFT steps a round, rewards {rewards}{start}")
+                f"one of each distinct completion), {cfg['rft_round_steps']} SFT step"
+                f"{'s' if cfg['rft_round_steps'] != 1 else ''} a round, rewards {rewards}{start}")
     if method == "dpo":
         loss = cfg[PREF_LOSS]
         knobs = {"dpo": f"beta {cfg['pref_beta']}, label smoothing {cfg['label_smoothing']}",
