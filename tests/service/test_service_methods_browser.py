@@ -69,6 +69,7 @@ def test_a_simpo_run_page_charts_implicit_rewards_margin_and_accuracy(site, home
     for absent in ("reward-chart", "kl-chart", "kept-chart", "kd-chart", "pref-paired-chart"):  # pairs from a file
         assert page.locator(f"[data-testid={absent}]").count() == 0, absent
     assert "pref_loss: \"simpo\"" in page.inner_text("[data-testid=config]")
+    assert page.inner_text("main .row .muted").startswith("dpo (simpo) · torch · cpu")
 
 
 def test_an_rft_run_page_charts_kept_share_and_no_grpo_only_chart(site, home, tmp_path):
@@ -92,6 +93,7 @@ def test_a_distill_run_page_charts_the_kl_to_the_teacher(site, home, tmp_path):
     assert _lines(page, "kd-chart") == 2 and _lines(page, "kd-nll-chart") == 1  # train and held-out KL
     assert page.locator("[data-testid=kd-chart] .axis-title").nth(1).text_content() == "KL (nats/token)"
     assert page.locator("[data-testid=reward-chart]").count() == 0
+    assert page.inner_text("main .row .muted").startswith("distill (forward_kl) from tiny-gemma3 · torch")
 
 
 def test_the_run_form_offers_every_preset_and_each_methods_fields(site):
@@ -183,5 +185,6 @@ def test_a_simpo_run_queued_from_the_form_trains(site, home):
         worker.join(timeout=200)
     page.click("[data-testid=job-run] a")
     page.wait_for_selector("[data-testid=loss-chart]")
+    assert page.inner_text("main .row .muted").startswith("dpo (simpo), on-policy pairs · torch")
     config = page.inner_text("[data-testid=config]")
     assert 'method: "dpo"' in config and 'pref_loss: "simpo"' in config and 'pairs: "rollouts"' in config

@@ -363,6 +363,17 @@ async function jobPage(id) {
   });
 }
 
+// What a run trained with, as a person names it: the method, and the variant that matters
+// (dpo (simpo), grpo (gspo), distill from <teacher>), from the run's resolved config.
+function methodName(cfg) {
+  const m = (cfg || {}).method;
+  if (!m) return "";
+  if (m === "dpo") return `dpo (${cfg.pref_loss})` + (cfg.pairs === "rollouts" ? ", on-policy pairs" : "");
+  if (m === "grpo") return cfg.rl_loss && cfg.rl_loss !== "grpo" ? `grpo (${cfg.rl_loss})` : "grpo";
+  if (m === "distill") return `distill (${cfg.kd_loss}) from ${pathName(cfg.teacher)}`;
+  return m === "lora" || m === "full" ? "sft" : m;
+}
+
 async function runPage(id) {
   const enc = encodeURIComponent(id);
   const [run, metrics, files] = await Promise.all([api("/api/runs/" + enc), api(`/api/runs/${enc}/metrics`), api(`/api/runs/${enc}/artifacts`)]);
@@ -377,7 +388,7 @@ async function runPage(id) {
     setTimeout(() => URL.revokeObjectURL(url), 10000);
   };
   show(h("h1", {}, "Run " + run.id),
-    h("div", { class: "row" }, badge(run.status), h("span", { class: "muted", title: isPath(run.model) ? run.model : null }, [run.engine, run.device, pathName(run.model), run.dataset].filter(Boolean).join(" · ")),
+    h("div", { class: "row" }, badge(run.status), h("span", { class: "muted", title: isPath(run.model) ? run.model : null }, [methodName(run.config), run.engine, run.device, pathName(run.model), run.dataset].filter(Boolean).join(" · ")),
       run.job_id ? h("a", { href: "#/job/" + run.job_id }, "job #" + run.job_id) : null, cancel),
     run.error ? h("p", { class: "error" }, run.error) : null,
     chartBox,
