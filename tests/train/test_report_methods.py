@@ -40,6 +40,16 @@ def _tensorboard(run) -> set[str]:
     return set(acc.Tags()["scalars"])
 
 
+def _plot_panels(run) -> int:
+    """The panels of the run's loss.png: the loss, then one per family of figures (its height,
+    read from the PNG header, is 400 px plus 300 px a panel below the loss)."""
+    import struct
+
+    width, height = struct.unpack(">II", (run / "loss.png").read_bytes()[16:24])
+    assert width == 700 and (height - 400) % 300 == 0, (width, height)
+    return 1 + (height - 400) // 300
+
+
 def _report(run, tmp_path, home) -> str:
     """`tunix-rt eval --adapter RUN` on two traces, then `tunix-rt submit RUN`: REPORT.md."""
     from tunix_rt.eval.generate import DecodeConfig
@@ -58,6 +68,7 @@ def test_a_simpo_run_reports_its_loss_and_implicit_rewards(home, tmp_path):
     run = train(cfg, home)
     assert {"train/rewards_chosen", "train/rewards_rejected", "train/rewards_margin", "train/rewards_accuracy",
             "eval/eval_rewards_margin", "eval/eval_rewards_accuracy", "eval/eval_loss"} <= _tensorboard(run)
+    assert _plot_panels(run) == 3  # the loss, the implicit rewards, their accuracy
     text = _report(run, tmp_path, home)
     assert "dpo (simpo) with lora" in text
     assert "- preference optimisation: SimPO, beta 2.0, gamma 1.0, label smoothing 0.0; no reference model; pairs from" in text
@@ -83,6 +94,7 @@ def test_a_distill_run_reports_its_teacher_and_kl(home, tmp_path):
                       teacher=sft.name, kd_loss="jsd", kd_beta=0.5, kd_temperature=2.0, kd_alpha=0.1)
     run = train(cfg, home)
     assert {"train/kl_teacher", "train/kd", "train/nll", "eval/eval_kl_teacher"} <= _tensorboard(run)
+    assert _plot_panels(run) == 2 and _plot_panels(sft) == 1  # the loss and the KL to the teacher; SFT: the loss
     text = _report(run, tmp_path, home)
     assert (f"- distillation: teacher `{sft.name}`, jsd (beta 0.5), temperature 2.0, NLL weight alpha 0.1, "
             "off-policy (the dataset's traces)") in text
@@ -96,6 +108,7 @@ def test_an_rft_run_reports_its_acceptance_rule_and_rounds(home, tmp_path):
                       rft_accept={"format": 0.0})  # every sample accepted: each round trains
     run = train(cfg, home)
     assert {"train/kept_share", "train/rft_kept", "train/rft_samples", "train/reward"} <= _tensorboard(run)
+    assert _plot_panels(run) == 3  # the loss, the rewards, the kept share
     text = _report(run, tmp_path, home)
     assert ('- rejection sampling (RFT): 2 prompts x 2 samples a round, kept when {"format": 0.0} (each reward at '
             "least its threshold; one of each distinct completion), 1 SFT step a round, rewards") in text

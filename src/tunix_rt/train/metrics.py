@@ -118,10 +118,23 @@ def _truncate_after(path: Path, step: int) -> None:
     write_bytes_atomic(path, "".join(kept).encode())
 
 
+#: the panels below the loss in loss.png, each drawn when the run's train rows have its first
+#: key: (keys, labels, y label). An RL run's rewards come first (reward_curves).
+PANELS = (
+    (("rewards_chosen", "rewards_rejected", "rewards_margin"), ("chosen", "rejected", "margin"),
+     "implicit reward"),
+    (("rewards_accuracy",), ("chosen reward higher",), "accuracy (share of pairs)"),
+    (("kept_share",), ("kept share",), "RFT: kept share of each round's samples"),
+    (("kl_teacher", "nll"), ("KL(teacher || student)", "student NLL"), "distillation, nats per token"),
+)
+
+
 @dist.main_only
 def plot_loss(run_dir: Path) -> Path:
-    """loss.png: training loss per step and eval loss where measured; for an RL run
-    (reward rows in metrics.jsonl) a second panel with the mean reward and each reward."""
+    """loss.png: training loss per step and eval loss where measured; below it a panel per
+    family of the run's own figures: for an RL run the mean reward and each reward, for a
+    preference run the implicit rewards and their accuracy, for RFT the kept share per round,
+    for distillation the KL to the teacher (PANELS)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,22 +146,28 @@ def plot_loss(run_dir: Path) -> Path:
     if not train:
         raise TunixRtError(f"{run_dir / METRICS}: no loss to plot")
     rewards = reward_curves(rows)
-    fig, axes = plt.subplots(2 if rewards else 1, 1, figsize=(7, 7 if rewards else 4), dpi=100, squeeze=False)
+    panels = [(list(rewards), list(rewards), "mean reward over the step's rollouts")] if rewards else []
+    panels += [p for p in PANELS if any(p[0][0] in r and "loss" in r for r in rows)]
+    fig, axes = plt.subplots(1 + len(panels), 1, figsize=(7, 4 + 3 * len(panels)), dpi=100, squeeze=False)
     ax = axes[0][0]
     ax.plot(*zip(*train), label="train loss")
     if evals:
         ax.plot(*zip(*evals), "o-", label="eval loss")
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("policy loss" if rewards else "cross-entropy per supervised token")
+    ax.set_ylabel("policy loss" if rewards else "loss per pair" if any("rewards_margin" in r for r in rows)
+                  else "cross-entropy per supervised token")
     ax.set_title(run_dir.name)
     ax.grid(alpha=0.3)
     ax.legend()
-    if rewards:
-        rx = axes[1][0]
-        for name, points in rewards.items():
-            rx.plot(*zip(*points), label=name, linewidth=2.0 if name == "reward" else 1.0)
+    for (keys, labels, ylabel), row in zip(panels, axes[1:]):
+        rx = row[0]
+        for key, label in zip(keys, labels):
+            points = [(r["step"], r[key]) for r in rows if key in r and "loss" in r]
+            if points:
+                rx.plot(*zip(*points), "o-" if len(points) < 3 else "-", label=label,
+                        linewidth=2.0 if key in ("reward", "rewards_margin") else 1.0)
         rx.set_xlabel("optimizer step")
-        rx.set_ylabel("mean reward over the step's rollouts")
+        rx.set_ylabel(ylabel, fontsize=8)
         rx.grid(alpha=0.3)
         rx.legend(fontsize=8)
     fig.tight_layout()
