@@ -43,6 +43,8 @@ def test_the_api_queues_each_method_with_its_fields(home, preset, overrides):
 @pytest.mark.parametrize("overrides,why", [
     ({"method": "dpo", "pref_loss": "kto"}, "pref_loss must be one of dpo|ipo|simpo|orpo"),
     ({"method": "dpo", "pref_beta": 0}, "pref_beta"),
+    ({"method": "dpo", "pref_loss": "dpo", "finetune": "full", "pairs": "rollouts"}, "finetune=lora"),
+    ({"method": "dpo", "pref_loss": "simpo", "batch_size": 3, "pairs": "rollouts"}, "even batch_size"),
     ({"method": "dpo", "label_smoothing": 0.5}, "label_smoothing"),
     ({"method": "distill"}, "needs a teacher"),
     ({"method": "distill", "teacher": "tiny-gemma3", "kd_loss": "tvd"}, "kd_loss"),
