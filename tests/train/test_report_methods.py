@@ -70,7 +70,7 @@ def test_a_simpo_run_reports_its_loss_and_implicit_rewards(home, tmp_path):
             "eval/eval_rewards_margin", "eval/eval_rewards_accuracy", "eval/eval_loss"} <= _tensorboard(run)
     assert _plot_panels(run) == 3  # the loss, the implicit rewards, their accuracy
     text = _report(run, tmp_path, home)
-    assert "dpo (simpo) with lora" in text
+    assert "dpo with lora" in text
     assert "- preference optimisation: SimPO, beta 2.0, gamma 1.0, label smoothing 0.0; no reference model; pairs from" in text
     assert "Implicit rewards over 3 steps with pairs (6 pairs), first five steps → last five steps; held out at step 3:" in text
     rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}

@@ -231,3 +231,13 @@ class Distill:
                 "dropped_overlong": self.dataset["dropped_overlong"],
                 "teacher": self.cfg.teacher, "kd_loss": self.cfg.kd_loss,
                 "kd_on_policy": self.cfg.kd_on_policy}
+
+    @staticmethod
+    def report_line(cfg: dict[str, Any]) -> str | None:
+        """REPORT.md's line on what this method did, with which settings (train.report adds the
+        run it started from); `cfg` is the run's resolved config as its manifest holds it."""
+        kd = cfg["kd_loss"] + (f" (beta {cfg['kd_beta']})" if cfg["kd_loss"] == "jsd" else "")
+        data = ("on-policy (the student's own samples, GKD)" if cfg["kd_on_policy"]
+                else "off-policy (the dataset's traces)")
+        return (f"- distillation: teacher `{cfg['teacher']}`, {kd}, temperature {cfg['kd_temperature']}, "
+                f"NLL weight alpha {cfg['kd_alpha']}, {data}")

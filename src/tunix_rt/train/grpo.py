@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -312,3 +313,10 @@ class GRPO:
                 "max_tokens_per_step": cfg.rl_prompts * cfg.group_size * cfg.max_seq_len,
                 "rl_loss": cfg.rl_loss, "rewards": self.rewards.names,
                 **(self.curriculum.summary() if self.curriculum is not None else {})}
+
+    @staticmethod
+    def report_line(cfg: dict[str, Any]) -> str | None:
+        """REPORT.md's line on what this method did, with which settings (train.report adds the
+        run it started from); `cfg` is the run's resolved config as its manifest holds it."""
+        return (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
+                f"beta {cfg['beta']}, rewards {json.dumps(cfg['rewards'], sort_keys=True)}")

@@ -41,6 +41,11 @@ class Method(Protocol):
     def summary(self) -> dict[str, Any]:
         """The pre-run facts the manifest and the console show."""
 
+    @staticmethod
+    def report_line(cfg: dict[str, Any]) -> str | None:
+        """REPORT.md's line on what the method did and with which settings, from a run's
+        resolved config (its manifest's: the run may be long finished); None: nothing to add."""
+
 
 def make_method(cfg: TrainConfig, home: Home, tok) -> Method:
     return method_class(cfg.method)(cfg, home, tok)

@@ -48,6 +48,7 @@ holds its prompt once and both completions as branches (fewer tokens, the same l
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -329,3 +330,18 @@ class Preference:
             return {**facts, **self.rl.summary()}
         return {**facts, "train_examples": len(self.train_pairs), "dropped_overlong": self.dropped,
                 "eval_pairs": len(self.eval_pairs)}
+
+    @staticmethod
+    def report_line(cfg: dict[str, Any]) -> str | None:
+        """REPORT.md's line on what this method did, with which settings (train.report adds the
+        run it started from); `cfg` is the run's resolved config as its manifest holds it."""
+        loss, beta = cfg["pref_loss"], cfg["pref_beta"]
+        knobs = {"dpo": f"DPO (sigmoid), beta {beta}, label smoothing {cfg['label_smoothing']}",
+                 "ipo": f"IPO, tau {beta}",
+                 "simpo": f"SimPO, beta {beta}, gamma {cfg['simpo_gamma']}, label smoothing {cfg['label_smoothing']}",
+                 "orpo": f"ORPO, lambda {cfg['orpo_lambda']}"}[loss]
+        ref = "reference: the adapter-off model" if loss in REFERENCE_LOSSES else "no reference model"
+        pairs = (f"pairs from `{cfg['dataset']}`" if cfg["pairs"] == "dataset" else
+                 f"on-policy pairs: {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step ranked by "
+                 f"rewards {json.dumps(cfg['rewards'], sort_keys=True)}, the best against the worst")
+        return f"- preference optimisation: {knobs}; {ref}; {pairs}"

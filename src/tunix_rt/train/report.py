@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tunix_rt.files import write_bytes_atomic
 from tunix_rt.rundir import PREDICTIONS, REPORT, SUMMARY, Run, reward_curves
+from tunix_rt.train.methods import METHODS, method_class
 
 N_EXAMPLES = 5
 
@@ -55,8 +56,7 @@ def write_report(run_dir: Path, eval_dir: Path, base_eval_dir: Path | None = Non
 def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
     cfg = manifest["config"]
     ds = tuned["dataset"]
-    method = cfg.get("method", "sft")
-    how = (f"{method}{f' ({cfg[PREF_LOSS]})' if method == 'dpo' else ''} with {cfg.get('finetune', 'lora')}"
+    how = (f"{cfg.get('method', 'sft')} with {cfg.get('finetune', 'lora')}"
            + (f" (rank {cfg['lora_rank']}, alpha {cfg['lora_alpha']})" if cfg.get("finetune", "lora") == "lora" else ""))
     return "\n".join([line for line in [
         f"# tunix-rt run `{run_dir.name}`", "",
@@ -74,43 +74,15 @@ def _report_head(run_dir: Path, manifest: dict, tuned: dict) -> str:
     ] if line is not None])
 
 
-PREF_LOSS = "pref_loss"
-#: how REPORT.md names each preference loss and the settings that shape it
-PREF_NAMES = {"dpo": "DPO (sigmoid)", "ipo": "IPO", "simpo": "SimPO", "orpo": "ORPO"}
-
-
 def method_line(cfg: dict) -> str | None:
-    """The line of REPORT.md's head that says what the method did and with which settings
-    (None for SFT: the head's other lines say it all)."""
-    method = cfg.get("method", "sft")
-    start = f", from run `{cfg['init']}`" if cfg.get("init") else ""
-    rewards = json.dumps(cfg.get("rewards"), sort_keys=True)
-    if method == "grpo":
-        return (f"- RL: {cfg['rl_loss']}, {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step, "
-                f"beta {cfg['beta']}, rewards {rewards}{start}")
-    if method == "rft":
-        return (f"- rejection sampling (RFT): {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a round, "
-                f"kept when {json.dumps(cfg['rft_accept'], sort_keys=True)} (each reward at least its threshold; "
-                f"one of each distinct completion), {cfg['rft_round_steps']} SFT step"
-                f"{'s' if cfg['rft_round_steps'] != 1 else ''} a round, rewards {rewards}{start}")
-    if method == "dpo":
-        loss = cfg[PREF_LOSS]
-        knobs = {"dpo": f"beta {cfg['pref_beta']}, label smoothing {cfg['label_smoothing']}",
-                 "ipo": f"tau {cfg['pref_beta']}",
-                 "simpo": f"beta {cfg['pref_beta']}, gamma {cfg['simpo_gamma']}, label smoothing {cfg['label_smoothing']}",
-                 "orpo": f"lambda {cfg['orpo_lambda']}"}[loss]
-        ref = "reference: the adapter-off model" if loss in ("dpo", "ipo") else "no reference model"
-        pairs = (f"pairs from `{cfg['dataset']}`" if cfg["pairs"] == "dataset" else
-                 f"on-policy pairs: {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step ranked by "
-                 f"rewards {rewards}, the best against the worst")
-        return f"- preference optimisation: {PREF_NAMES[loss]}, {knobs}; {ref}; {pairs}{start}"
-    if method == "distill":
-        kd = cfg["kd_loss"] + (f" (beta {cfg['kd_beta']})" if cfg["kd_loss"] == "jsd" else "")
-        data = ("on-policy (the student's own samples, GKD)" if cfg["kd_on_policy"]
-                else "off-policy (the dataset's traces)")
-        return (f"- distillation: teacher `{cfg['teacher']}`, {kd}, temperature {cfg['kd_temperature']}, "
-                f"NLL weight alpha {cfg['kd_alpha']}, {data}{start}")
-    return None
+    """The line of REPORT.md's head that says what the method did and with which settings: the
+    method's own (its report_line, train.methods), and the run it started from; None for a
+    method with nothing to add (SFT) or a name this version does not know."""
+    name = cfg.get("method", "sft")
+    if name not in METHODS:
+        return None
+    line = method_class(name).report_line(cfg)
+    return None if line is None else line + (f", from run `{cfg['init']}`" if cfg.get("init") else "")
 
 
 def _report_table(tuned: dict, base: dict | None, sft: dict | None = None) -> str:

@@ -28,6 +28,7 @@ stream over them, so a run stopped mid-round trains on the same batches after a 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from typing import Any
@@ -158,3 +159,13 @@ class RFT:
                 "samples_per_round": cfg.rl_prompts * cfg.group_size, "round_steps": cfg.rft_round_steps,
                 "rft_accept": dict(cfg.rft_accept), "rewards": self.rl.rewards.names,
                 "max_tokens_per_step": cfg.tokens_per_step}
+
+    @staticmethod
+    def report_line(cfg: dict[str, Any]) -> str | None:
+        """REPORT.md's line on what this method did, with which settings (train.report adds the
+        run it started from); `cfg` is the run's resolved config as its manifest holds it."""
+        steps = cfg["rft_round_steps"]
+        return (f"- rejection sampling (RFT): {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a round, "
+                f"kept when {json.dumps(cfg['rft_accept'], sort_keys=True)} (each reward at least its threshold; "
+                f"one of each distinct completion), {steps} SFT step{'s' if steps != 1 else ''} a round, "
+                f"rewards {json.dumps(cfg['rewards'], sort_keys=True)}")

@@ -63,3 +63,9 @@ class SFT:
                 "max_tokens_per_step": self.cfg.tokens_per_step,
                 "train_examples": len(self.stream.examples),
                 "dropped_overlong": self.dataset["dropped_overlong"]}
+
+    @staticmethod
+    def report_line(cfg: dict[str, Any]) -> str | None:
+        """REPORT.md's line on what this method did (train.report): none, the report's head says
+        it all for SFT."""
+        return None
