@@ -2,7 +2,8 @@
 method dpo (every pref_loss), rft and distill with their main fields, checked by TrainConfig
 (400 on a bad value); a distillation `teacher` follows the home-name rule `init` follows (a
 catalog model or a run id of this home, never a path: 422 at the door, bad input to a worker
-given the row directly); a sweep varies pref_loss and pref_beta of a preference base."""
+given the row directly); preference pairs uploaded through the API become a dataset of the
+home that a dpo job trains on; a sweep varies pref_loss and pref_beta of a preference base."""
 
 from __future__ import annotations
 
@@ -43,8 +44,6 @@ def test_the_api_queues_each_method_with_its_fields(home, preset, overrides):
 @pytest.mark.parametrize("overrides,why", [
     ({"method": "dpo", "pref_loss": "kto"}, "pref_loss must be one of dpo|ipo|simpo|orpo"),
     ({"method": "dpo", "pref_beta": 0}, "pref_beta"),
-    ({"method": "dpo", "pref_loss": "dpo", "finetune": "full", "pairs": "rollouts"}, "finetune=lora"),
-    ({"method": "dpo", "pref_loss": "simpo", "batch_size": 3, "pairs": "rollouts"}, "even batch_size"),
     ({"method": "dpo", "label_smoothing": 0.5}, "label_smoothing"),
     ({"method": "distill"}, "needs a teacher"),
     ({"method": "distill", "teacher": "tiny-gemma3", "kd_loss": "tvd"}, "kd_loss"),
@@ -135,3 +134,42 @@ def test_a_sweep_varies_the_preference_loss_and_its_beta(home):
         create_sweep("kd", {**base, "method": "distill", "teacher": "/etc"},
                      parse_space({"params": {"kd_temperature": {"type": "float", "low": 0.5, "high": 2.0}}}), 2)
     assert [s["name"] for s in list_sweeps()] == ["pref"]
+
+
+PAIRS = "".join(f'{{"prompt": "Add {i} and 2?", "chosen": "<answer>{i + 2}</answer>", '
+                f'"rejected": "<answer>{3 * i + 1}</answer> no"}}\n' for i in range(10)).encode()
+
+
+def test_uploaded_pairs_are_a_dataset_a_dpo_job_trains_on(home):
+    """The upload is read as pairs (format auto finds them; a bad pair is named by line), a
+    worker imports it as a dataset version of the home, and a SimPO job names it."""
+    import json
+
+    with make_client(home, home.database_url) as client:
+        bad = PAIRS + b'{"prompt": "p", "chosen": "same", "rejected": "same"}\n'
+        r = client.post("/api/datasets", files={"file": ("prefs.jsonl", bad)}, data={"name": "prefs"})
+        assert r.status_code == 422 and r.json()["detail"]["errors"][0]["line"] == 11, r.text
+        assert "the same text as chosen" in r.json()["detail"]["errors"][0]["message"]
+        r = client.post("/api/datasets", files={"file": ("prefs.jsonl", PAIRS)}, data={"name": "prefs"})
+        assert r.status_code == 202 and r.json()["format"] == "pairs" and r.json()["records"] == 10, r.text
+        dataset = r.json()["dataset"]
+        assert Worker(home, WorkerConfig(lease_s=5, poll_s=0.05, max_jobs=1)).run() == 1
+        version = client.get("/api/datasets").json()
+        assert [(d["name"], d["count"]) for d in version] == [("prefs", 10)]
+        name, ver = dataset.split("@")
+        assert client.get(f"/api/datasets/{name}/{ver}").json()["manifest"]["importer"] == "pairs"
+        assert set(client.get(f"/api/datasets/{name}/{ver}/records", params={"limit": 1}).json()[0]) == \
+            {"id", "prompt", "chosen", "rejected"}
+        r = client.post("/api/runs", json={"preset": "smoke", "evaluate": False, "overrides": {
+            "method": "dpo", "pref_loss": "simpo", "pref_beta": 2.0, "pairs": "dataset", "dataset": dataset,
+            "split": "all", "eval_split": "all", "eval_limit": 4, "max_steps": 2, "warmup_steps": 0,
+            "max_seq_len": 128, "save_interval": 0, "eval_interval": 0}})
+        assert r.status_code == 202, r.text
+        assert Worker(home, WorkerConfig(lease_s=10, poll_s=0.05, max_jobs=1)).run() == 1
+        job = client.get(f"/api/jobs/{r.json()['id']}").json()
+        assert job["status"] == "succeeded", job["error"]
+        run = home.runs / job["run_id"]
+        manifest = json.loads((run / "run_manifest.json").read_text())
+        assert manifest["config"]["dataset"] == dataset and manifest["status"] == "succeeded"
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        assert any("rewards_margin" in r for r in rows) and any("eval_rewards_accuracy" in r for r in rows)

@@ -44,7 +44,8 @@ class ImportParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     upload: Annotated[str, Field(pattern=UPLOAD)]
     name: Annotated[str, Field(pattern=NAME)]
-    format: Literal["record", "gsm8k", "traces", "generic"] = "record"
+    format: Literal["record", "gsm8k", "traces", "generic", "pairs"] = "record"
+    """The upload's format; pairs: prompt/chosen/rejected preference pairs (method=dpo)."""
     filename: Annotated[str | None, Field(pattern=FILENAME)] = None
     """The uploaded file's own name (reduced to a safe basename; a label, never opened): GSM8K
     ids are named after it, as `data import FILE` names them after FILE (traces.importers)."""

@@ -133,7 +133,7 @@ def open_version(vdir: Path) -> Dataset:
     digest = hashlib.sha256(data).hexdigest()
     if digest != manifest.get("sha256"):
         raise TunixRtError(f"{vdir / DATA}: sha256 {digest[:12]}… differs from the manifest's; the file changed after import")
-    result = scan(vdir / DATA, "record")
+    result = scan(vdir / DATA, "pairs" if manifest.get("importer") == "pairs" else "record")
     result.raise_if_bad("the dataset is corrupt")
     return Dataset(manifest["name"], manifest["version"], vdir, manifest, digest, result.records)
 
@@ -438,7 +438,8 @@ def _store(req: ImportRequest, home: Home, result: Scan, staging: Path) -> Impor
 
     def manifest_of(version: str, digest: str, created: str) -> dict[str, Any]:
         manifest = _manifest(req.name, version, source, result, digest, req.dev_fraction, created)
-        if tools := [t for t in ("calculator", "python") if any(t in r.tools() for r in result.records)]:
+        if tools := [t for t in ("calculator", "python") if any(t in r.tools() for r in result.records
+                                                                    if isinstance(r, Trace))]:
             manifest["tools"] = tools  # the records carry calls of these tools (tunix_rt.tools)
         return {**manifest, "rejects": REJECTS} if rejects else manifest
 

@@ -38,7 +38,9 @@ from typing import Any, Protocol
 from tunix_rt.errors import BadInput
 from tunix_rt.traces.schema import RecordError, Trace, json_type, make_trace, validate_trace
 
-FORMATS = ("record", "gsm8k", "traces", "generic")
+FORMATS = ("record", "gsm8k", "traces", "generic", "pairs")
+"""The input formats; "pairs" is prompt/chosen/rejected preference pairs for method=dpo
+(traces.pairs), the others trace formats."""
 
 
 class Importer(Protocol):
@@ -228,6 +230,10 @@ def get_importer(fmt: str, split: str = "train", tools: tuple[str, ...] = ()) ->
         return OlderTraceImporter()
     if fmt == "generic":
         return GenericImporter()
+    if fmt == "pairs":
+        from tunix_rt.traces.pairs import PairImporter
+
+        return PairImporter()
     raise BadInput(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
 
 
@@ -236,6 +242,8 @@ def detect_format(obj: dict[str, Any]) -> str:
     keys = set(obj)
     if "trace_version" in keys:
         return "traces"
+    if "chosen" in keys and "rejected" in keys:
+        return "pairs"
     if keys == {"question", "answer"} and "####" in str(obj.get("answer")):
         return "gsm8k"
     if "id" in keys and "steps" in keys and keys <= set(Trace.model_fields):

@@ -55,7 +55,7 @@ def upload_dataset(
     settings: SettingsDep,
     file: UploadFile,
     name: Annotated[str, Form(pattern=NAME)],
-    format: Annotated[str, Form(pattern=r"^(auto|record|gsm8k|traces|generic)$")] = "auto",
+    format: Annotated[str, Form(pattern=r"^(auto|record|gsm8k|traces|generic|pairs)$")] = "auto",
 ):
     """Store the upload under <home>/uploads/<sha256>.jsonl once it validates, and queue an
     import job that writes dataset version `job<ID>`."""
