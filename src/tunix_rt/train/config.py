@@ -242,7 +242,6 @@ class TrainConfig:
         self._check_choice("eval_split", ("train", "dev", "all"))
         self._check_choice("pref_loss", ("dpo", "ipo", "simpo", "orpo"))
         self._check_choice("pairs", ("dataset", "rollouts"))
-        self._check_preference()
         self._check_distill()
         self._check_rft()
         if not self.dataset:
@@ -326,20 +325,6 @@ class TrainConfig:
         from tunix_rt.train.rewards import RewardSpec  # here, not at the top: numpy stays out of `--help`
 
         RewardSpec.from_mapping(self.rewards, "config: rewards")  # names, weights, parameters; nothing imported
-
-    def _check_preference(self) -> None:
-        """method=dpo: a reference loss (dpo, ipo) compares with the adapter-off model, so it
-        needs LoRA; a micro-batch holds whole pairs. Checked here so the CLI, a job and a sweep
-        refuse such a run before it is queued (train.preference checks them again at setup)."""
-        if self.method != "dpo":
-            return
-        if self.pref_loss in ("dpo", "ipo") and self.finetune != "lora":
-            raise BadInput(f"config: pref_loss={self.pref_loss} compares with the reference policy, the model with "
-                           "the LoRA adapter off: it needs finetune=lora; with finetune=full use pref_loss=simpo "
-                           "or orpo (no reference)")
-        if is_int(self.batch_size) and (self.batch_size < 2 or self.batch_size % 2):
-            raise BadInput(f"config: batch_size counts sequences, and a pair is two (chosen, rejected): method=dpo "
-                           f"needs an even batch_size >= 2, got {self.batch_size}")
 
     def _check_rft(self) -> None:
         """rft_accept: a non-empty mapping of names to numbers (train.rft checks the names
