@@ -188,3 +188,26 @@ def test_a_simpo_run_queued_from_the_form_trains(site, home):
     assert page.inner_text("main .row .muted").startswith("dpo (simpo), on-policy pairs · torch")
     config = page.inner_text("[data-testid=config]")
     assert 'method: "dpo"' in config and 'pref_loss: "simpo"' in config and 'pairs: "rollouts"' in config
+
+
+def test_pairs_uploaded_on_the_datasets_page_become_a_pairs_dataset(site, home, tmp_path):
+    """The datasets page takes a prompt/chosen/rejected JSONL (format pairs, or auto), a worker
+    imports it, and the datasets table lists it with importer pairs: a dataset a dpo run with
+    pairs=dataset can name."""
+    from tunix_rt.registry.worker import Worker, WorkerConfig
+
+    srv, page, _ = site
+    _login(page, srv)
+    page.goto(f"{srv.url}/#/datasets")
+    page.wait_for_selector("#upload-format")
+    assert "pairs" in page.eval_on_selector_all("#upload-format option", "os => os.map((o) => o.value)")
+    page.set_input_files("#upload-file", _pairs(tmp_path / "prefs.jsonl"))
+    page.fill("#upload-name", "prefs")
+    page.select_option("#upload-format", "pairs")
+    page.click("#upload")
+    page.wait_for_selector("[data-testid=upload-result]:has-text('8 records accepted')")
+    assert Worker(home, WorkerConfig(lease_s=5, poll_s=0.05, max_jobs=1)).run() == 1
+    page.reload()  # the same address: a reload renders the page again
+    row = page.locator("[data-testid=datasets] tr:has-text('prefs')")
+    row.wait_for()
+    assert "pairs" in row.inner_text()
