@@ -14,7 +14,9 @@ never moves a pair when the file grows.
 The file is read by the strict trace reader (traces.reader.scan with `PairImporter`): every
 bad line is named `FILE:LINE: FIELD: reason` and nothing is read when any line is bad. A
 trace JSONL path and a pairs JSONL path are both a `dataset=` reference
-(traces.dataset.load_dataset tells them apart by the first line's keys).
+(traces.dataset.load_dataset tells them apart by the first line's keys); `tunix-rt data import
+pairs FILE --name N` (or an API upload, format pairs or auto) stores the pairs as a dataset of
+the home (manifest importer "pairs"), which a job, the web UI's run form and a sweep name.
 """
 
 from __future__ import annotations
