@@ -24,7 +24,7 @@ def sweep_cmd(
     ctx: typer.Context,
     config: Annotated[Optional[str], typer.Option(
         "--config", "-c", help="The base config: a YAML file or a shipped preset (smoke, cpu-demo, gpu).")] = None,
-    space: Annotated[Optional[str], typer.Option("--space", help="SPACE.yaml: params, enqueue, sampler, pruner.")] = None,
+    space: Annotated[Optional[str], typer.Option("--space", help="SPACE.yaml: params, enqueue, sampler, pruner, objective (default eval_loss, minimize).")] = None,
     trials: Annotated[Optional[int], typer.Option("--trials", help="How many trials (one job each).")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="The sweep (study) name (default: sweep-<time>).")] = None,
     overrides: Annotated[Optional[list[str]], typer.Option(
