@@ -173,9 +173,11 @@ PLAN_DEVICE = JAX_KINDS[devices["kind"]] if DEVICE == "tpu" else "cpu"
 
 
 def plan_of(c: TrainConfig, sampling: bool = False) -> dict:
-    """The plan of a stage's step; `sampling`: the stage samples completions first."""
+    """The plan of a stage's step, by its method (SimPO: its pairs' rollouts, then the pair
+    update); `sampling`: the stage samples completions first."""
     rl = ["--rl-prompts", str(c.rl_prompts), "--group-size", str(c.group_size),
           "--rollout-tokens", str(c.rollout_max_new_tokens)] if sampling else []
+    rl += ["--train-method", c.method] + (["--pairs", c.pairs] if c.method == "dpo" else [])
     out = json.loads(tunix(
         "plan", "--model", MODEL, "--method", c.finetune, "--seq", str(c.max_seq_len),
         "--batch", str(c.batch_size), "--grad-accum", str(c.grad_accum), "--dtype", c.dtype,
