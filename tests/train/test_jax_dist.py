@@ -189,5 +189,10 @@ def test_refusals(home, tmp_path):
     rs = _two(home, ["--config", _config(tmp_path, method="grpo", group_size=2, rl_prompts=2, rollout_max_new_tokens=16,
                                          rewards={"format": 1.0})])
     assert all(r.returncode == 2 for r in rs), _tail(rs)
-    assert "method=grpo on the JAX engine runs in one process" in rs[0].stderr, _tail(rs)
+    assert "method=grpo samples from the model it trains, and on the JAX engine runs in one process" in rs[0].stderr, _tail(rs)
+    # DPO on its own rollouts samples too (refused before a run directory exists, not at its first step)
+    rs = _two(home, ["--config", _config(tmp_path, method="dpo", pref_loss="simpo", pairs="rollouts", group_size=2,
+                                         rl_prompts=2, rollout_max_new_tokens=16, rewards={"format": 1.0})])
+    assert all(r.returncode == 2 for r in rs), _tail(rs)
+    assert "method=dpo samples from the model it trains" in rs[0].stderr, _tail(rs)
     assert not _runs(home)

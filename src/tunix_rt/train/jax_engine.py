@@ -43,7 +43,7 @@ from tunix_rt.rundir import ADAPTER, MERGED
 from tunix_rt.train import dist
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.engine import NLL, Objective, StepResult
-from tunix_rt.train.methods import rolls_out
+from tunix_rt.train.methods import sampling
 
 #: batch widths are rounded up to a multiple of this (one compilation per width)
 WIDTH_BUCKET = 64
@@ -200,9 +200,10 @@ class JaxEngine:
         from tunix_rt.train.common import check_dtype, tune_cpu_allocator
 
         maybe_init_distributed()
-        if dist.world() > 1 and rolls_out(self.cfg.method):
-            raise BadInput(f"method={self.cfg.method} on the JAX engine runs in one process; multi-process JAX "
-                           "training supports method=sft (or use --engine torch under torchrun)")
+        if dist.world() > 1 and sampling(self.cfg) is not None:  # GRPO, rft, dpo on rollouts, on-policy distill
+            raise BadInput(f"method={self.cfg.method} samples from the model it trains, and on the JAX engine runs in "
+                           "one process; multi-process JAX training supports method=sft (or use --engine torch under "
+                           "torchrun)")
         self.devs = select_devices(self.cfg.device)
         if dist.world() > 1:
             check_mesh_spans_processes(self.cfg.mesh, self.devs)
