@@ -25,7 +25,8 @@ the mesh spans every process's devices and the arrays are global. Every process 
 same global micro-batches and puts its devices' shards of them on the mesh
 (make_array_from_callback), so the step, its normaliser and the data order are the one-process
 run's. Checkpoints and exports gather the state (every process joins) and process 0 writes
-the same files as one process. GRPO (rollouts) runs in one process only.
+the same files as one process. Methods that sample (GRPO, rft, dpo on rollouts, on-policy distill)
+run in one process only.
 """
 
 from __future__ import annotations
