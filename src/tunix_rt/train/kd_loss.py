@@ -40,6 +40,7 @@ import torch
 
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
 from tunix_rt.train.data import IGNORE
+from tunix_rt.train.fused_head import head_backward, head_forward
 
 #: the divergences (TrainConfig.kd_loss)
 KD_LOSSES = ("forward_kl", "reverse_kl", "jsd")
@@ -115,32 +116,14 @@ class FusedDistillation(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, teacher_hidden, teacher_weight, targets, coef, chunk: int, softcaps, objective):
-        want_w = weight.requires_grad
-        grad_h = torch.empty_like(hidden)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        stats = torch.zeros(N_STATS, dtype=torch.float32, device=hidden.device)
-        for s in range(0, hidden.shape[0], chunk):
-            sl = slice(s, s + chunk)
-            h = hidden[sl]
-            loss, st, g = _chunk(h, weight, teacher_hidden[sl], teacher_weight, targets[sl], coef[sl],
-                                 objective, softcaps, True)
-            total += loss
-            stats += st
-            grad_h[sl] = g @ weight
-            if want_w:
-                grad_w.addmm_(g.t().float(), h.float())
-        ctx.save_for_backward(grad_h, grad_w if want_w else torch.empty(0))
-        ctx.want_w, ctx.w_dtype = want_w, weight.dtype
-        ctx.mark_non_differentiable(stats)
-        return total, stats
+        def one(sl, h):
+            return _chunk(h, weight, teacher_hidden[sl], teacher_weight, targets[sl], coef[sl], objective, softcaps, True)
+
+        return head_forward(ctx, hidden, weight, N_STATS, chunk, one)
 
     @staticmethod
     def backward(ctx, grad_out, _grad_stats):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = grad_h * grad_out.to(grad_h.dtype)
-        gw = (grad_w * grad_out).to(ctx.w_dtype) if ctx.want_w else None
-        return gh, gw, None, None, None, None, None, None, None
+        return (*head_backward(ctx, grad_out), None, None, None, None, None, None, None)
 
 
 def kd_objective(hidden, weight, teacher_hidden, teacher_weight, targets, coef, objective,

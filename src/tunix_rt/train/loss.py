@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
 from tunix_rt.train.data import IGNORE
 from tunix_rt.train.engine import NLL, POLICY_AUX, Objective
+from tunix_rt.train.fused_head import head_backward, head_forward
 
 #: objective statistics summed over weighted tokens: clipped tokens, KL (k3), ratio, tokens
 STAT_NAMES = ("clipped", "kl", "ratio", "tokens")
@@ -88,32 +89,14 @@ class FusedTokenObjective(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, coef, aux, chunk: int, softcap: float | None, objective: Objective):
-        want_w = weight.requires_grad
-        grad_h = torch.empty_like(hidden)
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_w else None
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        stats = torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=hidden.device)
-        for s in range(0, hidden.shape[0], chunk):
-            h, sl = hidden[s:s + chunk], slice(s, s + chunk)
-            loss, st, g = _chunk(h, weight, targets[sl], coef[sl], None if aux is None else aux[sl],
-                                 objective, softcap, True)
-            total += loss
-            if st is not None:
-                stats += st
-            grad_h[sl] = g @ weight
-            if want_w:
-                grad_w.addmm_(g.t().float(), h.float())
-        ctx.save_for_backward(grad_h, grad_w if want_w else torch.empty(0))
-        ctx.want_w, ctx.w_dtype = want_w, weight.dtype
-        ctx.mark_non_differentiable(stats)
-        return total, stats
+        def one(sl, h):
+            return _chunk(h, weight, targets[sl], coef[sl], None if aux is None else aux[sl], objective, softcap, True)
+
+        return head_forward(ctx, hidden, weight, len(STAT_NAMES), chunk, one)
 
     @staticmethod
     def backward(ctx, grad_out, _grad_stats):
-        grad_h, grad_w = ctx.saved_tensors
-        gh = grad_h * grad_out.to(grad_h.dtype)
-        gw = (grad_w * grad_out).to(ctx.w_dtype) if ctx.want_w else None
-        return gh, gw, None, None, None, None, None, None
+        return (*head_backward(ctx, grad_out), None, None, None, None, None, None)
 
 
 def token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, coef: torch.Tensor,
