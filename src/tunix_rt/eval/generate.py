@@ -320,8 +320,8 @@ class TorchGenerator:
         stop = torch.tensor(self.stop_ids, device=dev)
         vocab = logits.shape[-1]
 
-        def noise(step: int):  # the rows alive now, each from its own (seed, key, step)
-            return None if cfg.greedy else gumbel([row_seed(cfg.seed, keys[r], step) for r in alive], vocab)
+        def noise(step: int):  # the rows alive now, each from its own (seed, key, step), on dev
+            return None if cfg.greedy else gumbel([row_seed(cfg.seed, keys[r], step) for r in alive], vocab, dev)
 
         nxt = pick(logits, cfg, noise(0))
         for step in range(cfg.max_new_tokens):

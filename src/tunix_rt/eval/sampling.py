@@ -17,11 +17,17 @@ could merge distinct logits):
   sum_{j before i} e_j < p * sum_j e_j with e_j = exp((z_j - max z) / T) in fp64. The most
   likely token always stays.
 
-The noise: g_i = -log(E_i) with E_i ~ Exp(1) (numpy's ziggurat, fp64; -log of an Exp(1)
-variate is exactly Gumbel(0, 1)), one generator per row and decode step, seeded by a hash of
-(seed, the row's key, step). The key is the prompt's index unless the caller gives its own
-(RL seeds per train step, prompt and sample), so a row's noise does not depend on which
-prompts share its batch or which rows already finished.
+The noise: g_i = -log(E_i) with E_i = -log(U_i) ~ Exp(1) (-log of an Exp(1) variate is
+exactly Gumbel(0, 1)), in fp64, where U_i is counter-based: a pure function of the row's seed
+and the token id i, splitmix64's finaliser of (seed + (i + 1) * 0x9E3779B97F4A7C15) in int64
+arithmetic, whose top 52 bits m give U = (2m + 1) / 2**53, strictly inside (0, 1) and exact in
+fp64 (so g lies in [-3.61, 36.74]). It is computed on the logits' device (torch tensors, no
+host round trip, no generator state), any subset of token ids can be drawn alone with the same
+bits as in the full draw, and U has the same bits on every device (the two fp64 logs are the
+device's own: CPU and CUDA may differ in g's last bit). The row's seed is a hash of (seed, the
+row's key, step). The key is the prompt's index unless the caller gives its own (RL seeds per
+train step, prompt and sample), so a row's noise does not depend on which prompts share its
+batch or which rows already finished.
 """
 
 from __future__ import annotations
@@ -41,11 +47,27 @@ NUCLEUS_SLACK = 1e-9
 
 
 def row_seed(seed: int, key: Key, step: int) -> int:
-    """A 128-bit seed for one row's noise at one decode step: blake2b of the three, so any
-    change of seed, key or step gives unrelated noise."""
+    """A 64-bit seed (unsigned) for one row's noise at one decode step: blake2b of the three,
+    so any change of seed, key or step gives unrelated noise."""
     parts = (int(seed), int(step), *(key if isinstance(key, tuple) else (key,)))
     text = ",".join(str(int(p)) for p in parts).encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=16).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def _int64(u: int) -> int:
+    """The int64 with the bits of the unsigned 64-bit u."""
+    u &= (1 << 64) - 1
+    return u - (1 << 64) if u >= 1 << 63 else u
+
+
+GOLDEN = _int64(0x9E3779B97F4A7C15)
+"""The counter's increment per token id (splitmix64's Weyl constant)."""
+MIX = (_int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB))
+"""splitmix64's two finaliser multipliers."""
+CHUNK_ELEMENTS = 1 << 24
+"""The noise's hash runs a few rows at a time, about this many entries at once (bounded scratch)."""
+CPU_CHUNK_ELEMENTS = 1 << 18
+"""The same on the CPU (2 MB of scratch per buffer)."""
 
 
 def check_keys(keys: Sequence, n: int) -> list[Key]:
@@ -62,18 +84,73 @@ def check_keys(keys: Sequence, n: int) -> list[Key]:
     return keys
 
 
-def gumbel(seeds: Sequence[int], vocab: int) -> "torch.Tensor":
-    """[len(seeds), vocab] fp64 Gumbel(0, 1) noise, row r drawn from a generator seeded by
-    seeds[r] (see row_seed)."""
-    import numpy as np
+def _mix_(x: "torch.Tensor", t: "torch.Tensor") -> None:
+    """splitmix64's finaliser of x (int64 bits), in place (t: scratch of x's shape)."""
     import torch
 
-    e = np.empty((len(seeds), vocab))
-    for r, s in enumerate(seeds):
-        np.random.Generator(np.random.PCG64(s)).standard_exponential(vocab, out=e[r])
-    # numpy's log, in place: ~5x faster than torch's fp64 log on these CPUs (a sampled decode
-    # step of a 262K vocabulary paid ~20 ms of it per 8 rows)
-    return torch.from_numpy(np.negative(np.log(e, out=e), out=e))
+    for shift, mult in ((30, MIX[0]), (27, MIX[1]), (31, None)):
+        torch.bitwise_right_shift(x, shift, out=t)
+        t.bitwise_and_((1 << (64 - shift)) - 1)  # a logical shift: no sign bits shifted in
+        x.bitwise_xor_(t)
+        if mult is not None:
+            x.mul_(mult)
+
+
+def _bits_torch(seed, off, bits, x, t) -> None:
+    """bits [r, n] (int64) := the double 1 + m / 2**52 for each (seed [r], offset [n] or [r, n]),
+    m the top 52 bits of splitmix64's finaliser of seed + offset: in torch, on any device
+    (x, t: int64 scratch [r, n])."""
+    import torch
+
+    torch.add(seed[:, None], off, out=x)
+    _mix_(x, t)
+    torch.bitwise_right_shift(x, 12, out=bits)
+    bits.bitwise_and_((1 << 52) - 1).bitwise_or_(0x3FF << 52)
+
+
+def _bits_numpy(seed, off, bits, x, t) -> None:
+    """The same bits as _bits_torch, on the CPU through numpy's uint64 (logical shifts without
+    masks: about 1.5x faster than torch's int64 on these CPUs). The tensors share memory."""
+    import numpy as np
+
+    s, o = seed.numpy().view(np.uint64), off.numpy().view(np.uint64)
+    x, t = x.numpy().view(np.uint64), t.numpy().view(np.uint64)
+    np.add(s[:, None], o, out=x)  # uint64 arrays wrap silently
+    for shift, mult in ((30, MIX[0]), (27, MIX[1]), (31, None)):
+        np.right_shift(x, np.uint64(shift), out=t)
+        np.bitwise_xor(x, t, out=x)
+        if mult is not None:
+            np.multiply(x, np.uint64(mult & ((1 << 64) - 1)), out=x)
+    out = bits.numpy().view(np.uint64)
+    np.right_shift(x, np.uint64(12), out=out)
+    np.bitwise_or(out, np.uint64(0x3FF << 52), out=out)
+
+
+def gumbel(seeds: Sequence[int], vocab: int, device=None, ids: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """fp64 Gumbel(0, 1) noise on `device` (default CPU): [len(seeds), vocab], row r from
+    seeds[r] (see row_seed); with `ids` (token ids, [n] for every row or [len(seeds), n]) only
+    those entries, [len(seeds), n], the same bits as the full draw's columns `ids`."""
+    import torch
+
+    seed = torch.tensor([_int64(int(s)) for s in seeds], dtype=torch.int64, device=device)
+    if ids is None:
+        ids = torch.arange(vocab, dtype=torch.int64, device=seed.device)
+    ids = ids.to(device=seed.device, dtype=torch.int64)
+    off = (ids + 1).mul_(GOLDEN)  # wraps as uint64 would
+    out = torch.empty((len(seeds), ids.shape[-1]), dtype=torch.float64, device=seed.device)
+    bits = out.view(torch.int64)  # U is built in place, as the bits of a double
+    cpu = seed.device.type == "cpu"
+    fill = _bits_numpy if cpu else _bits_torch
+    # a few rows at a time on a scratch reused across them (on the CPU small enough to stay in
+    # cache: fresh memory's page faults cost more than the hash)
+    step = max(1, (CPU_CHUNK_ELEMENTS if cpu else CHUNK_ELEMENTS) // max(ids.shape[-1], 1))
+    x = torch.empty((min(step, len(seeds)), ids.shape[-1]), dtype=torch.int64, device=seed.device)
+    t = torch.empty_like(x)
+    for a in range(0, len(seeds), step):
+        b = min(len(seeds), a + step)
+        fill(seed[a:b], off if ids.dim() == 1 else off[a:b], bits[a:b], x[: b - a], t[: b - a])
+    # 1 + m / 2**52 minus 1 - 2**-53 is U = (2m + 1) / 2**53, exact, strictly inside (0, 1)
+    return out.sub_(1 - 2.0 ** -53).log_().neg_().log_().neg_()  # -log(-log U)
 
 
 def scores(z: "torch.Tensor", g: "torch.Tensor", temperature: float) -> "torch.Tensor":
@@ -103,7 +180,7 @@ def nucleus(z: "torch.Tensor", temperature: float, top_p: float) -> "torch.Tenso
     order = torch.sort(z[cand], descending=True, stable=True).indices
     ce = e[cand[order]]
     before = torch.cat([ce.new_zeros(1), torch.cumsum(ce, 0)[:-1]])  # mass strictly before
-    keep = torch.zeros(z.shape[0], dtype=torch.bool)
+    keep = torch.zeros(z.shape[0], dtype=torch.bool, device=z.device)
     keep[cand[order[before < top_p * total]]] = True
     return keep
 
@@ -116,7 +193,7 @@ def allowed_ids(z: "torch.Tensor", cfg) -> list["torch.Tensor"]:
     mask = top_k_allowed(z, cfg.top_k) if 0 < cfg.top_k < n else None
     out = []
     for b in range(z.shape[0]):
-        ids = mask[b].nonzero().squeeze(1) if mask is not None else torch.arange(n)
+        ids = mask[b].nonzero().squeeze(1) if mask is not None else torch.arange(n, device=z.device)
         if cfg.top_p < 1.0:
             ids = ids[nucleus(z[b, ids], cfg.temperature, cfg.top_p)]
         out.append(ids)
@@ -125,12 +202,17 @@ def allowed_ids(z: "torch.Tensor", cfg) -> list["torch.Tensor"]:
 
 def sample_full(z: "torch.Tensor", g: "torch.Tensor", cfg) -> "torch.Tensor":
     """The draw of each row from full logits z [B, V] (fp32) and noise g [B, V] (fp64):
-    argmax of z / T + g over the allowed tokens, the first maximum on ties."""
+    argmax of z / T + g over the allowed tokens, the first maximum on ties. Computed on z's
+    device (g is moved there if it is elsewhere)."""
     import torch
 
-    device, z = z.device, z.cpu()  # the noise lives on the CPU (numpy generators)
-    if cfg.top_p >= 1.0 and not 0 < cfg.top_k < z.shape[-1]:
-        return scores(z, g, cfg.temperature).argmax(dim=-1).to(device)
+    g = g.to(z.device)
+    top_k = 0 < cfg.top_k < z.shape[-1]
+    if cfg.top_p >= 1.0:
+        s = scores(z, g, cfg.temperature)
+        if top_k:  # the whole batch at once: a token outside the top-k cannot be the argmax
+            s.masked_fill_(~top_k_allowed(z, cfg.top_k), float("-inf"))
+        return s.argmax(dim=-1)
     picks = [ids[scores(z[b, ids], g[b, ids], cfg.temperature).argmax()]
              for b, ids in enumerate(allowed_ids(z, cfg))]
-    return torch.stack(picks).to(device)
+    return torch.stack(picks)

@@ -386,7 +386,7 @@ class Scheduler:
         # each choice draws its own noise from (seed, its index, its step), as TorchGenerator does
         # for a prompt of that index: the same seed gives the same sample in or out of a batch
         vocab = logits.shape[-1]
-        return torch.cat([pick(logits[i: i + 1], r.req.cfg, gumbel([row_seed(r.req.cfg.seed, r.index, len(r.ids))], vocab))
+        return torch.cat([pick(logits[i: i + 1], r.req.cfg, gumbel([row_seed(r.req.cfg.seed, r.index, len(r.ids))], vocab, logits.device))
                           for i, r in enumerate(rows)])
 
     def _emit(self, tokens: "torch.Tensor", rows: list[_Row], offset: int) -> None:
