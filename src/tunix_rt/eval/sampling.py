@@ -32,6 +32,7 @@ batch or which rows already finished.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import TYPE_CHECKING, Sequence, Union
 
@@ -126,6 +127,16 @@ def _bits_numpy(seed, off, bits, x, t) -> None:
     np.bitwise_or(out, np.uint64(0x3FF << 52), out=out)
 
 
+@functools.lru_cache(maxsize=8)
+def _vocab_offsets(vocab: int, device) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Every token id [vocab] and its counter offset (id + 1) * GOLDEN, once per vocabulary and
+    device (read only: a decode step draws them every step)."""
+    import torch
+
+    ids = torch.arange(vocab, dtype=torch.int64, device=device)
+    return ids, (ids + 1).mul_(GOLDEN)  # wraps as uint64 would
+
+
 def gumbel(seeds: Sequence[int], vocab: int, device=None, ids: "torch.Tensor | None" = None) -> "torch.Tensor":
     """fp64 Gumbel(0, 1) noise on `device` (default CPU): [len(seeds), vocab], row r from
     seeds[r] (see row_seed); with `ids` (token ids, [n] for every row or [len(seeds), n]) only
@@ -134,9 +145,10 @@ def gumbel(seeds: Sequence[int], vocab: int, device=None, ids: "torch.Tensor | N
 
     seed = torch.tensor([_int64(int(s)) for s in seeds], dtype=torch.int64, device=device)
     if ids is None:
-        ids = torch.arange(vocab, dtype=torch.int64, device=seed.device)
-    ids = ids.to(device=seed.device, dtype=torch.int64)
-    off = (ids + 1).mul_(GOLDEN)  # wraps as uint64 would
+        ids, off = _vocab_offsets(vocab, seed.device)
+    else:
+        ids = ids.to(device=seed.device, dtype=torch.int64)
+        off = (ids + 1).mul_(GOLDEN)  # wraps as uint64 would
     out = torch.empty((len(seeds), ids.shape[-1]), dtype=torch.float64, device=seed.device)
     bits = out.view(torch.int64)  # U is built in place, as the bits of a double
     cpu = seed.device.type == "cpu"
