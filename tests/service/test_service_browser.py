@@ -45,6 +45,19 @@ def site(home, browser):
             srv.server.config.app.state.models.close()  # the playground's decode threads
 
 
+def work_one_job(page, home) -> None:
+    """A worker in a thread takes the queued job while the job page shows it: returns once the
+    page says succeeded (the worker joined)."""
+    from tunix_rt.registry.worker import Worker, WorkerConfig
+
+    worker = threading.Thread(target=Worker(home, WorkerConfig(lease_s=10, poll_s=0.05, max_jobs=1)).run)
+    worker.start()
+    try:
+        page.wait_for_selector("[data-testid=status]:has-text('succeeded')", timeout=170000)
+    finally:
+        worker.join(timeout=200)
+
+
 def _login(page, srv) -> None:
     page.goto(f"{srv.url}/#token={TOKEN}")
     page.wait_for_selector("[data-testid=leaderboard]")
@@ -154,8 +167,6 @@ def test_submit_a_train_run_and_follow_it_to_finished(site, home):
     """A real tiny-gemma3 LoRA run (3 steps on the 8-record dataset) queued from the runs page,
     trained and evaluated by a worker, followed live on the job page, then shown on its run
     page and on the leaderboard."""
-    from tunix_rt.registry.worker import Worker, WorkerConfig
-
     srv, page, _ = site
     _login(page, srv)
     page.goto(f"{srv.url}/#/runs")
@@ -165,12 +176,7 @@ def test_submit_a_train_run_and_follow_it_to_finished(site, home):
                             "eval_interval=0\nsave_interval=0\nwarmup_steps=0\nmax_seq_len=256")
     page.click("#submit-run")
     page.wait_for_selector("[data-testid=status]:has-text('queued')")
-    worker = threading.Thread(target=Worker(home, WorkerConfig(lease_s=10, poll_s=0.05, max_jobs=1)).run)
-    worker.start()
-    try:
-        page.wait_for_selector("[data-testid=status]:has-text('succeeded')", timeout=170000)
-    finally:
-        worker.join(timeout=200)
+    work_one_job(page, home)
     page.wait_for_selector("[data-testid=loss-chart] polyline", timeout=15000)
     assert "attempt 1: succeeded" in page.inner_text("[data-testid=logs]")
     page.click("[data-testid=job-run] a")

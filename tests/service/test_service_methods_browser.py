@@ -8,11 +8,10 @@ refusals (a bad value, a teacher given as a path)."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
-from test_service_browser import _login, browser, site  # noqa: F401 (fixtures)
+from test_service_browser import _login, browser, site, work_one_job  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -153,7 +152,6 @@ def test_a_simpo_run_queued_from_the_form_trains(site, home):
     """SFT's preset with method dpo, pref_loss simpo and on-policy pairs picked in the form: the
     job carries exactly those fields, a real worker trains it, and its run page says dpo."""
     from tunix_rt.registry import queue
-    from tunix_rt.registry.worker import Worker, WorkerConfig
 
     srv, page, _ = site
     _login(page, srv)
@@ -177,12 +175,7 @@ def test_a_simpo_run_queued_from_the_form_trains(site, home):
         == {"method": "dpo", "pref_loss": "simpo", "pref_beta": 2, "simpo_gamma": 1, "pairs": "rollouts",
             "group_size": 2, "rl_prompts": 2}
     assert "init" not in ov and "label_smoothing" not in ov  # a field left empty keeps the preset's value
-    worker = threading.Thread(target=Worker(home, WorkerConfig(lease_s=10, poll_s=0.05, max_jobs=1)).run)
-    worker.start()
-    try:
-        page.wait_for_selector("[data-testid=status]:has-text('succeeded')", timeout=170000)
-    finally:
-        worker.join(timeout=200)
+    work_one_job(page, home)
     page.click("[data-testid=job-run] a")
     page.wait_for_selector("[data-testid=config]")  # the run page (the job page has a loss chart too)
     assert page.inner_text("main .row .muted").startswith("dpo (simpo), on-policy pairs · torch")
