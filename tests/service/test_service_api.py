@@ -150,8 +150,22 @@ def test_submit_train_cancel_and_bad_params(seeded):
     assert client.post(f"/api/jobs/{job_id}/cancel").json()["status"] == "cancelled"
     assert client.post("/api/runs", json={"preset": "smoke", "overrides": {"dataset": "../../etc"}}).status_code == 400
     assert client.post("/api/runs", json={"preset": "/etc/passwd"}).status_code == 400
+    odd = client.post("/api/runs", json={"preset": "smoke", "overrides": {"method": "dpo", "batch_size": 3}})
+    assert odd.status_code == 400 and "even batch_size" in odd.text  # refused at the door, not by the worker
+    # mappings and number lists are overrides too (rewards, rft_accept, filter_pass_rate), user code is not
+    rft = client.post("/api/runs", json={"preset": "smoke", "overrides": {
+        "method": "rft", "rewards": {"answer": 1.0, "format": {"weight": 0.5}}, "rft_accept": {"answer": 1.0}}})
+    assert rft.status_code == 202, rft.text
+    assert rft.json()["params"]["overrides"]["rft_accept"] == {"answer": 1.0}
+    band = client.post("/api/runs", json={"preset": "smoke", "overrides": {"method": "grpo", "filter_pass_rate": [0.1, 0.9]}})
+    assert band.status_code == 202, band.text
+    user = client.post("/api/runs", json={"preset": "smoke", "overrides": {"method": "grpo", "rewards": {"os:system": 1.0}}})
+    assert user.status_code == 400 and "user code" in user.text
+    assert client.post(f"/api/jobs/{rft.json()['id']}/cancel").status_code == 200
+    assert client.post(f"/api/jobs/{band.json()['id']}/cancel").status_code == 200
     assert client.post("/api/jobs", json={"kind": "shell", "params": {"cmd": "id"}}).status_code == 400
-    assert [j["id"] for j in client.get("/api/jobs", params={"status": "cancelled"}).json()] == [job_id]
+    cancelled = {j["id"] for j in client.get("/api/jobs", params={"status": "cancelled"}).json()}
+    assert cancelled == {job_id, rft.json()["id"], band.json()["id"]}
 
 
 def test_the_rest_train_body_is_the_train_jobs_parameter_model(seeded):
@@ -176,7 +190,8 @@ def test_the_rest_train_body_is_the_train_jobs_parameter_model(seeded):
     assert client.post("/api/runs", json={"preset": "smoke", "nosuch": 1}).status_code == 422
     assert client.post("/api/runs", json={"evaluate": "maybe"}).status_code == 422
     assert client.post("/api/runs", json={"eval_limit": "many"}).status_code == 422
-    for bad in ({"eval_limit": 0}, {"max_new_tokens": 5000}, {"overrides": {"rewards": {"format": 1}}}):
+    for bad in ({"eval_limit": 0}, {"max_new_tokens": 5000}, {"overrides": {"rewards": {"format": {"weight": {"deep": 1}}}}},
+                {"overrides": {"rewards": {"mod:fn": 1}}}):
         r = client.post("/api/runs", json={"preset": "smoke", **bad})
         assert r.status_code == 400 and "train job parameters" in r.text, (bad, r.text)
 

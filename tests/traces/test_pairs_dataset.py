@@ -45,6 +45,20 @@ def test_a_bad_pair_is_named_and_nothing_is_stored(cli, home, tmp_path):
     assert r.code == 2 and "chosen: missing" in r.err, r.err
 
 
+def test_a_duplicate_pair_id_is_named_and_nothing_is_stored(cli, home, tmp_path):
+    pair = {"prompt": "p", "chosen": "<answer>1</answer>", "rejected": "<answer>2</answer>"}
+    src = _pairs(tmp_path / "prefs.jsonl", bad=json.dumps({**pair, "id": "x"}))
+    with src.open("a") as f:
+        f.write(json.dumps({**pair, "prompt": "q", "id": "x"}) + "\n")  # the same id, line 22
+        f.write(json.dumps({"prompt": "Add 0 and 2?", "chosen": "<answer>2</answer>",
+                            "rejected": "<answer>1</answer>"}) + "\n")
+    r = cli("data", "import", "pairs", src, "--name", "prefs")
+    assert r.code == 2 and "prefs.jsonl:22: id: duplicate id 'x' (first on line 4)" in r.err, r.err
+    # no id given: a hash of the three texts, so line 1's very pair again is a duplicate too
+    assert "prefs.jsonl:23: id: duplicate id" in r.err and "(first on line 1)" in r.err, r.err
+    assert not (home.datasets / "prefs").exists()
+
+
 def test_a_dpo_run_names_a_pairs_dataset_of_the_home(cli, home, tmp_path):
     from tunix_rt.train.config import TrainConfig
     from tunix_rt.train.driver import train

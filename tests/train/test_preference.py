@@ -364,11 +364,16 @@ def test_dpo_refuses_what_it_cannot_run(home, tmp_path):
     from tunix_rt.models.store import load_tokenizer
     from tunix_rt.train.preference import Preference
 
-    tok = load_tokenizer("tiny-gemma3", home)
+    # the config refuses these itself (the CLI and the job API build it before anything runs)
     for over, words in (({"finetune": "full"}, "finetune=lora"), ({"batch_size": 3}, "even batch_size"),
-                        ({"dataset": write_traces(tmp_path / "t.jsonl", 4)}, "pairs=rollouts")):
+                        ({"batch_size": 1}, "even batch_size"), ({"tools": ["calculator"]}, "takes no tools"),
+                        ({"packing": True}, "does not pack"), ({"pairs": "rollouts", "group_size": 1}, "group_size")):
         with pytest.raises(BadInput, match=words):
-            Preference(dpo_cfg(tmp_path, **over), home, tok)
+            dpo_cfg(tmp_path, **over)
+    dpo_cfg(tmp_path, batch_size=3, method="sft")  # the rules are method=dpo's only
+    tok = load_tokenizer("tiny-gemma3", home)
+    with pytest.raises(BadInput, match="pairs=rollouts"):  # a traces dataset is known once it is read
+        Preference(dpo_cfg(tmp_path, dataset=write_traces(tmp_path / "t.jsonl", 4)), home, tok)
     Preference(dpo_cfg(tmp_path, finetune="full", pref_loss="simpo"), home, tok)  # no reference: fine
 
 

@@ -35,7 +35,10 @@ class JobKind(str, Enum):
     trial = "trial"
 
 
-Scalar = str | int | float | bool | None | list[str]
+Leaf = str | int | float | bool | None
+Scalar = Leaf | list[str] | list[float] | dict[str, Leaf | dict[str, Leaf]]
+"""An override's value: what TrainConfig's fields hold (lists for tools and filter_pass_rate,
+mappings for rewards, rft_accept, curriculum and mesh), nested at most two deep."""
 
 
 class ImportParams(BaseModel):
@@ -77,6 +80,10 @@ class TrainParams(BaseModel):
             raise ValueError(f"preset {self.preset!r} is not a shipped preset")
         if "run_name" in self.overrides:
             raise ValueError("run_name is set by the job (job<ID>)")
+        rewards = self.overrides.get("rewards")
+        if isinstance(rewards, dict) and any(":" in str(k) for k in rewards):
+            raise ValueError("rewards: a module:function reward runs user code, which the job API refuses; "
+                             "use the registered rewards (tunix-rt train on the command line takes user rewards)")
         cfg = TrainConfig.load(self.preset, [f"{k}={_yaml_scalar(v)}" for k, v in self.overrides.items()])
         check_home_names(cfg)
         return cfg

@@ -224,7 +224,7 @@ def scan(
             if on_progress and lineno % 1000 == 0:
                 on_progress(f.tell())
             got = _to_trace(raw, lineno, ended, size, max_line_bytes, importer)
-            if isinstance(got, Trace) and got.id in first_line:
+            if not isinstance(got, list) and got.id in first_line:  # a trace or a pair
                 got = [("id", f"duplicate id {got.id!r} (first on line {first_line[got.id]})")]
             if isinstance(got, list):
                 result.errors.extend(LineError(label, lineno, fld, why, raw) for fld, why in got)

@@ -59,13 +59,9 @@ import numpy as np
 from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
-from tunix_rt.train.config import TrainConfig
+from tunix_rt.train.config import REFERENCE_LOSSES, TrainConfig
 from tunix_rt.train.data import SeededOrder, collate, position_of, position_state
 from tunix_rt.train.engine import NLL, Engine
-
-#: the losses that compare with the reference policy (the adapter-off model)
-REFERENCE_LOSSES = ("dpo", "ipo")
-
 
 @dataclass(frozen=True)
 class TokenPair:
@@ -162,7 +158,6 @@ class Preference:
 
     def __init__(self, cfg: TrainConfig, home: Home, tok):
         self.cfg, self.tok = cfg, tok
-        self._check(cfg)
         self.rl = None
         self.per_batch = cfg.batch_size // 2
         self.reference = cfg.pref_loss in REFERENCE_LOSSES
@@ -192,24 +187,6 @@ class Preference:
         per_epoch = math.ceil(len(self.train_pairs) / (self.per_batch * cfg.grad_accum))
         self.total_steps = cfg.max_steps if cfg.max_steps is not None else max(1, math.ceil(cfg.epochs * per_epoch))
         self.dataset = dataset_facts(cfg, ds, len(records), len(self.train_pairs), len(self.eval_pairs))
-
-    @staticmethod
-    def _check(cfg: TrainConfig) -> None:
-        """What method=dpo refuses before anything loads."""
-        if cfg.pref_loss in REFERENCE_LOSSES and cfg.finetune != "lora":
-            raise BadInput(f"config: pref_loss={cfg.pref_loss} compares with the reference policy, the model with "
-                           "the LoRA adapter off: it needs finetune=lora (no frozen second copy of the weights is "
-                           "kept); with finetune=full use pref_loss=simpo or orpo (no reference)")
-        if cfg.batch_size < 2 or cfg.batch_size % 2:
-            raise BadInput(f"config: batch_size counts sequences, and a pair is two (chosen, rejected): method=dpo "
-                           f"needs an even batch_size >= 2, got {cfg.batch_size}")
-        if cfg.tools:
-            raise BadInput("config: method=dpo takes no tools (tool-written tokens are not masked out of its pairs)")
-        if cfg.packing:
-            raise BadInput("config: method=dpo does not pack its pairs; set packing=false")
-        if cfg.pairs == "rollouts" and cfg.group_size < 2:
-            raise BadInput(f"config: pairs=rollouts pairs the best and worst of group_size completions: "
-                           f"group_size must be >= 2, got {cfg.group_size}")
 
     def _tokenize(self, records: list) -> tuple[list[TokenPair], int]:
         out = []
