@@ -35,15 +35,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tunix_rt.files import peak_rss_bytes
+from sides import alternate, print_result, run_worker  # benchmarks/ is sys.path[0]
 
-TAG = "BENCH_JSON "
 BETA, LR, RANK, ALPHA = 0.1, 1e-5, 16, 32.0
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -88,13 +85,9 @@ def prepare(args) -> Path:
 
 
 def run_side(side: str, data: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--warmup", str(args.warmup),
-           "--steps", str(args.steps), "--pairs", str(args.pairs)] + (["--remat"] if args.remat else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
-    line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
-    if r.returncode != 0 or line is None:
-        raise SystemExit(f"{side} failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
-    return json.loads(line[len(TAG):])
+    """One side's worker in its own process, given this run's step counts and settings."""
+    return run_worker(__file__, side, data, ["--warmup", str(args.warmup), "--steps", str(args.steps),
+                                             "--pairs", str(args.pairs)] + (["--remat"] if args.remat else []))
 
 
 # --------------------------------------------------------------------------- workers
@@ -174,9 +167,8 @@ def trl_worker(args, data: dict) -> dict:
 def worker(args) -> None:
     data = json.loads(Path(args.data).read_text())
     res = trl_worker(args, data) if args.worker == "trl" else ours_worker(args, data)
-    res.update({"side": args.worker, "pairs_per_s": args.pairs / statistics.median(res["step_s"]),
-                "peak_rss": peak_rss_bytes(), "cpu_s": time.process_time()})
-    print(TAG + json.dumps(res))
+    res["pairs_per_s"] = args.pairs / statistics.median(res["step_s"])
+    print_result(args.worker, res)
 
 
 # --------------------------------------------------------------------------- main
@@ -199,13 +191,12 @@ def main() -> None:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
     data = prepare(args)
     sides = ["ours", "trl"]
-    results: dict[str, list[dict]] = {s: [] for s in sides}
-    for r in range(args.rounds):
-        for side in (sides if r % 2 == 0 else sides[::-1]):
-            res = run_side(side, data, args)
-            results[side].append(res)
-            print(f"round {r + 1} {side:5s}: {statistics.median(res['step_s']):.2f} s/step, "
-                  f"{res['pairs_per_s']:.3f} pairs/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", flush=True)
+
+    def show(r: int, side: str, res: dict) -> None:
+        print(f"round {r + 1} {side:5s}: {statistics.median(res['step_s']):.2f} s/step, "
+              f"{res['pairs_per_s']:.3f} pairs/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", flush=True)
+
+    results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
     med = {s: {"pairs_per_s": statistics.median(x["pairs_per_s"] for x in v),
                "step_s": statistics.median(statistics.median(x["step_s"]) for x in v),
                "peak_rss": statistics.median(x["peak_rss"] for x in v)} for s, v in results.items()}

@@ -64,15 +64,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tunix_rt.files import peak_rss_bytes
+from sides import alternate, print_result, run_worker  # benchmarks/ is sys.path[0]
 
-TAG = "BENCH_JSON "
 G, NEW_TOKENS, BETA, LR = 4, 128, 0.04, 1e-6
 
 
@@ -110,14 +107,10 @@ def prepare(args) -> Path:
 
 
 def run_side(side: str, data: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--warmup", str(args.warmup),
-           "--steps", str(args.steps), "--prompts", str(args.prompts), "--micro-batch", str(args.micro_batch)]
-    cmd += ["--remat"] if args.remat else []
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
-    line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
-    if r.returncode != 0 or line is None:
-        raise SystemExit(f"{side} failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
-    return json.loads(line[len(TAG):])
+    """One side's worker in its own process, given this run's step counts and settings."""
+    flags = ["--warmup", str(args.warmup), "--steps", str(args.steps), "--prompts", str(args.prompts),
+             "--micro-batch", str(args.micro_batch)] + (["--remat"] if args.remat else [])
+    return run_worker(__file__, side, data, flags)
 
 
 # --------------------------------------------------------------------------- workers
@@ -304,10 +297,8 @@ def worker(args) -> None:
         res = tunix_worker(args, data)
     else:
         res = ours_worker(args, data, "torch" if args.worker == "ours" else "jax")
-    per_step = args.prompts * G
-    res.update({"side": args.worker, "completions_per_s": per_step / statistics.median(res["step_s"]),
-                "peak_rss": peak_rss_bytes(), "cpu_s": time.process_time()})
-    print(TAG + json.dumps(res))
+    res["completions_per_s"] = args.prompts * G / statistics.median(res["step_s"])
+    print_result(args.worker, res)
 
 
 # --------------------------------------------------------------------------- main
@@ -335,13 +326,12 @@ def main() -> None:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
     data = prepare(args)
     sides = [x for x in args.sides.split(",") if x]
-    results: dict[str, list[dict]] = {s: [] for s in sides}
-    for r in range(args.rounds):
-        for side in (sides if r % 2 == 0 else sides[::-1]):
-            res = run_side(side, data, args)
-            results[side].append(res)
-            print(f"round {r + 1} {side:5s}: {statistics.median(res['step_s']):.1f} s/step, "
-                  f"{res['completions_per_s']:.3f} completions/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", flush=True)
+
+    def show(r: int, side: str, res: dict) -> None:
+        print(f"round {r + 1} {side:5s}: {statistics.median(res['step_s']):.1f} s/step, "
+              f"{res['completions_per_s']:.3f} completions/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", flush=True)
+
+    results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
     med = {s: {"completions_per_s": statistics.median(x["completions_per_s"] for x in v),
                "step_s": statistics.median(statistics.median(x["step_s"]) for x in v),
                "peak_rss": statistics.median(x["peak_rss"] for x in v)} for s, v in results.items()}

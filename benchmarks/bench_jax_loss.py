@@ -37,15 +37,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from sides import alternate, print_result, run_worker  # benchmarks/ is sys.path[0]
+
 from tunix_rt.files import peak_rss_bytes
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
-
-TAG = "BENCH_JSON "
 
 
 def prepare(args) -> Path:
@@ -57,25 +55,18 @@ def prepare(args) -> Path:
 
 
 def run_side(side: str, data: Path, args) -> dict:
-    if side == "torch":  # the PyTorch engine's own step (bench_torch_vs_trl's worker)
-        cmd = [sys.executable, str(Path(__file__).with_name("bench_torch_vs_trl.py")), "--worker", "ours",
-               "--data", str(data), "--warmup", str(args.warmup), "--steps", str(args.steps)]
-        cmd += ["--ours-gc"] if args.remat else []
-    else:
-        cmd = [sys.executable, __file__, "--worker", side, "--data", str(data), "--seq", str(args.seq),
-               "--chunk-bytes", str(args.chunk_bytes), "--warmup", str(args.warmup)] + (["--remat"] if args.remat else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ})
-    line = next((x for x in r.stdout.splitlines() if x.startswith(TAG)), None)
-    if r.returncode != 0 or line is None:
-        raise SystemExit(f"{side} failed (exit {r.returncode}):\n{r.stderr[-4000:]}")
-    res = json.loads(line[len(TAG):])
-    if side == "torch":
-        steps = res["step_s"][args.warmup:]
-        tokens = res["tokens_per_s"] * sum(steps) / len(steps)  # real tokens per measured step
-        res = {"side": "torch", "step_s": statistics.median(steps), "tokens_per_s": res["tokens_per_s"],
-               "cpu_s_per_step": tokens / res["tokens_per_cpu_s"], "peak_rss": res["peak_rss_bytes"],
-               "rss_after_load": None, "losses": res["losses"]}
-    return res
+    """One side's worker in its own process; the `torch` side is bench_torch_vs_trl's `ours`
+    worker, its result put in this script's terms."""
+    if side != "torch":
+        return run_worker(__file__, side, data, ["--seq", str(args.seq), "--chunk-bytes", str(args.chunk_bytes),
+                                                 "--warmup", str(args.warmup)] + (["--remat"] if args.remat else []))
+    res = run_worker(Path(__file__).with_name("bench_torch_vs_trl.py"), "ours", data,
+                     ["--warmup", str(args.warmup), "--steps", str(args.steps)] + (["--ours-gc"] if args.remat else []))
+    steps = res["step_s"][args.warmup:]
+    tokens = res["tokens_per_s"] * sum(steps) / len(steps)  # real tokens per measured step
+    return {"side": "torch", "step_s": statistics.median(steps), "tokens_per_s": res["tokens_per_s"],
+            "cpu_s_per_step": tokens / res["tokens_per_cpu_s"], "peak_rss": res["peak_rss"],
+            "rss_after_load": None, "losses": res["losses"]}
 
 
 # --------------------------------------------------------------------------- worker
@@ -121,12 +112,10 @@ def worker(args) -> None:
     data = json.loads(Path(args.data).read_text())
     measure = engine_worker if args.worker == "ours" else tunix_worker
     times, cpu, losses, tokens, rss_loaded = measure(args, data, jax)
-    peak = peak_rss_bytes()
     step_s = statistics.median(times)
-    print(TAG + json.dumps({"side": args.worker, "step_s": step_s, "tokens_per_s": statistics.median(tokens) / step_s,
-                            "cpu_s_per_step": statistics.median(cpu),
-                            "peak_rss": peak, "rss_after_load": rss_loaded, "losses": losses,
-                            "cpu_s": time.process_time()}))
+    print_result(args.worker, {"step_s": step_s, "tokens_per_s": statistics.median(tokens) / step_s,
+                               "cpu_s_per_step": statistics.median(cpu), "rss_after_load": rss_loaded,
+                               "losses": losses})
 
 
 def _timed(steps, warmup, run_one):
@@ -226,15 +215,14 @@ def main() -> None:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
     data = prepare(args)
     sides = [x for x in args.sides.split(",") if x]
-    results: dict[str, list[dict]] = {s: [] for s in sides}
-    for r in range(args.rounds):
-        for side in (sides if r % 2 == 0 else sides[::-1]):
-            res = run_side(side, data, args)
-            results[side].append(res)
-            after = f" (after load {res['rss_after_load'] / 2**30:.2f})" if res["rss_after_load"] else ""
-            print(f"round {r + 1} {side:5s}: {res['step_s']:.2f} s/step ({res['cpu_s_per_step']:.1f} CPU-s), "
-                  f"{res['tokens_per_s']:.0f} tok/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB{after}, "
-                  f"first loss {res['losses'][0]:.5f}", flush=True)
+
+    def show(r: int, side: str, res: dict) -> None:
+        after = f" (after load {res['rss_after_load'] / 2**30:.2f})" if res["rss_after_load"] else ""
+        print(f"round {r + 1} {side:5s}: {res['step_s']:.2f} s/step ({res['cpu_s_per_step']:.1f} CPU-s), "
+              f"{res['tokens_per_s']:.0f} tok/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB{after}, "
+              f"first loss {res['losses'][0]:.5f}", flush=True)
+
+    results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
     keys = ("step_s", "cpu_s_per_step", "tokens_per_s", "peak_rss")
     med = {s: {k: statistics.median(x[k] for x in v) for k in keys} for s, v in results.items()}
     for s, v in results.items():

@@ -23,15 +23,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tunix_rt.files import peak_rss_bytes
-
-TAG = "BENCH_JSON "
+from sides import alternate, print_result, run_worker  # benchmarks/ is sys.path[0]
 
 
 # --------------------------------------------------------------------------- parent
@@ -59,14 +55,10 @@ def prepare(args) -> Path:
 
 
 def run_side(side: str, data: Path, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", side, "--data", str(data),
-           "--warmup", str(args.warmup), "--steps", str(args.steps)] + (["--trl-no-gc"] if args.trl_no_gc else [])
+    """One side's worker in its own process; adds the process's wall time, loading included."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"{side} worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    line = next(x for x in proc.stdout.splitlines() if x.startswith(TAG))
-    result = json.loads(line[len(TAG):])
+    result = run_worker(__file__, side, data, ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+                        + (["--trl-no-gc"] if args.trl_no_gc else []))
     result["wall_s"] = time.perf_counter() - t0
     return result
 
@@ -77,15 +69,14 @@ def main(args) -> None:
     tokens = [sum(len(e["ids"]) for e in s) for s in info["steps"]]
     print(f"model {info['model_dir']}; {args.warmup} warm-up + {args.steps} measured steps of batch {args.batch}, "
           f"seq <= {args.seq}; real tokens per step {tokens}; load avg {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    results: dict[str, list[dict]] = {"ours": [], "trl": []}
-    for r in range(args.rounds):
-        for side in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
-            res = run_side(side, data, args)
-            results[side].append(res)
-            print(f"  round {r + 1} {side:4s}: {res['step_s_mean']:.2f} s/step, {res['tokens_per_s']:.1f} tokens/s, "
-                  f"peak RSS {res['peak_rss_bytes'] / 2**30:.2f} GiB, last loss {res['last_loss']:.4f} "
-                  f"(load avg {os.getloadavg()[0]:.1f})", flush=True)
-    keys = ("tokens_per_s", "tokens_per_cpu_s", "step_s_mean", "peak_rss_bytes")
+
+    def show(r: int, side: str, res: dict) -> None:
+        print(f"  round {r + 1} {side:4s}: {res['step_s_mean']:.2f} s/step, {res['tokens_per_s']:.1f} tokens/s, "
+              f"peak RSS {res['peak_rss'] / 2**30:.2f} GiB, last loss {res['last_loss']:.4f} "
+              f"(load avg {os.getloadavg()[0]:.1f})", flush=True)
+
+    results = alternate(("ours", "trl"), args.rounds, lambda side: run_side(side, data, args), show)
+    keys = ("tokens_per_s", "tokens_per_cpu_s", "step_s_mean", "peak_rss")
     med = {side: {k: statistics.median(x[k] for x in rs) for k in keys}
            for side, rs in results.items()}
     print()
@@ -94,25 +85,24 @@ def main(args) -> None:
     for side in ("ours", "trl"):
         m = med[side]
         print(f"{names[side]:<22}{m['step_s_mean']:>10.2f}{m['tokens_per_s']:>12.1f}{m['tokens_per_cpu_s']:>14.1f}"
-              f"{m['peak_rss_bytes'] / 2**30:>15.2f}")
+              f"{m['peak_rss'] / 2**30:>15.2f}")
     speed = med["ours"]["tokens_per_s"] / med["trl"]["tokens_per_s"]
-    mem = med["ours"]["peak_rss_bytes"] / med["trl"]["peak_rss_bytes"]
+    mem = med["ours"]["peak_rss"] / med["trl"]["peak_rss"]
     cpu_speed = med["ours"]["tokens_per_cpu_s"] / med["trl"]["tokens_per_cpu_s"]
     print(f"RESULT speed_ratio={speed:.2f} mem_ratio={mem:.2f} cpu_speed_ratio={cpu_speed:.2f}")
 
 
 # --------------------------------------------------------------------------- workers
 
-def _report(step_times: list[float], tokens: list[int], losses: list[float], warmup: int,
+def _report(side: str, step_times: list[float], tokens: list[int], losses: list[float], warmup: int,
             cpu_times: list[float]) -> None:
     measured_t, measured_tok = step_times[warmup:], tokens[warmup:]
-    print(TAG + json.dumps({
+    print_result(side, {
         "tokens_per_s": sum(measured_tok) / sum(measured_t),
         "tokens_per_cpu_s": sum(measured_tok) / sum(cpu_times[warmup:]),
         "step_s_mean": sum(measured_t) / len(measured_t),
         "step_s": step_times, "losses": losses, "last_loss": losses[-1],
-        "peak_rss_bytes": peak_rss_bytes(),
-    }), flush=True)
+    })
 
 
 def worker_ours(data: dict, args) -> None:
@@ -141,7 +131,7 @@ def worker_ours(data: dict, args) -> None:
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
         losses.append(loss)
-    _report(times, [b.n_tokens for b in batches], losses, args.warmup, cpu)
+    _report("ours", times, [b.n_tokens for b in batches], losses, args.warmup, cpu)
 
 
 def worker_trl(data: dict, args) -> None:
@@ -186,7 +176,7 @@ def worker_trl(data: dict, args) -> None:
                          processing_class=tok, peft_config=lora, callbacks=[Timer()])
     trainer.train()
     tokens = [sum(len(e["ids"]) for e in s) for s in data["steps"]]
-    _report(times, tokens, losses or [float("nan")], args.warmup, cpu)
+    _report("trl", times, tokens, losses or [float("nan")], args.warmup, cpu)
 
 
 def parse() -> argparse.Namespace:
