@@ -24,7 +24,7 @@ arithmetic, whose top 52 bits m give U = (2m + 1) / 2**53, strictly inside (0, 1
 fp64 (so g lies in [-3.61, 36.74]). It is computed on the logits' device (torch tensors, no
 host round trip, no generator state), any subset of token ids can be drawn alone with the same
 bits as in the full draw, and U has the same bits on every device (the two fp64 logs are the
-device's own: CPU and CUDA may differ in g's last bit). The row's seed is a hash of (seed, the
+device's own, numpy's on the CPU, torch's on an accelerator: they may differ in g's last bit). The row's seed is a hash of (seed, the
 row's key, step). The key is the prompt's index unless the caller gives its own (RL seeds per
 train step, prompt and sample), so a row's noise does not depend on which prompts share its
 batch or which rows already finished.
@@ -162,7 +162,21 @@ def gumbel(seeds: Sequence[int], vocab: int, device=None, ids: "torch.Tensor | N
         b = min(len(seeds), a + step)
         fill(seed[a:b], off if ids.dim() == 1 else off[a:b], bits[a:b], x[: b - a], t[: b - a])
     # 1 + m / 2**52 minus 1 - 2**-53 is U = (2m + 1) / 2**53, exact, strictly inside (0, 1)
+    if cpu:  # numpy's fp64 log: 5x torch's on 262K entries, ~100x on a tiny model's 1K
+        _neg_log_neg_log(out.numpy())
+        return out
     return out.sub_(1 - 2.0 ** -53).log_().neg_().log_().neg_()  # -log(-log U)
+
+
+def _neg_log_neg_log(u) -> None:
+    """-log(-log U) in place on a numpy fp64 array holding 1 + m / 2**52 (see gumbel)."""
+    import numpy as np
+
+    np.subtract(u, 1 - 2.0 ** -53, out=u)
+    np.log(u, out=u)
+    np.negative(u, out=u)
+    np.log(u, out=u)
+    np.negative(u, out=u)
 
 
 def scores(z: "torch.Tensor", g: "torch.Tensor", temperature: float) -> "torch.Tensor":
