@@ -130,17 +130,19 @@ def test_tiny_grpo_step_rss_matches_the_plan_in_each_phase(home, tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # minutes when idle; past the suite's 900 s on a loaded 2-core machine
 def test_gemma3_270m_grpo_step_rss_matches_the_plan_in_each_phase(gemma3_270m, tmp_path):
-    """One GRPO step of Gemma 3 270M, LoRA, fp32, torch: 16 rollouts of 128 new tokens after
-    128-token prompts (max_seq_len 256), the update in micro-batches of 1 with remat, 8
-    held-out prompts decoded greedily. Measured (one run, 54 min on the shared 2-core
-    machine, 3 min of it CPU-bound work per phase): rollouts 2.304 GB for 2.434 predicted
+    """One GRPO step of Gemma 3 270M, LoRA, fp32, torch: 16 rollouts of 64 new tokens after
+    128-token prompts (max_seq_len 192), the update in micro-batches of 1 with remat, 8
+    held-out prompts decoded greedily. 64 tokens (128 until 2026-11-26: the suite's longest
+    test): a clean 2-core EPYC measured rollouts 2.751 GB for 2.652 (1.04), update 2.229 for
+    2.176 (1.02), held-out decode 2.739 for 2.501 (1.10), 90 s. With 128 tokens: measured
+    (one run, 54 min on the shared 2-core machine, 3 min of it CPU-bound work per phase): rollouts 2.304 GB for 2.434 predicted
     (0.95; the first step's rollouts have no AdamW state yet, 30 MB), update 2.038 for
     2.252 (0.90), the held-out decode 2.943 for 2.879 (1.02: the screen of the head is
     built from a full fp32 |head|, 671 MB), which is the run's peak: 2.943 for 2.879.
     A fresh clone (2026-11-26): rollouts 2.911 for 2.692 (1.08), update 2.484 for 2.332 (1.07),
     the held-out decode 2.905 for 2.520 (1.15: its phase starts at the RSS the rollouts left,
     plus the fresh venv's file-backed pages); hence 20%."""
-    fields = grpo_fields(str(gemma3_270m), write_questions(tmp_path / "q.jsonl", filler=28), 128,
+    fields = grpo_fields(str(gemma3_270m), write_questions(tmp_path / "q.jsonl", filler=28), 64,
                          batch_size=1, gradient_checkpointing=True, _threads=2)
     out = run_child(fields, tmp_path / "home", timeout=5400)
     assert out["details"]["peak_phase"] == "rollout" and out["details"]["rollout_decode"] == "rollouts"
