@@ -20,7 +20,7 @@ from tunix_rt.ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, Range, is_int, is_n
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
 from tunix_rt.train import engines
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
-from tunix_rt.train.methods import METHODS, rolls_out
+from tunix_rt.train.methods import METHODS, check_config, rolls_out
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -28,8 +28,6 @@ ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
 #: float scale per tile of the contracting axis (the memory plan's QBYTES knows these two)
 LORA_QTYPES = ("nf4", "int8")
 PREF_LOSSES = ("dpo", "ipo", "simpo", "orpo")
-#: the preference losses that compare with the reference policy (the adapter-off model)
-REFERENCE_LOSSES = ("dpo", "ipo")
 
 
 @dataclass
@@ -261,33 +259,13 @@ class TrainConfig:
         self._check_qlora()
         self._check_tools()
         self._check_rl()
-        self._check_dpo()
+        check_config(self)  # the method's own refusals, from its own file (train.methods)
         if isinstance(self.mesh, str) and self.mesh != "auto":
             raise BadInput(f"config: mesh must be 'auto' or a mapping like {{fsdp: 8, tp: 1}}, got {self.mesh!r}")
         if isinstance(self.mesh, dict):
             bad = {k: v for k, v in self.mesh.items() if k not in ("fsdp", "tp") or not is_int(v) or v < 1}
             if bad:
                 raise BadInput(f"config: mesh axes must be fsdp/tp with sizes >= 1, got {bad}")
-
-    def _check_dpo(self) -> None:
-        """What method=dpo refuses, at the door (the CLI and the job API build this config
-        before anything is queued or loaded)."""
-        if self.method != "dpo":
-            return
-        if self.pref_loss in REFERENCE_LOSSES and self.finetune != "lora":
-            raise BadInput(f"config: pref_loss={self.pref_loss} compares with the reference policy, the model with "
-                           "the LoRA adapter off: it needs finetune=lora (no frozen second copy of the weights is "
-                           "kept); with finetune=full use pref_loss=simpo or orpo (no reference)")
-        if self.batch_size < 2 or self.batch_size % 2:
-            raise BadInput(f"config: batch_size counts sequences, and a pair is two (chosen, rejected): method=dpo "
-                           f"needs an even batch_size >= 2, got {self.batch_size}")
-        if self.tools:
-            raise BadInput("config: method=dpo takes no tools (tool-written tokens are not masked out of its pairs)")
-        if self.packing:
-            raise BadInput("config: method=dpo does not pack its pairs; set packing=false")
-        if self.pairs == "rollouts" and self.group_size < 2:
-            raise BadInput(f"config: pairs=rollouts pairs the best and worst of group_size completions: "
-                           f"group_size must be >= 2, got {self.group_size}")
 
     def _check_ranges(self) -> None:
         """Every numeric field: a real number of its type (no NaN, no infinity) in its RANGES."""

@@ -49,6 +49,11 @@ class MethodSpec:
     """The update is an RL step over every rollout sequence (GRPO: P x G of them, with their
     per-token advantages); False: the method's own batches (rft's kept completions, dpo's
     pairs, distill's examples) at batch_size x grad_accum."""
+    check: str = ""
+    """"module:function" that takes a TrainConfig of this method and refuses what the method
+    cannot run (BadInput), called when the config is validated: the CLI and the job API
+    build the config before anything is queued or loaded, so the method's own rules, kept in
+    its own file, are checked at the door. "": none."""
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -56,7 +61,8 @@ METHODS: dict[str, MethodSpec] = {
     "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE), GROUPS, trains_on_rollouts=True),
     "rft": MethodSpec("tunix_rt.train.rft:RFT", (ROLLOUT, UPDATE), GROUPS),
     "distill": MethodSpec("tunix_rt.train.distill:Distill", (TEACHER, UPDATE), BATCH, ("kd_on_policy", True)),
-    "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,), GROUPS, ("pairs", "rollouts")),
+    "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,), GROUPS, ("pairs", "rollouts"),
+                      check="tunix_rt.train.preference:check_config"),
 }
 
 
@@ -102,6 +108,14 @@ def rolls_out(method: str) -> bool:
 def uses_teacher(method: str) -> bool:
     """Whether a step of the method runs a frozen teacher beside the model (distillation)."""
     return TEACHER in METHODS[method].phases
+
+
+def check_config(cfg: Any) -> None:
+    """The method's own refusals of a validated TrainConfig (MethodSpec.check)."""
+    spec = METHODS[cfg.method]
+    if spec.check:
+        module, fn = spec.check.split(":")
+        getattr(importlib.import_module(module), fn)(cfg)
 
 
 def method_class(method: str) -> type:

@@ -59,9 +59,31 @@ import numpy as np
 from tunix_rt.errors import BadInput
 from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
-from tunix_rt.train.config import REFERENCE_LOSSES, TrainConfig
+from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import SeededOrder, collate, position_of, position_state
 from tunix_rt.train.engine import NLL, Engine
+
+#: the losses that compare with the reference policy (the adapter-off model)
+REFERENCE_LOSSES = ("dpo", "ipo")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """What method=dpo refuses, called by TrainConfig's validation (train.methods: the
+    MethodSpec's check), so the CLI and the job API refuse it before anything runs."""
+    if cfg.pref_loss in REFERENCE_LOSSES and cfg.finetune != "lora":
+        raise BadInput(f"config: pref_loss={cfg.pref_loss} compares with the reference policy, the model with "
+                       "the LoRA adapter off: it needs finetune=lora (no frozen second copy of the weights is "
+                       "kept); with finetune=full use pref_loss=simpo or orpo (no reference)")
+    if cfg.batch_size < 2 or cfg.batch_size % 2:
+        raise BadInput(f"config: batch_size counts sequences, and a pair is two (chosen, rejected): method=dpo "
+                       f"needs an even batch_size >= 2, got {cfg.batch_size}")
+    if cfg.tools:
+        raise BadInput("config: method=dpo takes no tools (tool-written tokens are not masked out of its pairs)")
+    if cfg.packing:
+        raise BadInput("config: method=dpo does not pack its pairs; set packing=false")
+    if cfg.pairs == "rollouts" and cfg.group_size < 2:
+        raise BadInput(f"config: pairs=rollouts pairs the best and worst of group_size completions: "
+                       f"group_size must be >= 2, got {cfg.group_size}")
 
 @dataclass(frozen=True)
 class TokenPair:
