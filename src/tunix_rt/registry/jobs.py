@@ -80,11 +80,12 @@ class TrainParams(BaseModel):
             raise ValueError(f"preset {self.preset!r} is not a shipped preset")
         if "run_name" in self.overrides:
             raise ValueError("run_name is set by the job (job<ID>)")
-        rewards = self.overrides.get("rewards")
-        if isinstance(rewards, dict) and any(":" in str(k) for k in rewards):
+        cfg = TrainConfig.load(self.preset, [f"{k}={_yaml_scalar(v)}" for k, v in self.overrides.items()])
+        from tunix_rt.train.rewards import is_user_reward
+
+        if any(is_user_reward(name) for name in cfg.rewards):
             raise ValueError("rewards: a module:function reward runs user code, which the job API refuses; "
                              "use the registered rewards (tunix-rt train on the command line takes user rewards)")
-        cfg = TrainConfig.load(self.preset, [f"{k}={_yaml_scalar(v)}" for k, v in self.overrides.items()])
         check_home_names(cfg)
         return cfg
 

@@ -127,9 +127,16 @@ RewardFactory = Callable[..., Reward]
 _REGISTRY: dict[str, RewardFactory] = {}
 
 
+def is_user_reward(name: str) -> bool:
+    """`name` names a user's function (`module:function`, imported when resolved: user code),
+    not a registered reward. The one rule for it: registration refuses such names, the config
+    resolves them by import, and the job API refuses them (no user code from HTTP)."""
+    return ":" in str(name)
+
+
 def register_reward(name: str, factory: RewardFactory) -> None:
     """Make `name` usable in a config: `factory(**params)` builds the reward."""
-    if not name or ":" in name:
+    if not name or is_user_reward(name):
         raise BadInput(f"reward name {name!r}: must be non-empty and without ':' (reserved for module:function)")
     if name in _REGISTRY:
         raise BadInput(f"reward {name!r} is already registered")
@@ -309,7 +316,7 @@ def _term(name: Any, value: Any, source: str) -> RewardTerm:
 def _check_params(term: RewardTerm) -> None:
     """The name is registered (or module:function, which takes no parameters) and the
     parameters bind to its factory's signature."""
-    if ":" in term.name:
+    if is_user_reward(term.name):
         if term.params:
             raise BadInput(f"reward {term.name!r}: a module:function reward takes no parameters "
                            f"(got {sorted(term.params)}); register a factory for parameters")
@@ -325,7 +332,7 @@ def _check_params(term: RewardTerm) -> None:
 
 def _resolve(term: RewardTerm) -> Reward:
     _check_params(term)  # a spec may be built by hand, not only from a mapping
-    if ":" in term.name:
+    if is_user_reward(term.name):
         return _import_function(term.name)
     return _REGISTRY[term.name](**term.params)
 
