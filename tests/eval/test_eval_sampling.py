@@ -192,9 +192,41 @@ def test_screened_sampling_equals_full_logits(softcap, temperature):
             g = _noise(8, 5003, seed=seed)
             for f in FILTERS:
                 cfg = DecodeConfig(temperature=temperature, **f)
-                assert torch.equal(screen.sample(x, g, cfg), sample_full(z, g, cfg)), (scale, seed, f)
+                want = sample_full(z, g, cfg)
+                assert torch.equal(screen.sample(x, g, cfg), want), (scale, seed, f)
+                lazy = sampling.Noise([row_seed(seed, r, 0) for r in range(8)], 5003)  # drawn where looked at
+                assert torch.equal(screen.sample(x, lazy, cfg), want), (scale, seed, f, "lazy")
     assert_screened(screen, 8)
     assert screen.candidates / max(1, screen.steps) < 0.5 * head.shape[0]  # it screens
+
+
+def test_lazy_noise_has_the_full_draws_bits_and_draws_only_what_is_looked_at():
+    """sampling.Noise: its entries in any order, at shared or per-row ids and per row are the
+    full draw's; the screened head draws no full row for a plain or top-k draw (only the
+    screen's order, or only the rescored ids), and its ids equal full logits'."""
+    seeds = [row_seed(3, r, 7) for r in range(4)]
+    full = gumbel(seeds, 5003)
+    lazy = sampling.Noise(seeds, 5003)
+    perm = torch.randperm(5003, generator=torch.Generator().manual_seed(0))
+    per_row = torch.randint(0, 5003, (4, 9), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(lazy.at(perm), full[:, perm])
+    assert torch.equal(lazy.at(per_row), full.gather(1, per_row))
+    assert torch.equal(lazy.row(2, perm[:11]), full[2, perm[:11]])
+    assert lazy._full is None and lazy.rows == 4
+    assert torch.equal(lazy.full(), full) and lazy.full() is lazy.full()  # drawn once
+    wrapped = sampling.Noise.of(full)
+    assert sampling.Noise.of(wrapped) is wrapped and torch.equal(wrapped.at(perm), full[:, perm])
+    assert torch.equal(wrapped.row(1, perm[:5]), full[1, perm[:5]]) and wrapped.rows == 4
+
+    head = near_tie_head(5003, 64, seed=31)
+    screen = ScreenedArgmax(head, groups=8, pad_cols=1)
+    x = aimed_inputs(head, 4, seed=32)
+    for cfg in (DecodeConfig(temperature=1.0), DecodeConfig(temperature=0.7, top_k=20, top_p=0.9)):
+        lazy = sampling.Noise(seeds, 5003)
+        screen.full_rows = 0
+        assert torch.equal(screen.sample(x, lazy, cfg), sample_full(x @ head.t(), full, cfg)), cfg
+        if screen.kernel_exact(4):
+            assert screen.full_rows == 0 and lazy._full is None, cfg  # no [B, vocab] draw
 
 
 def _noise_giving(score: torch.Tensor, z: torch.Tensor, t: float) -> torch.Tensor:

@@ -205,9 +205,10 @@ class LeanGemma:
         """Feed one token per row ([B]); returns the next-token logits [B, vocab] (fp32)."""
         return self._logits(self._hidden(tokens, st))
 
-    def step_pick(self, tokens: "torch.Tensor", st: DecodeState, cfg, noise: "torch.Tensor | None") -> "torch.Tensor":
+    def step_pick(self, tokens: "torch.Tensor", st: DecodeState, cfg, noise) -> "torch.Tensor":
         """Feed one token per row; returns the next token of each row ([B]): greedy when
-        `cfg.greedy`, else drawn with the Gumbel noise [B, vocab] (tunix_rt.eval.sampling).
+        `cfg.greedy`, else drawn with the Gumbel noise (a [B, vocab] tensor or a lazy
+        `sampling.Noise`, tunix_rt.eval.sampling).
         The same ids as `step(...)` then argmax / `sample_full`, through the int8-screened
         head where it applies (tunix_rt.eval.screened_head: a proven bound, then exact fp32
         logits)."""

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from tunix_rt.errors import BadInput, TunixRtError
-from tunix_rt.eval.sampling import Key, check_keys, gumbel, row_seed, sample_full
+from tunix_rt.eval.sampling import Key, Noise, check_keys, row_seed, sample_full
 from tunix_rt.ranges import AT_LEAST_0, AT_LEAST_1, Range, number_problem
 from tunix_rt.tools import check_tools, closed_call, respond
 
@@ -320,8 +320,9 @@ class TorchGenerator:
         stop = torch.tensor(self.stop_ids, device=dev)
         vocab = logits.shape[-1]
 
-        def noise(step: int):  # the rows alive now, each from its own (seed, key, step), on dev
-            return None if cfg.greedy else gumbel([row_seed(cfg.seed, keys[r], step) for r in alive], vocab, dev)
+        def noise(step: int):  # the rows alive now, each from its own (seed, key, step), on dev;
+            # drawn where a path looks (the screened head draws few or none of the full rows)
+            return None if cfg.greedy else Noise([row_seed(cfg.seed, keys[r], step) for r in alive], vocab, dev)
 
         nxt = pick(logits, cfg, noise(0))
         for step in range(cfg.max_new_tokens):
@@ -378,7 +379,7 @@ def position_ids(mask: "torch.Tensor") -> "torch.Tensor":
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def pick(logits: "torch.Tensor", cfg: DecodeConfig, noise: "torch.Tensor | None") -> "torch.Tensor":
+def pick(logits: "torch.Tensor", cfg: DecodeConfig, noise: "Noise | torch.Tensor | None") -> "torch.Tensor":
     """Next token of each row from full logits: argmax, or the Gumbel-max draw with `noise`."""
     if cfg.greedy:
         return logits.argmax(dim=-1)

@@ -168,6 +168,53 @@ def gumbel(seeds: Sequence[int], vocab: int, device=None, ids: "torch.Tensor | N
     return out.sub_(1 - 2.0 ** -53).log_().neg_().log_().neg_()  # -log(-log U)
 
 
+class Noise:
+    """One decode step's noise for a batch of rows, drawn only where a path looks: the
+    [B, vocab] draw `gumbel(seeds, vocab)` defines, as full rows (full logits need them all),
+    in another order (the screened head's, `at(perm)`: no gather of a [B, vocab] fp64 tensor)
+    or at a few ids (the rescored tokens of a top-k or top-p draw: no full draw at all). Every
+    entry has the bits of the full draw's (the counter-based noise: any subset alone is the same
+    numbers). Built from the rows' seeds, or around a ready tensor (`of`)."""
+
+    def __init__(self, seeds: Sequence[int], vocab: int, device=None):
+        self.seeds = [int(s) for s in seeds]
+        self.vocab = vocab
+        self.device = device
+        self._full: "torch.Tensor | None" = None
+
+    @classmethod
+    def of(cls, g: "Noise | torch.Tensor") -> "Noise":
+        """`g` as a Noise: a Noise stays itself; a [B, vocab] tensor is its full draw."""
+        if isinstance(g, Noise):
+            return g
+        noise = cls([], g.shape[-1], g.device)
+        noise._full = g
+        return noise
+
+    @property
+    def rows(self) -> int:
+        return len(self.seeds) if self._full is None else self._full.shape[0]
+
+    def full(self) -> "torch.Tensor":
+        """[B, vocab] fp64, drawn once."""
+        if self._full is None:
+            self._full = gumbel(self.seeds, self.vocab, self.device)
+        return self._full
+
+    def at(self, ids: "torch.Tensor") -> "torch.Tensor":
+        """[B, n] at token ids ([n] for every row, or [B, n]): the full draw's entries there."""
+        if self._full is not None:
+            ids = ids.to(self._full.device)
+            return self._full.index_select(1, ids) if ids.dim() == 1 else self._full.gather(1, ids)
+        return gumbel(self.seeds, self.vocab, self.device, ids=ids)
+
+    def row(self, r: int, ids: "torch.Tensor") -> "torch.Tensor":
+        """[n]: row r's noise at token ids [n]."""
+        if self._full is not None:
+            return self._full[r, ids.to(self._full.device)]
+        return gumbel(self.seeds[r: r + 1], self.vocab, self.device, ids=ids)[0]
+
+
 def _neg_log_neg_log(u) -> None:
     """-log(-log U) in place on a numpy fp64 array holding 1 + m / 2**52 (see gumbel)."""
     import numpy as np
@@ -226,13 +273,13 @@ def allowed_ids(z: "torch.Tensor", cfg) -> list["torch.Tensor"]:
     return out
 
 
-def sample_full(z: "torch.Tensor", g: "torch.Tensor", cfg) -> "torch.Tensor":
-    """The draw of each row from full logits z [B, V] (fp32) and noise g [B, V] (fp64):
-    argmax of z / T + g over the allowed tokens, the first maximum on ties. Computed on z's
-    device (g is moved there if it is elsewhere)."""
+def sample_full(z: "torch.Tensor", g: "Noise | torch.Tensor", cfg) -> "torch.Tensor":
+    """The draw of each row from full logits z [B, V] (fp32) and noise g [B, V] (fp64, or a
+    Noise): argmax of z / T + g over the allowed tokens, the first maximum on ties. Computed on
+    z's device (g is moved there if it is elsewhere)."""
     import torch
 
-    g = g.to(z.device)
+    g = Noise.of(g).full().to(z.device)
     top_k = 0 < cfg.top_k < z.shape[-1]
     if cfg.top_p >= 1.0:
         s = scores(z, g, cfg.temperature)

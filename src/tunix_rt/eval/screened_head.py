@@ -66,7 +66,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tunix_rt.eval.sampling import allowed_ids, sample_full, scores
+from tunix_rt.eval.sampling import Noise, allowed_ids, sample_full, scores
 
 if TYPE_CHECKING:
     import torch
@@ -360,9 +360,11 @@ class ScreenedArgmax:
     # -----------------------------------------------------------------------------------
     # Sampling
 
-    def sample(self, x: "torch.Tensor", g: "torch.Tensor", cfg) -> "torch.Tensor":
+    def sample(self, x: "torch.Tensor", g: "Noise | torch.Tensor", cfg) -> "torch.Tensor":
         """The sampled next token of each row of x [B, D] with Gumbel noise g [B, vocab]
-        (fp64): the same ids as `sampling.sample_full(full logits, g, cfg)`.
+        (fp64, or a `sampling.Noise`, which draws only what is looked at: in the screen's order
+        without top-k/top-p, at the rescored ids with them): the same ids as
+        `sampling.sample_full(full logits, g, cfg)`.
 
         - top-k: only a token whose upper bound reaches the k-th largest lower bound can be in
           the top-k; those are rescored and the top-k (and top-p within it) decided on their
@@ -373,6 +375,7 @@ class ScreenedArgmax:
           taken only where it is the same at both ends (else that row takes full logits).
         - neither: a token whose upper bound / T + g cannot reach the best lower bound / T + g
           cannot be drawn; the rest are rescored."""
+        g = Noise.of(g)
         top_k = 0 < cfg.top_k < self.vocab
         top_p_alone = cfg.top_p < 1.0 and not top_k
         ap = self.approx(x, fine=top_p_alone) if self.certify_top_p or not top_p_alone else None
@@ -385,18 +388,18 @@ class ScreenedArgmax:
             return self._sample_top_k(x, g, cfg, up, span)
         return self._sample_gumbel(x, g, cfg, up, span, ap)
 
-    def _sample_gumbel(self, x, g, cfg, up, span, ap: Approx) -> "torch.Tensor":
+    def _sample_gumbel(self, x, g: Noise, cfg, up, span, ap: Approx) -> "torch.Tensor":
         b, t = x.shape[0], cfg.temperature
-        score = up.div_(t).add_(g.index_select(1, self.perm).view_as(up))  # upper bounds on z/T + g
+        score = up.div_(t).add_(g.at(self.perm).view_as(up))  # upper bounds on z/T + g
         best = (score.amax(2) - span / t).amax(1)  # a lower bound on each row's best score
         # |z / T + g| <= (||x||·nw + err) / T + 1e3 (-log of a positive double is below 745)
         slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
         tokens, n = self._union((score >= (best - slack)[:, None, None]).view(b, -1))
-        pick = scores(self.exact_logits(x, tokens), g[:, tokens], t).argmax(dim=1)
+        pick = scores(self.exact_logits(x, tokens), g.at(tokens), t).argmax(dim=1)
         self._count(b, n)
         return tokens[pick]
 
-    def _sample_top_k(self, x, g, cfg, up, span) -> "torch.Tensor":
+    def _sample_top_k(self, x, g: Noise, cfg, up, span) -> "torch.Tensor":
         import torch
 
         b = x.shape[0]
@@ -404,12 +407,12 @@ class ScreenedArgmax:
         kth = torch.topk(lo, cfg.top_k, dim=1).values[:, -1]
         tokens, n = self._union(up.view(b, -1) >= kth[:, None])
         z = self.exact_logits(x, tokens)
-        picks = [tokens[ids[scores(z[r, ids], g[r, tokens[ids]], cfg.temperature).argmax()]]
+        picks = [tokens[ids[scores(z[r, ids], g.row(r, tokens[ids]), cfg.temperature).argmax()]]
                  for r, ids in enumerate(allowed_ids(z, cfg))]
         self._count(b, n)
         return torch.stack(picks)
 
-    def _sample_top_p(self, x, g, cfg, up, span) -> "torch.Tensor":
+    def _sample_top_p(self, x, g: Noise, cfg, up, span) -> "torch.Tensor":
         import torch
 
         b, t = x.shape[0], cfg.temperature
@@ -430,7 +433,7 @@ class ScreenedArgmax:
                 nucleus = self._certify(zr, (tail.m[r], out_lo[r], out_hi[r], cut[r]), cfg)
                 if nucleus is not None:
                     ids = ids[nucleus]
-                    picks[r] = ids[scores(zr[nucleus], g[r, ids], t).argmax()]
+                    picks[r] = ids[scores(zr[nucleus], g.row(r, ids), t).argmax()]
             pending = [r for r in pending if picks[r] is None]
             if not pending:
                 break
