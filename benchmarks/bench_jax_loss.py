@@ -6,7 +6,13 @@
 Gemma 3 270M (real weights, `ensure_model("gemma3-270m")`), GSM8K traces rendered by
 tunix_rt.render (longer than --seq dropped), qwix LoRA r=16 alpha=32 on all projections,
 batch 4 x 256 (every batch padded to 256), fp32, CPU, AdamW at constant lr 2e-4, the
-same batches in the same order on both sides. Only the loss differs:
+same batches in the same order on both sides. `--pad longest` hands the JAX engine each
+batch padded to its longest row instead, as training's collator does (the engine then pads
+it to its 64-token width bucket, one compilation per bucket; the torch side always pads to
+the longest row): the fair setting against `torch`. A step that compiles a new bucket has
+its compilation time (jax.monitoring's trace, lowering and backend-compile durations)
+taken out of its wall and CPU time, and the seconds taken out are printed: a training run
+compiles each bucket once. Only the loss differs:
 
 - tunix: `peft_trainer._default_loss_fn` (full [B, L, V] logits, log_softmax, one-hot);
   its target mask is our loss mask (the model turn), so both compute the same number;
@@ -59,14 +65,15 @@ def run_side(side: str, data: Path, args) -> dict:
     worker, its result put in this script's terms."""
     if side != "torch":
         return run_worker(__file__, side, data, ["--seq", str(args.seq), "--chunk-bytes", str(args.chunk_bytes),
-                                                 "--warmup", str(args.warmup)] + (["--remat"] if args.remat else []))
+                                                 "--warmup", str(args.warmup), "--pad", args.pad]
+                          + (["--remat"] if args.remat else []))
     res = run_worker(Path(__file__).with_name("bench_torch_vs_trl.py"), "ours", data,
                      ["--warmup", str(args.warmup), "--steps", str(args.steps)] + (["--ours-gc"] if args.remat else []))
     steps = res["step_s"][args.warmup:]
     tokens = res["tokens_per_s"] * sum(steps) / len(steps)  # real tokens per measured step
     return {"side": "torch", "step_s": statistics.median(steps), "tokens_per_s": res["tokens_per_s"],
             "cpu_s_per_step": tokens / res["tokens_per_cpu_s"], "peak_rss": res["peak_rss"],
-            "rss_after_load": None, "losses": res["losses"]}
+            "rss_after_load": None, "losses": res["losses"], "compile_s_taken_out": 0.0}
 
 
 # --------------------------------------------------------------------------- worker
@@ -111,28 +118,55 @@ def worker(args) -> None:
     tune_cpu_allocator()  # as the JAX engine does on a CPU
     data = json.loads(Path(args.data).read_text())
     measure = engine_worker if args.worker == "ours" else tunix_worker
-    times, cpu, losses, tokens, rss_loaded = measure(args, data, jax)
+    compiled = _compile_clock(jax)
+    times, cpu, losses, tokens, rss_loaded = measure(args, data, jax, compiled)
     step_s = statistics.median(times)
     print_result(args.worker, {"step_s": step_s, "tokens_per_s": statistics.median(tokens) / step_s,
                                "cpu_s_per_step": statistics.median(cpu), "rss_after_load": rss_loaded,
-                               "losses": losses})
+                               "losses": losses, "compile_s_taken_out": compiled.taken_out})
 
 
-def _timed(steps, warmup, run_one):
+class _compile_clock:
+    """Seconds JAX spent compiling so far (tracing, lowering to MLIR, XLA's backend compile),
+    from jax.monitoring's duration events; `taken_out` sums what _timed removed from measured
+    steps."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self, jax):
+        self.total = 0.0
+        self.taken_out = 0.0
+        jax.monitoring.register_event_duration_secs_listener(self._on)
+
+    def _on(self, name, secs, **_kw):
+        if name in self.EVENTS:
+            self.total += secs
+
+    def __call__(self) -> float:
+        return self.total
+
+
+def _timed(steps, warmup, run_one, compiled: "_compile_clock | None" = None):
+    """Per measured step: wall and CPU seconds (less any compilation inside it), the loss, the
+    real tokens."""
     times, cpu, losses, tokens = [], [], [], []
     for i, step in enumerate(steps):
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, k0 = time.perf_counter(), time.process_time(), compiled() if compiled else 0.0
         loss = float(run_one(step))
         dt, dc = time.perf_counter() - t0, time.process_time() - c0
         losses.append(loss)
         if i >= warmup:
-            times.append(dt)
-            cpu.append(dc)
+            k = (compiled() - k0) if compiled else 0.0  # a new width bucket compiled in this step
+            if compiled:
+                compiled.taken_out += k
+            times.append(dt - k)
+            cpu.append(max(dc - k, 0.0))
             tokens.append(sum(len(e["ids"]) for e in step))
     return times, cpu, losses, tokens
 
 
-def engine_worker(args, data, jax):
+def engine_worker(args, data, jax, compiled):
     """The JAX engine's own step: LoRA r16, AdamW at a constant 2e-4, our loss."""
     from types import SimpleNamespace
 
@@ -147,12 +181,16 @@ def engine_worker(args, data, jax):
     engine.devices()
     engine.setup(Path(data["model_dir"]), SimpleNamespace(pad_id=data["pad_id"]))
     rss_loaded = peak_rss_bytes()
+    def width(step) -> int:  # --pad longest: as training's collator pads; the engine buckets it
+        return args.seq if args.pad == "seq" else max(len(e["ids"]) for e in step)
+
     out = _timed(data["steps"], args.warmup,
-                 lambda step: engine.train_step([engine_batch(step, args.seq, data["pad_id"])], NLL, 2e-4).loss)
+                 lambda step: engine.train_step([engine_batch(step, width(step), data["pad_id"])], NLL, 2e-4).loss,
+                 compiled)
     return (*out, rss_loaded)
 
 
-def tunix_worker(args, data, jax):
+def tunix_worker(args, data, jax, compiled):
     """Tunix's PeftTrainer as shipped (its jitted step, its default loss) on the same LoRA."""
     import optax
     from tunix.sft import peft_trainer, utils
@@ -184,7 +222,7 @@ def tunix_worker(args, data, jax):
             batch = {k: jax.numpy.asarray(v) for k, v in batch_arrays(step, args.seq, data["pad_id"]).items()}
             return step_fn(batch)[0]
 
-        out = _timed(data["steps"], args.warmup, run_one)
+        out = _timed(data["steps"], args.warmup, run_one, compiled)
     return (*out, rss_loaded)
 
 
@@ -204,6 +242,9 @@ def main() -> None:
     ap.add_argument("--remat", action="store_true",
                     help="gradient checkpointing on every side (JAX: tunix_rt.models.jax_remat, which holds on "
                          "CPU; torch: the engine's gradient_checkpointing)")
+    ap.add_argument("--pad", choices=("seq", "longest"), default="seq",
+                    help="the JAX engine's batches: padded to --seq (as tunix's), or to the longest row as "
+                         "training's collator pads them (the engine buckets the width; the fair setting against torch)")
     ap.add_argument("--sides", default="ours,tunix,torch",
                     help="ours (JAX engine, our loss), tunix (JAX engine, Tunix's default loss), torch (the PyTorch engine)")
     ap.add_argument("--worker", choices=("ours", "tunix"), help=argparse.SUPPRESS)
@@ -220,7 +261,9 @@ def main() -> None:
         after = f" (after load {res['rss_after_load'] / 2**30:.2f})" if res["rss_after_load"] else ""
         print(f"round {r + 1} {side:5s}: {res['step_s']:.2f} s/step ({res['cpu_s_per_step']:.1f} CPU-s), "
               f"{res['tokens_per_s']:.0f} tok/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB{after}, "
-              f"first loss {res['losses'][0]:.5f}", flush=True)
+              f"first loss {res['losses'][0]:.5f}"
+              + (f", compilation taken out {res['compile_s_taken_out']:.1f} s" if res["compile_s_taken_out"] else ""),
+              flush=True)
 
     results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
     keys = ("step_s", "cpu_s_per_step", "tokens_per_s", "peak_rss")
@@ -228,7 +271,8 @@ def main() -> None:
     for s, v in results.items():
         loaded = [x["rss_after_load"] for x in v if x["rss_after_load"]]
         med[s]["rss_after_load"] = statistics.median(loaded) if loaded else None
-    print(f"\nGemma 3 270M, LoRA r16 on all projections, batch {args.batch} x {args.seq}, fp32, CPU, AdamW 2e-4, "
+    print(f"\nGemma 3 270M, LoRA r16 on all projections, batch {args.batch} x {args.seq} "
+          f"({'JAX engine: longest row, bucketed' if args.pad == 'longest' else 'padded'}), fp32, CPU, AdamW 2e-4, "
           f"{args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); our chunks {args.chunk_bytes / 2**20:g} MiB of logits; "
           f"gradient checkpointing {'on' if args.remat else 'off'}")
     names = {"ours": "jax+ours", "tunix": "jax+tunix", "torch": "torch eng."}

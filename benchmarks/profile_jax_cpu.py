@@ -406,7 +406,7 @@ def jax_worker(args, data: dict) -> dict:
     record = {"walls": [], "cpu": [], "load": []}
     instrument(JaxEngine, len(data["steps"]), Profile, record)
     bench_worker(argparse.Namespace(data=args.data, worker="ours", seq=args.seq, chunk_bytes=args.chunk_bytes,
-                                    remat=args.remat, warmup=args.warmup))
+                                    remat=args.remat, warmup=args.warmup, pad=args.pad))
     xplane = glob.glob(os.path.join(trace, "**", "*.xplane.pb"), recursive=True)[0]
     spans = thunk_spans(events_of(xplane))
     out = summarize_jax(spans, load_modules(dump), record["walls"][-1], args.top)
@@ -522,6 +522,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--chunk-bytes", type=int, default=None, help="our loss's chunk (default: the config's)")
     ap.add_argument("--remat", action="store_true", help="gradient checkpointing on both sides (as bench_jax_loss)")
+    ap.add_argument("--pad", choices=("seq", "longest"), default="seq",
+                    help="the JAX side's batches: padded to --seq, or to the longest row (bucketed by the engine), "
+                         "as bench_jax_loss --pad")
     ap.add_argument("--sides", default="jax,torch")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--xla-flags", default="", help="added to XLA_FLAGS of the JAX side")
@@ -547,7 +550,7 @@ def main() -> None:
     for side in [x for x in args.sides.split(",") if x]:
         out = data.with_name(f"profile-{side}.json")
         flags = ["--out", str(out), "--seq", str(args.seq), "--chunk-bytes", str(args.chunk_bytes), "--warmup",
-                 str(args.warmup), "--top", str(args.top), f"--xla-flags={args.xla_flags}"] + (["--remat"] if args.remat else [])
+                 str(args.warmup), "--top", str(args.top), "--pad", args.pad, f"--xla-flags={args.xla_flags}"] + (["--remat"] if args.remat else [])
         run_worker(__file__, side, data, flags)
         res[side] = json.loads(out.read_text())
         print(f"{side}: step walls {', '.join(f'{w:.2f}' for w in res[side]['step_walls'])} s "
