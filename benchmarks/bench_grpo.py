@@ -52,10 +52,34 @@ order of our GRPO method (seeded), written once by the parent.
 
 Each side runs in its own subprocess (its peak RSS is its own, model loading included); the
 sides alternate over rounds. A step's time covers everything: generation, rewards, reference
-pass and update. completions/s = completions of the measured steps / their wall time. The
-last line: `RESULT speed_ratio=<ours/TRL completions/s> mem_ratio=<ours/TRL peak RSS> ...
-tunix_speed_ratio=<JAX engine/Tunix completions/s> tunix_mem_ratio=<JAX engine/Tunix peak RSS>`
-(medians over rounds; each pair only when both of its sides ran).
+pass and update. The first --warmup steps are run and not measured; the figures are those of
+the --steps measured steps: s/step their median; completions/s, tokens/s and s/1k tokens the
+totals of the measured steps over their summed wall time (`summarize`); then the median over
+rounds. Every measured step's own time and tokens are printed too.
+
+The sides sample different completions (different RNGs), and a step's cost grows with how long
+they run, so each side also counts its completion tokens per step: every sampled token of each
+completion up to and including its stop token, or up to the 128-token cap when none came:
+- ours, jax: our GRPO method's `completion_tokens` row (the mean of `Generation.n_tokens` =
+  len(ids), stop id included) times the step's P x G completions;
+- trl: GRPOTrainer's logged `completions/mean_length` (the mean of len(completion_ids), which
+  its mask keeps up to and including the first of its eos ids) times P x G (`trl_step_tokens`);
+  TRL stops at its model's generation_config eos ids plus the tokenizer's eos (printed): on
+  Gemma 3 270M these are ours, <eos> and <end_of_turn>, on the tiny test model only <eos>;
+- tunix: the lengths of the completions Tunix's rollout returns (noted from the learner's own
+  `RLCluster.generate` call), each plus 1 when shorter than the cap: its sampler cuts before
+  the stop token, so the stop is added back (`tunix_step_tokens`). (Tunix's own logged
+  completions/mean_length counts the non-pad tokens of those same completions, stop excluded.)
+tokens/s = completion tokens of the measured steps / their summed step time (whole steps, not
+generation alone); s/1k tokens its inverse x 1000.
+
+The last line: `RESULT speed_ratio=<ours/TRL completions/s> mem_ratio=<ours/TRL peak RSS>
+token_speed_ratio=<ours/TRL tokens/s> jax_vs_trl_speed=... jax_vs_trl_mem=...
+jax_vs_trl_token_speed=... tunix_speed_ratio=<JAX engine/Tunix completions/s>
+tunix_mem_ratio=<JAX engine/Tunix peak RSS> tunix_token_speed_ratio=<JAX engine/Tunix tokens/s>
+ours_tokens=<completion tokens per measured step> trl_tokens=... jax_tokens=... tunix_tokens=...`
+(medians over rounds; each pair only when both of its sides ran, each *_tokens for a side that
+ran; *_tokens is the mean over the measured steps).
 """
 
 from __future__ import annotations
@@ -71,6 +95,38 @@ from pathlib import Path
 from sides import alternate, print_result, run_worker  # benchmarks/ is sys.path[0]
 
 G, NEW_TOKENS, BETA, LR = 4, 128, 0.04, 1e-6
+
+
+# --------------------------------------------------------------------------- counting
+
+def trl_step_tokens(logs: list[dict], completions: int) -> list[int]:
+    """The completion tokens of each step TRL's GRPOTrainer logged (logging_steps=1): its
+    `completions/mean_length` (the mean over the step's completions of len(completion_ids),
+    which runs up to and including the first eos id, or to max_completion_length) times the
+    step's number of completions. Log records without that key (the end-of-training summary)
+    are not steps."""
+    return [round(x["completions/mean_length"] * completions) for x in logs if "completions/mean_length" in x]
+
+
+def tunix_step_tokens(lengths: list[int], cap: int = NEW_TOKENS) -> int:
+    """The completion tokens of one Tunix rollout batch, counted as ours and TRL count them:
+    Tunix's sampler cuts each completion before its first stop id (`np_find_first_eos_idx`),
+    so a completion shorter than the cap stopped and gets its stop token back; one of `cap`
+    tokens ran to the cap (a stop sampled as the cap-th token leaves cap - 1, then + 1)."""
+    return sum(n + (n < cap) for n in lengths)
+
+
+def summarize(step_s: list[float], tokens: list[int], completions: int) -> dict:
+    """One side's figures over its measured steps: `step_s` and `tokens` (completion tokens)
+    per measured step, `completions` per step. Rates are totals over totals (all measured steps'
+    completions or tokens / their summed wall time), so that a step that sampled long
+    completions weighs what it cost; s/step is the median."""
+    if len(step_s) != len(tokens) or not step_s:
+        raise ValueError(f"{len(step_s)} step times for {len(tokens)} token counts")
+    total_s, total_t = sum(step_s), sum(tokens)
+    return {"s_per_step": statistics.median(step_s), "tokens_per_step": total_t / len(tokens),
+            "completions_per_s": completions * len(step_s) / total_s, "tokens_per_s": total_t / total_s,
+            "s_per_1k_tokens": 1000 * total_s / total_t if total_t else float("inf")}
 
 
 def base_cfg(args, model_dir: str, engine: str):
@@ -145,7 +201,10 @@ def ours_worker(args, data: dict, engine_name: str) -> dict:
         rows.append({k: row[k] for k in ("reward", "completion_tokens", "rollout_s", "update_s") if k in row})
         if step >= args.warmup:
             times.append(dt)
-    return {"step_s": times, "rows": rows}
+    # our GRPO method's completion_tokens: the mean over the step's P x G completions of their
+    # Generation.n_tokens = len(ids), every sampled id up to and including the stop id
+    tokens = [round(r["completion_tokens"] * args.prompts * G) for r in rows[args.warmup:]]
+    return {"step_s": times, "tokens": tokens, "rows": rows}
 
 
 def trl_worker(args, data: dict) -> dict:
@@ -182,6 +241,7 @@ def trl_worker(args, data: dict) -> dict:
     lora = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                            "up_proj", "down_proj"], task_type="CAUSAL_LM")
     times: list[float] = []
+    logs: list[dict] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -190,10 +250,17 @@ def trl_worker(args, data: dict) -> dict:
         def on_step_end(self, *a, **k):
             times.append(time.perf_counter() - self.t0)
 
+        def on_log(self, *a, **k):  # after each step's on_step_end (logging_steps=1)
+            logs.append(dict(k.get("logs") or {}))
+
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=conf, train_dataset=Dataset.from_list(rows),
                           processing_class=tok, peft_config=lora, callbacks=[Clock()])
     trainer.train()
-    return {"step_s": times[args.warmup:], "rows": []}
+    tokens = trl_step_tokens(logs, per_step)
+    if len(tokens) != len(times):
+        raise SystemExit(f"trl: {len(tokens)} logged steps with completion lengths for {len(times)} timed steps")
+    return {"step_s": times[args.warmup:], "tokens": tokens[args.warmup:], "rows": [],
+            "eos_token_ids": list(trainer.eos_token_ids)}
 
 
 def tunix_worker(args, data: dict) -> dict:
@@ -265,6 +332,15 @@ def tunix_worker(args, data: dict) -> dict:
                                             rollout_engine="vanilla", offload_to_cpu=False,
                                             training_config=training, rollout_config=rollout))
         del base, actor
+        lengths: list[list[int]] = []  # per rollout call: the length of each completion's tokens
+        generate = cluster.generate
+
+        def recorded(*a, **k):  # the learner's own call, its output's token lengths noted
+            out = generate(*a, **k)
+            lengths.append([len(t) for t in out.tokens])
+            return out
+
+        cluster.generate = recorded
         learner = GRPOLearner(cluster, GRPOConfig(num_generations=G, num_iterations=1, beta=BETA,
                                                   epsilon=cfg.epsilon, kl_loss_mode="low_var_kl"), reward)
         model = cluster.actor_trainer.model
@@ -274,6 +350,9 @@ def tunix_worker(args, data: dict) -> dict:
         lora1 = [np.array(x) for x in jax.tree.leaves(nnx.state(model, nnx.LoRAParam))]
     if len(marks) != len(steps) + 1:
         raise SystemExit(f"tunix: the loop asked for {len(marks) - 1} batches, {len(steps)} expected")
+    if len(lengths) != len(steps) or any(len(x) != len(s) * G for x, s in zip(lengths, steps)):
+        raise SystemExit(f"tunix: {[len(x) for x in lengths]} completions per rollout, {len(steps[0]) * G} "
+                         f"expected in each of {len(steps)}")
     times = [b - a for a, b in zip(marks, marks[1:])]
     logged = cluster.actor_trainer.metrics_logger
 
@@ -286,7 +365,8 @@ def tunix_worker(args, data: dict) -> dict:
     check = {"reward": rewards, "loss": history("loss"), "grad_norm": history("grad_norm"), "kl": history("kl"),
              "lora_max_abs_change": max(float(np.abs(b - a).max()) for a, b in zip(lora0, lora1)),
              "shared_backbone": shared, "max_prompt_length": longest}
-    return {"step_s": times[args.warmup:], "rows": [], "tunix": check}
+    return {"step_s": times[args.warmup:], "tokens": [tunix_step_tokens(x) for x in lengths][args.warmup:],
+            "rows": [], "tunix": check}
 
 
 def worker(args) -> None:
@@ -297,7 +377,7 @@ def worker(args) -> None:
         res = tunix_worker(args, data)
     else:
         res = ours_worker(args, data, "torch" if args.worker == "ours" else "jax")
-    res["completions_per_s"] = args.prompts * G / statistics.median(res["step_s"])
+    res.update(summarize(res["step_s"], res["tokens"], args.prompts * G))
     print_result(args.worker, res)
 
 
@@ -328,21 +408,33 @@ def main() -> None:
     sides = [x for x in args.sides.split(",") if x]
 
     def show(r: int, side: str, res: dict) -> None:
-        print(f"round {r + 1} {side:5s}: {statistics.median(res['step_s']):.1f} s/step, "
-              f"{res['completions_per_s']:.3f} completions/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", flush=True)
+        print(f"round {r + 1} {side:5s}: {res['s_per_step']:.1f} s/step, {res['completions_per_s']:.3f} "
+              f"completions/s, {res['tokens_per_step']:.0f} completion tokens/step, {res['tokens_per_s']:.1f} "
+              f"tokens/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB", flush=True)
 
     results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
-    med = {s: {"completions_per_s": statistics.median(x["completions_per_s"] for x in v),
-               "step_s": statistics.median(statistics.median(x["step_s"]) for x in v),
-               "peak_rss": statistics.median(x["peak_rss"] for x in v)} for s, v in results.items()}
+    keys = ("completions_per_s", "s_per_step", "tokens_per_step", "tokens_per_s", "s_per_1k_tokens", "peak_rss")
+    med = {s: {k: statistics.median(x[k] for x in v) for k in keys} for s, v in results.items()}
     print(f"\n{args.model} LoRA r16, fp32 CPU, {args.prompts} prompts x G={G} per step, <= {NEW_TOKENS} new tokens, "
           f"beta {BETA}, {args.steps} measured steps after {args.warmup} warm-up, {args.rounds} round(s); ours: "
           f"update micro-batch {args.micro_batch or args.prompts * G}, gradient checkpointing {'on' if args.remat else 'off'}")
     names = {"ours": "torch eng.", "trl": "TRL GRPO", "jax": "JAX eng.", "tunix": "Tunix GRPO"}
-    print(f"{'side':11s} {'s/step':>8s} {'completions/s':>14s} {'peak RSS GiB':>13s}")
+    print(f"{'side':11s} {'s/step':>8s} {'completions/s':>14s} {'tokens/step':>12s} {'tokens/s':>9s} "
+          f"{'s/1k tokens':>12s} {'peak RSS GiB':>13s}")
     for s in sides:
         m = med[s]
-        print(f"{names[s]:11s} {m['step_s']:8.1f} {m['completions_per_s']:14.3f} {m['peak_rss'] / 2**30:13.2f}")
+        print(f"{names[s]:11s} {m['s_per_step']:8.1f} {m['completions_per_s']:14.3f} {m['tokens_per_step']:12.1f} "
+              f"{m['tokens_per_s']:9.2f} {m['s_per_1k_tokens']:12.2f} {m['peak_rss'] / 2**30:13.2f}")
+    print("(s/step: median over the measured steps; completions/s, tokens/s and s/1k tokens: totals of the "
+          "measured steps over their summed time; tokens: completion tokens, stop token included; each then "
+          "the median over rounds)")
+    for s in sides:  # every measured step's own figures
+        for r, x in enumerate(results[s]):
+            print(f"{names[s]} round {r + 1}: " + ", ".join(
+                f"step {args.warmup + i + 1}: {t:.1f} s {n} tok ({n / t:.1f} tok/s)"
+                for i, (t, n) in enumerate(zip(x["step_s"], x["tokens"]))))
+    for x in results.get("trl", [])[:1]:
+        print(f"{names['trl']}: stops at eos ids {x['eos_token_ids']} (its model's generation_config + tokenizer)")
     for s in sides:  # our method's own phase timings of the measured steps
         rows = [r for x in results[s] for r in x["rows"][args.warmup:]]
         if rows:
@@ -355,15 +447,23 @@ def main() -> None:
               f"{fmt(c['grad_norm'])}, KL {fmt(c['kl'])}, LoRA max |change| {c['lora_max_abs_change']:.3g}, "
               f"backbone shared with the reference: {c['shared_backbone']}, prompts padded to {c['max_prompt_length']}")
     out = []
+
+    def tok(a: str, b: str) -> float:
+        return med[a]["tokens_per_s"] / med[b]["tokens_per_s"]
+
     if "ours" in med and "trl" in med:
         out += [f"speed_ratio={med['ours']['completions_per_s'] / med['trl']['completions_per_s']:.3f}",
-                f"mem_ratio={med['ours']['peak_rss'] / med['trl']['peak_rss']:.3f}"]
+                f"mem_ratio={med['ours']['peak_rss'] / med['trl']['peak_rss']:.3f}",
+                f"token_speed_ratio={tok('ours', 'trl'):.3f}"]
     if "jax" in med and "trl" in med:
         out += [f"jax_vs_trl_speed={med['jax']['completions_per_s'] / med['trl']['completions_per_s']:.3f}",
-                f"jax_vs_trl_mem={med['jax']['peak_rss'] / med['trl']['peak_rss']:.3f}"]
+                f"jax_vs_trl_mem={med['jax']['peak_rss'] / med['trl']['peak_rss']:.3f}",
+                f"jax_vs_trl_token_speed={tok('jax', 'trl'):.3f}"]
     if "jax" in med and "tunix" in med:
         out += [f"tunix_speed_ratio={med['jax']['completions_per_s'] / med['tunix']['completions_per_s']:.3f}",
-                f"tunix_mem_ratio={med['jax']['peak_rss'] / med['tunix']['peak_rss']:.3f}"]
+                f"tunix_mem_ratio={med['jax']['peak_rss'] / med['tunix']['peak_rss']:.3f}",
+                f"tunix_token_speed_ratio={tok('jax', 'tunix'):.3f}"]
+    out += [f"{s}_tokens={med[s]['tokens_per_step']:.1f}" for s in sides]
     print("RESULT " + " ".join(out))
 
 
