@@ -53,6 +53,8 @@ def test_import_wrote_an_hf_dir_with_the_gguf_provenance(gemma3_270m):
     assert "quantization_config" not in config
     assert (config["model_type"], config["num_hidden_layers"], config["hidden_size"]) == ("gemma3_text", 18, 640)
     assert [i for i, t in enumerate(config["layer_types"]) if t == "full_attention"] == [5, 11, 17]
+    # transformers' generate (and TRL) stop where our generators do: <end_of_turn> (106) or <eos> (1)
+    assert sorted(json.loads((gemma3_270m / "generation_config.json").read_text())["eos_token_id"]) == [1, 106]
 
 
 def test_reloads_with_268m_parameters_and_knows_berlin(gemma3_270m):

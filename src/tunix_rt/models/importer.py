@@ -297,6 +297,8 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
         quantizer.remove_quantization_config(model)  # weights are already dequantized
     say(f"weights dequantized to fp32 in {time.perf_counter() - t0:.1f}s")
 
+    model.generation_config.eos_token_id = _stop_ids(tokenizer)
+
     t0 = time.perf_counter()
     model.save_pretrained(tmp, safe_serialization=True)
     _save_tokenizer(tokenizer, tmp)
@@ -315,6 +317,18 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
         "tokenizer": "rebuilt from the GGUF vocabulary as SentencePiece BPE (models/gguf_tokenizer.py)",
     }
     return _Built(source=source, preset=preset, param_count=params, dtype="float32")
+
+
+def _stop_ids(tokenizer) -> list[int]:
+    """The ids generation stops at (ChatTokenizer.stop_ids: <end_of_turn>, <eos>), for the
+    converted model's generation_config.json: the GGUF's metadata names only <eos>, so without
+    them transformers' `generate` (and TRL, which reads it) would run a chat turn past its
+    end, unlike every generator of ours."""
+    from tokenizers import Tokenizer
+
+    from tunix_rt.models.tokenizer import ChatTokenizer
+
+    return list(ChatTokenizer(Tokenizer.from_str(tokenizer.to_str())).stop_ids)  # a copy: ChatTokenizer sets options
 
 
 def assemble_gguf(preset: Preset, scratch: Path) -> tuple[Path, str]:
