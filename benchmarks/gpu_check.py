@@ -37,13 +37,23 @@ PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 CLI = [sys.executable, "-c", "from tunix_rt.cli import main; main()"]
 
 
-def sh(cmd: list[str], timeout: float, log: Path) -> tuple[int, str]:
+def sh(cmd: list[str], timeout: float, log: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run cmd with a time limit, its output appended to log; env: extra variables. At the limit
+    it gets SIGTERM (a training run then commits a checkpoint and ends `stopped`), and SIGKILL
+    20 s later; rc 124 either way."""
     t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, **(env or {})})
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=os.environ)
-        rc, text = p.returncode, p.stdout + p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, text = 124, f"TIMEOUT after {timeout:.0f}s\n" + ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")) + ((e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
+        text, rc = p.communicate(timeout=timeout)[0], p.returncode
+    except subprocess.TimeoutExpired:
+        p.terminate()
+        try:
+            text = p.communicate(timeout=20)[0]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            text = p.communicate()[0]
+        rc, text = 124, f"TIMEOUT after {timeout:.0f}s\n" + (text or "")
     with log.open("a") as f:
         f.write(f"\n$ {' '.join(cmd)}  [{time.time() - t0:.1f}s rc={rc}]\n{text}\n")
     return rc, text

