@@ -103,6 +103,9 @@ def test_arith_metrics_pool_the_claims_and_average_the_reward():
     m = metrics(preds)
     assert m.arith_accuracy == 0.75
     assert m.arith_reward == round((2 / 3 + 1) / 3, 6)
+    assert m.arith_claims_per_item == round(4 / 3, 3)
+    none = metrics([_pred(True, True, "tag", 10, "stop") | {"arith_claims": 0, "arith_true": 0}])
+    assert (none.arith_accuracy, none.arith_claims_per_item) == (0.0, 0.0)  # no claims, and it says so
 
 
 def test_metrics_empty_is_zero_not_error():

@@ -149,7 +149,7 @@ def print_summary(s: dict, path: Path) -> None:
     t.add_column("metric")
     t.add_column("value", justify="right")
     for k in ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy", "truncated_rate",
-              "arith_accuracy", "arith_reward"):
+              "arith_accuracy", "arith_reward", "arith_claims_per_item"):
         if k in m:  # arith_*: summaries written before they existed lack them
             t.add_row(k, f"{m[k]:.3f}")
     from tunix_rt.eval.passk import sampled_metric_names

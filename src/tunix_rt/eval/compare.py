@@ -33,7 +33,8 @@ from tunix_rt.home import Home
 from tunix_rt.rundir import EVALS, PREDICTIONS, SUMMARY
 
 METRICS = ("accuracy", "format_rate", "answer_found_rate", "lenient_accuracy",
-           "mean_completion_tokens", "truncated_rate", "arith_accuracy", "arith_reward", "n")
+           "mean_completion_tokens", "truncated_rate", "arith_accuracy", "arith_reward",
+           "arith_claims_per_item", "n")
 
 
 @dataclass(frozen=True)

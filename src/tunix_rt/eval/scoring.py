@@ -192,9 +192,13 @@ class Metrics:
     mean_completion_tokens: float
     truncated_rate: float
     arith_accuracy: float
-    """The share of the arithmetic claims (`a op b = c`, train.arith) in all reasoning that hold."""
+    """The share of the arithmetic claims (`a op b = c`, train.arith) in all reasoning that hold;
+    0 when there are none (see arith_claims_per_item: a model that leaves its arithmetic to the
+    calculator writes none of its own)."""
     arith_reward: float
     """The mean per item of the `arith` RL reward: its share of claims that hold, 0 without any."""
+    arith_claims_per_item: float
+    """Arithmetic claims the model wrote itself, per item (what the tool wrote is not counted)."""
     n: int
 
     def to_dict(self) -> dict:
@@ -223,6 +227,7 @@ def metrics(preds: Iterable[dict]) -> Metrics:
         arith_accuracy=round(sum(p.get("arith_true", 0) for p in preds) / claims, 6) if claims else 0.0,
         arith_reward=round(sum(p["arith_true"] / p["arith_claims"] for p in preds if p.get("arith_claims")) / n, 6)
         if n else 0.0,
+        arith_claims_per_item=round(claims / n, 3) if n else 0.0,
         n=n,
     )
 
