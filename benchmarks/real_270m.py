@@ -2,14 +2,15 @@
 --cpu-dry, a check of the script itself on tiny-gemma3 on a CPU). Every step is the real CLI,
 one process each, each command printed to the log; stages that share nothing run side by side.
 
-    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--recipes full,lora]
-        [--sft-epochs 2] [--sft-batch 32] [--grpo-steps 30] [--cpu-dry]
+    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--recipes full[,lora,…]]
+        [--sft-epochs 2] [--sft-batch 32] [--grpo-steps 12] [--sampled-batch 405] [--cpu-dry]
 
 1. setup  `model import gemma3-270m` (the GGUF package, dequantised); `data import gsm8k` with
           and without `--tools calculator`; a dozen reasoning-gym tasks (test split: seeds
           never trained on).
 2. sft    each recipe (RECIPES: overrides of `--config gpu`, packed rows of 512 tokens) twice,
-          on plain traces and on calculator traces (`tools=[calculator]`), all side by side. (24.6)
+          on plain traces and on calculator traces (`tools=[calculator]`), side by side;
+          one recipe after the other.                                               (24.6)
 3. greedy `eval --split dev` on all 405 dev items for every run; `compare` (McNemar) of each
           recipe's two runs; the best run of each kind on dev goes on.              (24.6)
 4. side by side: GRPO (`--config gpu-grpo`, --grpo-steps steps) from each kind's best run
@@ -21,10 +22,16 @@ Writes DIR/real_270m.json (every figure), DIR/real_270m.log (every command and i
 DIR/evals.tar.gz (each eval's summary and predictions).
 Last line: RESULT best_plain=… plain_acc=… best_calc=… calc_acc=… calc_over_plain=… grpo_calc_acc=… grpo_plain_acc=…
 
-An earlier version (one LoRA r16 recipe, 200 steps) on a lent H100 (2026-11-26; the project's
-packages as wheels, the GGUF package copied in) with `--budget-s 520`: setup 67 s, each SFT 200 steps of <= 8192 packed tokens in
-~68 s side by side, greedy dev evals 24-27 s; the sampled evals and GRPO did not finish in the
-budget (sampled decoding drew its noise on the CPU then: 146-205 s a GRPO step).
+On a lent H100 (2026-11-26), at fa7f1d6 with `--budget-s 545 --recipes full,lora --grpo-steps 30
+--sampled-batch 810` (then the defaults): setup 79 s (the import 76 s); the full fine-tunes ran 220
+steps (plain) and 262 (calculator) of <= 16,384 packed tokens in 166 and 183 s side by side; the
+LoRA r64 runs beside them ran out of GPU memory at their start (the plan predicted 30.4 GiB for
+each full run and 15.6 for each LoRA run: 92 GiB > 79), and so did both GRPO runs beside three
+sampled evals at batch 810 -- hence one recipe at a time and a sampled batch of 405 now. Greedy
+dev evals 27-32 s; sampled (8 x 405 dev items, 8 x 384 reasoning-gym items) 104-128 s side by
+side; GRPO, run after them by hand (12 steps, 8 prompts x 4): 7.9-9.0 s a step.
+An earlier version (one LoRA r16 recipe, 200 steps): each SFT ~68 s side by side; sampled evals
+and GRPO did not finish (the sampling noise was drawn on the CPU then).
 """
 
 from __future__ import annotations
@@ -60,10 +67,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/real-270m"))
     ap.add_argument("--budget-s", type=float, default=540)
-    ap.add_argument("--recipes", default="full,lora", help=f"SFT recipes, each run on both trace kinds: {','.join(RECIPES)}")
+    ap.add_argument("--recipes", default="full", help=f"SFT recipes, each run on both trace kinds: {','.join(RECIPES)}")
     ap.add_argument("--sft-epochs", type=float, default=2.0)
     ap.add_argument("--sft-batch", type=int, default=32, help="packed rows of 512 tokens a step")
-    ap.add_argument("--grpo-steps", type=int, default=30)
+    ap.add_argument("--grpo-steps", type=int, default=12)
+    ap.add_argument("--sampled-batch", type=int, default=405,
+                    help="sequences a sampled eval decodes at once (3 evals at 810 beside GRPO filled an H100)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--rg-per-task", type=int, default=32)
     ap.add_argument("--cpu-dry", action="store_true")
@@ -159,8 +168,9 @@ def main() -> None:
                 res[f"sft_{tag}"] = {"run": run.name, "steps": len(st) and st[-1].get("step"),
                                      "train_s": round(sum(r["step_s"] for r in st), 1),
                                      "last_loss": next((r["loss"] for r in reversed(rows) if "loss" in r), None)}
-    together(*[(lambda n=n, r=r, d=d, x=x: sft(f"{n}_{d}", r, x)) for n, r in recipes.items()
-               for d, x in (("plain", ["dataset=gsm8k"]), ("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))])
+    for n, r in recipes.items():  # one recipe at a time: two full fine-tunes take ~60 of an H100's 80 GB
+        together(*[(lambda d=d, x=x: sft(f"{n}_{d}", r, x))
+                   for d, x in (("plain", ["dataset=gsm8k"]), ("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))])
 
     # 3. greedy on all dev items, then compare each recipe's two runs (McNemar)
     def ev(name: str, run: str, extra: list[str], cap: float) -> dict | None:
@@ -227,7 +237,7 @@ def main() -> None:
             if ev(f"greedy_grpo_{d}", run.name, greedy, max(5, deadline - time.time() - 20)):
                 compare(f"greedy_{start}", f"greedy_grpo_{d}")
 
-    sb = "12" if dry else "810"
+    sb = "12" if dry else str(args.sampled_batch)
     sampled = ["--samples", "8", "--temperature", str(args.temperature), "--batch-size", sb]
     jobs = []
     for d, start in best.items():
