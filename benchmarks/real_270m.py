@@ -18,9 +18,15 @@ one process each, each command printed to the log; stages that share nothing run
           then greedy on dev and McNemar against its start;                          (24.6)
           `eval --samples 8 --temperature T` on GSM8K dev for both: pass@1/8, maj@8;
           pass@8 of the best plain run on each reasoning-gym task.               (issue 25.5)
+--stages rg-rl (issue 25.5), after the plain full SFT run (made here when gsm8k did not run):
+          `data import reasoning-gym --rg-rl-tasks` (default: the four of the dozen whose pass@8
+          was 5-60%); GRPO from the SFT run on that mixture with `curriculum=` and with the
+          dataset's fixed difficulty, same steps, side by side; greedy on the mixture's test
+          split before and after, McNemar per task, and curriculum vs fixed per task.
 Writes DIR/real_270m.json (every figure), DIR/real_270m.log (every command and its output) and
 DIR/evals.tar.gz (each eval's summary and predictions).
-Last line: RESULT best_plain=… plain_acc=… best_calc=… calc_acc=… calc_over_plain=… grpo_calc_acc=… grpo_plain_acc=…
+Last line: RESULT best_plain=… plain_acc=… best_calc=… calc_acc=… calc_over_plain=… grpo_calc_acc=…
+grpo_plain_acc=… rgrl_sft_acc=… rgrl_curriculum_acc=… rgrl_fixed_acc=… (None: that stage did not run)
 
 On a lent H100 (2026-11-26), at fa7f1d6 with `--budget-s 545 --recipes full,lora --grpo-steps 30
 --sampled-batch 810` (then the defaults): setup 79 s (the import 76 s); the full fine-tunes ran 220
@@ -63,6 +69,43 @@ RG_TASKS = ("basic_arithmetic", "chain_sum", "leg_counting", "simple_equations",
             "fraction_simplification", "products")
 
 
+def rollout_figures(run: Path) -> dict:
+    """A GRPO run's rollout figures, averaged over its logged steps ({} before any)."""
+    rows = [r for r in metrics(run) if "rollout_pass_at_g" in r]
+    n = len(rows)
+    if not n:
+        return {}
+    mean = lambda k, nd: round(sum(r.get(k, 0.0) for r in rows) / n, nd)  # noqa: E731
+    return {"steps": n, "rollout_pass_at_g": mean("rollout_pass_at_g", 4),
+            "zero_variance_share": mean("zero_variance_share", 4), "rollout_accuracy": mean("rollout_accuracy", 4),
+            "step_s": mean("step_s", 2), "rollout_s": mean("rollout_s", 2)}
+
+
+def per_task_mcnemar(a: Path, b: Path) -> dict:
+    """Per task (prediction category) of two evals of the same items: right in each, the
+    discordant counts, and the exact McNemar p."""
+    from tunix_rt.eval.compare import mcnemar_exact
+
+    def load(d: Path) -> dict:
+        return {(p := json.loads(x))["id"]: (str(p.get("category") or "?"), bool(p["correct"]))
+                for x in (d / "predictions.jsonl").read_text().splitlines() if x.strip()}
+
+    pa, pb = load(a), load(b)
+    out: dict[str, dict] = {}
+    for i in sorted(pa.keys() & pb.keys()):
+        task, ra = pa[i]
+        rb = pb[i][1]
+        t = out.setdefault(task, {"n": 0, "a_right": 0, "b_right": 0, "right_to_wrong": 0, "wrong_to_right": 0})
+        t["n"] += 1
+        t["a_right"] += ra
+        t["b_right"] += rb
+        t["right_to_wrong"] += ra and not rb
+        t["wrong_to_right"] += rb and not ra
+    for t in out.values():
+        t["mcnemar_p"] = round(mcnemar_exact(t["right_to_wrong"], t["wrong_to_right"]), 6)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/real-270m"))
@@ -75,6 +118,13 @@ def main() -> None:
                     help="sequences a sampled eval decodes at once (3 evals at 810 beside GRPO filled an H100)")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--rg-per-task", type=int, default=32)
+    ap.add_argument("--stages", default="gsm8k", help="gsm8k (SFT with and without the calculator, GRPO, "
+                    "sampled evals, the reasoning-gym dozen), rg-rl (GRPO on --rg-rl-tasks, curriculum vs fixed), or both")
+    ap.add_argument("--rg-rl-tasks", default="gcd,letter_counting,products,basic_arithmetic",
+                    help="reasoning-gym tasks for rg-rl: the plain SFT run's pass@8 was 5-60%% on these (README)")
+    ap.add_argument("--rg-rl-n", type=int, default=4096, help="rg-rl training records")
+    ap.add_argument("--rg-rl-test-per-task", type=int, default=64)
+    ap.add_argument("--curriculum", default="{window: 16, raise_at: 0.6, lower_below: 0.2}")
     ap.add_argument("--cpu-dry", action="store_true")
     args = ap.parse_args()
     t_start = time.time()
@@ -135,6 +185,9 @@ def main() -> None:
     limit = ["--limit", "6", "--max-new-tokens", "24"] if dry else []
     ebatch = "6" if dry else "405"
 
+    stages = set(args.stages.split(","))
+    rl_tasks = args.rg_rl_tasks.split(",")
+
     # 1. setup
     rg_n = 4 if dry else args.rg_per_task
     together(
@@ -144,35 +197,12 @@ def main() -> None:
         lambda: cli("data_rg", ["data", "import", "reasoning-gym", ",".join(RG_TASKS), "--n", str(len(RG_TASKS)),
                                 "--seed", "7", "--dev-n", str(len(RG_TASKS)), "--test-n", str(rg_n * len(RG_TASKS)),
                                 "--name", "rg-dozen"], 200),
+        *([lambda: cli("data_rg_rl", ["data", "import", "reasoning-gym", args.rg_rl_tasks, "--n", str(8 if dry else args.rg_rl_n),
+                                      "--seed", "11", "--dev-n", str(len(rl_tasks)),
+                                      "--test-n", str((2 if dry else args.rg_rl_test_per_task) * len(rl_tasks)),
+                                      "--name", "rg-rl"], 200)] if "rg-rl" in stages else []),
     )
 
-    # 2. SFT: each recipe twice, on plain traces and on calculator traces (`tools=[calculator]`)
-    recipes = {name: RECIPES[name] for name in args.recipes.split(",")}
-    common = ["--config", "gpu", "--engine", "torch", f"model={model}", "packing=true", "eval_interval=0",
-              "save_interval=0", "log_interval=5", f"batch_size={args.sft_batch}"] + dev
-    common += ["batch_size=2", "max_seq_len=256", "warmup_steps=1", "epochs=null", "max_steps=3"] if dry \
-        else [f"epochs={args.sft_epochs}"]
-    runs: dict[str, str] = {}
-
-    def sft(tag: str, recipe: dict, extra: list[str]):
-        # on a CPU: fp32, and a rank the tiny model's narrowest projection holds
-        over = [("lora_rank=8" if o.startswith("lora_rank=") else o) for o in recipe["over"]
-                if not o.startswith("dtype=")] if dry else recipe["over"]
-        rc, text = cli(f"sft_{tag}", ["train"] + common + over + extra, 420, env=recipe.get("env"))
-        run = run_dir(text)
-        if rc == 0 and run:
-            runs[tag] = run.name
-            rows = metrics(run)
-            st = [r for r in rows if "step_s" in r]
-            with lock:
-                res[f"sft_{tag}"] = {"run": run.name, "steps": len(st) and st[-1].get("step"),
-                                     "train_s": round(sum(r["step_s"] for r in st), 1),
-                                     "last_loss": next((r["loss"] for r in reversed(rows) if "loss" in r), None)}
-    for n, r in recipes.items():  # one recipe at a time: two full fine-tunes take ~60 of an H100's 80 GB
-        together(*[(lambda d=d, x=x: sft(f"{n}_{d}", r, x))
-                   for d, x in (("plain", ["dataset=gsm8k"]), ("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))])
-
-    # 3. greedy on all dev items, then compare each recipe's two runs (McNemar)
     def ev(name: str, run: str, extra: list[str], cap: float) -> dict | None:
         dest = work / name
         rc, text = cli(name, ["eval", "--adapter", run, "--engine", "torch", "--json", "--out", str(dest)] + edev + limit
@@ -197,58 +227,114 @@ def main() -> None:
                 res[f"compare_{a}__{b}"] = r
             save()
 
-    greedy = ["--dataset", "gsm8k", "--split", "dev", "--batch-size", ebatch]
-    together(*[(lambda t=t: ev(f"greedy_{t}", runs[t], greedy, 200)) for t in list(runs)])
-    together(*[(lambda n=n: compare(f"greedy_{n}_plain", f"greedy_{n}_calc")) for n in recipes])
+    # 2. SFT: each recipe twice, on plain traces and on calculator traces (`tools=[calculator]`)
+    recipes = {name: RECIPES[name] for name in args.recipes.split(",")}
+    common = ["--config", "gpu", "--engine", "torch", f"model={model}", "packing=true", "eval_interval=0",
+              "save_interval=0", "log_interval=5", f"batch_size={args.sft_batch}"] + dev
+    common += ["batch_size=2", "max_seq_len=256", "warmup_steps=1", "epochs=null", "max_steps=3"] if dry \
+        else [f"epochs={args.sft_epochs}"]
+    runs: dict[str, str] = {}
 
-    def acc(name: str) -> float:
-        return float((res.get(name) or {}).get("accuracy") or 0.0)
-
-    # the best run of each kind on the dev split (recipes are tuned on dev; the test split is never read)
-    best = {d: max((t for t in runs if t.endswith("_" + d)), key=lambda t: acc(f"greedy_{t}"), default=None)
-            for d in ("plain", "calc")}
-    res["best"] = best
-    save()
-
-    # 4. side by side: GRPO from each kind's best SFT run, then greedy on dev and McNemar against
-    #    where it started; sampled evals of both (pass@1/8, maj@8); reasoning-gym pass@8 per task
-    grpo_common = ["--config", "gpu-grpo", "--engine", "torch", f"model={model}", "save_interval=0",
-                   "eval_interval=0", "dataset=gsm8k", f"max_steps={args.grpo_steps}"] + dev
-    if dry:
-        grpo_common += ["rl_prompts=2", "max_seq_len=256", "rollout_max_new_tokens=16", "max_steps=2", "warmup_steps=1"]
-
-    def grpo(d: str, start: str, extra: list[str]):
-        # stopped (SIGTERM, then no eval) if it would run past the budget's last minute and a half
-        rc, text = cli(f"grpo_{d}", ["train"] + grpo_common + [f"init={runs[start]}"] + extra,
-                       max(5, deadline - time.time() - 90))
+    def sft(tag: str, recipe: dict, extra: list[str]):
+        # on a CPU: fp32, and a rank the tiny model's narrowest projection holds
+        over = [("lora_rank=8" if o.startswith("lora_rank=") else o) for o in recipe["over"]
+                if not o.startswith("dtype=")] if dry else recipe["over"]
+        rc, text = cli(f"sft_{tag}", ["train"] + common + over + extra, 420, env=recipe.get("env"))
         run = run_dir(text)
-        rows = [r for r in metrics(run) if "rollout_pass_at_g" in r] if run else []
-        if rows:
-            n = len(rows)
-            with lock:
-                res[f"grpo_{d}"] = {
-                    "run": run.name, "from": start, "rc": rc, "steps": n, "prompts": n * (2 if dry else 8),
-                    "rollout_pass_at_g": round(sum(r["rollout_pass_at_g"] for r in rows) / n, 4),
-                    "zero_variance_share": round(sum(r["zero_variance_share"] for r in rows) / n, 4),
-                    "rollout_accuracy": round(sum(r.get("rollout_accuracy", 0.0) for r in rows) / n, 4),
-                    "step_s": round(sum(r.get("step_s", 0.0) for r in rows) / n, 2),
-                    "rollout_s": round(sum(r.get("rollout_s", 0.0) for r in rows) / n, 2)}
         if rc == 0 and run:
-            if ev(f"greedy_grpo_{d}", run.name, greedy, max(5, deadline - time.time() - 20)):
-                compare(f"greedy_{start}", f"greedy_grpo_{d}")
+            runs[tag] = run.name
+            rows = metrics(run)
+            st = [r for r in rows if "step_s" in r]
+            with lock:
+                res[f"sft_{tag}"] = {"run": run.name, "steps": len(st) and st[-1].get("step"),
+                                     "train_s": round(sum(r["step_s"] for r in st), 1),
+                                     "last_loss": next((r["loss"] for r in reversed(rows) if "loss" in r), None)}
+    best: dict[str, str | None] = {"plain": None, "calc": None}
+    if "gsm8k" in stages:
+        for n, r in recipes.items():  # one recipe at a time: two full fine-tunes take ~60 of an H100's 80 GB
+            together(*[(lambda d=d, x=x: sft(f"{n}_{d}", r, x))
+                       for d, x in (("plain", ["dataset=gsm8k"]), ("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))])
 
-    sb = "12" if dry else str(args.sampled_batch)
-    sampled = ["--samples", "8", "--temperature", str(args.temperature), "--batch-size", sb]
-    jobs = []
-    for d, start in best.items():
-        if start:
-            jobs.append(lambda d=d, start=start: grpo(d, start, ["tools=[calculator]", "dataset=gsm8k-calc"]
-                                                       if d == "calc" else []))
-            jobs.append(lambda d=d, start=start: ev(f"sampled_{start}", runs[start],
-                                                    ["--dataset", "gsm8k", "--split", "dev"] + sampled, 400))
-    if best["plain"]:
-        jobs.append(lambda: ev("rg_plain", runs[best["plain"]], ["--dataset", "rg-dozen", "--split", "test"] + sampled, 400))
-    together(*jobs)
+        # 3. greedy on all dev items, then compare each recipe's two runs (McNemar)
+        greedy = ["--dataset", "gsm8k", "--split", "dev", "--batch-size", ebatch]
+        together(*[(lambda t=t: ev(f"greedy_{t}", runs[t], greedy, 200)) for t in list(runs)])
+        together(*[(lambda n=n: compare(f"greedy_{n}_plain", f"greedy_{n}_calc")) for n in recipes])
+
+        def acc(name: str) -> float:
+            return float((res.get(name) or {}).get("accuracy") or 0.0)
+
+        # the best run of each kind on the dev split (recipes are tuned on dev; the test split is never read)
+        best = {d: max((t for t in runs if t.endswith("_" + d)), key=lambda t: acc(f"greedy_{t}"), default=None)
+                for d in ("plain", "calc")}
+        res["best"] = best
+        save()
+
+        # 4. side by side: GRPO from each kind's best SFT run, then greedy on dev and McNemar against
+        #    where it started; sampled evals of both (pass@1/8, maj@8); reasoning-gym pass@8 per task
+        grpo_common = ["--config", "gpu-grpo", "--engine", "torch", f"model={model}", "save_interval=0",
+                       "eval_interval=0", "dataset=gsm8k", f"max_steps={args.grpo_steps}"] + dev
+        if dry:
+            grpo_common += ["rl_prompts=2", "max_seq_len=256", "rollout_max_new_tokens=16", "max_steps=2", "warmup_steps=1"]
+
+        def grpo(d: str, start: str, extra: list[str]):
+            # stopped (SIGTERM, then no eval) if it would run past the budget's last minute and a half
+            rc, text = cli(f"grpo_{d}", ["train"] + grpo_common + [f"init={runs[start]}"] + extra,
+                           max(5, deadline - time.time() - 90))
+            run = run_dir(text)
+            if run and (fig := rollout_figures(run)):
+                with lock:
+                    res[f"grpo_{d}"] = {"run": run.name, "from": start, "rc": rc, **fig}
+            if rc == 0 and run:
+                if ev(f"greedy_grpo_{d}", run.name, greedy, max(5, deadline - time.time() - 20)):
+                    compare(f"greedy_{start}", f"greedy_grpo_{d}")
+
+        sb = "12" if dry else str(args.sampled_batch)
+        sampled = ["--samples", "8", "--temperature", str(args.temperature), "--batch-size", sb]
+        jobs = []
+        for d, start in best.items():
+            if start:
+                jobs.append(lambda d=d, start=start: grpo(d, start, ["tools=[calculator]", "dataset=gsm8k-calc"]
+                                                           if d == "calc" else []))
+                jobs.append(lambda d=d, start=start: ev(f"sampled_{start}", runs[start],
+                                                        ["--dataset", "gsm8k", "--split", "dev"] + sampled, 400))
+        if best["plain"]:
+            jobs.append(lambda: ev("rg_plain", runs[best["plain"]], ["--dataset", "rg-dozen", "--split", "test"] + sampled, 400))
+        together(*jobs)
+
+    if "rg-rl" in stages:
+        # GRPO on the reasoning-gym tasks where the plain SFT run's pass@8 was 5-60%, with the
+        # curriculum and with the dataset's fixed difficulty, same steps, side by side; greedy
+        # on the mixture's test split (seeds never trained on) before and after, McNemar per task
+        if "full_plain" not in runs:
+            sft("full_plain", RECIPES["full"], ["dataset=gsm8k"])
+        if "full_plain" in runs:
+            start = runs["full_plain"]
+            rgtest = ["--dataset", "rg-rl", "--split", "test", "--batch-size", "6" if dry else "512"]
+            ev("rgrl_sft", start, rgtest, 200)
+            base = ["--config", "gpu-grpo", "--engine", "torch", f"model={model}", "save_interval=0", "eval_interval=0",
+                    "dataset=rg-rl", f"max_steps={args.grpo_steps}", f"init={start}"] + dev
+            if dry:
+                base += ["rl_prompts=2", "max_seq_len=256", "rollout_max_new_tokens=16", "max_steps=2", "warmup_steps=1"]
+
+            def rl(tag: str, extra: list[str]) -> None:
+                rc, text = cli(f"grpo_rg_{tag}", ["train"] + base + extra, max(5, deadline - time.time() - 60))
+                run = run_dir(text)
+                fig = rollout_figures(run) if run else {}
+                if run and fig:
+                    stepped = [r for r in metrics(run) if "curriculum_moves" in r]
+                    levels = {k: v for k, v in (stepped or [{}])[-1].items() if k.startswith("curriculum_level_")}
+                    levels["curriculum_moves"] = sum(r["curriculum_moves"] for r in stepped)
+                    with lock:
+                        res[f"grpo_rg_{tag}"] = {"run": run.name, "rc": rc, **fig, **levels}
+                if rc == 0 and run and ev(f"rgrl_{tag}", run.name, rgtest, max(5, deadline - time.time() - 10)):
+                    with lock:
+                        res[f"rgrl_{tag}_per_task"] = per_task_mcnemar(work / "rgrl_sft", work / f"rgrl_{tag}")
+                    save()
+
+            together(lambda: rl("curriculum", [f"curriculum={args.curriculum}"]), lambda: rl("fixed", []))
+            if (work / "rgrl_fixed").exists() and (work / "rgrl_curriculum").exists():
+                res["rgrl_curriculum_vs_fixed"] = per_task_mcnemar(work / "rgrl_fixed", work / "rgrl_curriculum")
+        save()
 
     # per-task pass@8 from the reasoning-gym predictions
     preds = work / "rg_plain" / "predictions.jsonl"
@@ -287,7 +373,9 @@ def main() -> None:
     print(json.dumps({k: v for k, v in res.items() if k not in ("stages", "tool_example")}, indent=1, default=str))
     print(f"RESULT best_plain={bp} plain_acc={pa} best_calc={bc} calc_acc={ca} "
           f"calc_over_plain={round(ca / pa, 3) if pa and ca is not None else 'na'} "
-          f"grpo_calc_acc={g('greedy_grpo_calc', 'accuracy')} grpo_plain_acc={g('greedy_grpo_plain', 'accuracy')}")
+          f"grpo_calc_acc={g('greedy_grpo_calc', 'accuracy')} grpo_plain_acc={g('greedy_grpo_plain', 'accuracy')} "
+          f"rgrl_sft_acc={g('rgrl_sft', 'accuracy')} rgrl_curriculum_acc={g('rgrl_curriculum', 'accuracy')} "
+          f"rgrl_fixed_acc={g('rgrl_fixed', 'accuracy')}")
 
 
 if __name__ == "__main__":
