@@ -14,9 +14,10 @@ our <reasoning>/<answer> format + <end_of_turn>, `rejected` the next record's so
 wrong answer to this question). The parent tokenises them once, in our method's seeded
 order, and both sides train on those very token ids:
 
-- ours: the PyTorch engine through our DPO method (`Preference.step`: no-grad policy and
-  reference passes for the sequence log-probs through the chunked head, then the fused
-  objective whose per-token coefficient carries dL/dS: no [B, L, V] logits);
+- ours: the PyTorch engine through our DPO method (`Preference.step`: a no-grad reference
+  pass (adapter off) for R, then one forward pass of the policy: the chunked head without
+  gradient for S, then the fused objective whose per-token coefficient carries dL/dS: no
+  [B, L, V] logits; engine.SequenceObjective);
 - trl: `trl.DPOTrainer.train()` with its defaults apart from fp32/CPU and the shared settings
   above; its train dataset replaced after construction by the same ids (prompt_ids,
   chosen_ids, rejected_ids, what its own tokenisation produces and its collator reads). Its

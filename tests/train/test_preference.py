@@ -30,7 +30,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.train import checkpoint
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.driver import train
-from tunix_rt.train.engine import NLL
+from tunix_rt.train.engine import NLL, SequenceObjective
 from tunix_rt.train.metrics import read_jsonl
 from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
 from train_testlib import run_train_cli as _run  # noqa: E402
@@ -78,15 +78,24 @@ def torch_setup(cfg, home, perturb: bool = True):
     return engine, Preference(cfg, home, tok), tok
 
 
-def our_loss_and_grads(engine, method, pairs):
-    batches, loss = method.weighted_batches(engine, pairs)
+def our_loss_and_grads(engine, method, pairs, fused: bool = True):
+    """The window's PairLoss and gradients as a step forms them: fused (the torch engine's
+    path: S from each micro-batch's own gradient pass, engine.SequenceObjective) or two-pass
+    (no-gradient passes for S, then the NLL surrogate: the JAX engine's path)."""
+    if fused:
+        assert engine.sequence_objective()
+        batches, window = method.window_objective(engine, pairs)
+        objective = SequenceObjective(window)
+    else:
+        batches, loss = method.weighted_batches(engine, pairs)
+        objective = NLL
     for b in batches:
-        part, _ = engine.objective_sum(b, NLL)
+        part, _ = engine.objective_sum(b, objective)
         part.backward()
     grads = {n: p.grad.clone() for n, p in engine.trainable.items()}
     for p in engine.trainable.values():
         p.grad = None
-    return loss, grads
+    return (window.loss() if fused else loss), grads
 
 
 def trl_grads(engine, loss):
@@ -212,6 +221,20 @@ def test_label_smoothing_is_trl_conservative_dpo():
     assert ours.loss == pytest.approx(float(losses.mean().detach()), abs=1e-12)
     np.testing.assert_allclose(ours.d_chosen, lc.grad.numpy(), atol=1e-12)
     np.testing.assert_allclose(ours.d_rejected, lr.grad.numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dpo", "ipo", "simpo", "orpo"])
+def test_one_forward_pass_equals_two(home, tmp_path, kind):
+    """The torch engine's fused step (S from the gradient pass itself) has the two-pass step's
+    loss, implicit rewards and gradient, with accumulation and shared-prompt rows."""
+    cfg = dpo_cfg(tmp_path, pref_loss=kind, batch_size=4, grad_accum=2, orpo_lambda=0.3)
+    engine, method, _ = torch_setup(cfg, home)
+    pairs = method.train_pairs[:4]
+    (fl, fg), (tl, tg) = (our_loss_and_grads(engine, method, pairs, fused=f) for f in (True, False))
+    assert fl.loss == pytest.approx(tl.loss, abs=1e-7) and abs(fl.loss) > 1e-3
+    np.testing.assert_allclose(fl.chosen_rewards, tl.chosen_rewards, atol=1e-6)
+    np.testing.assert_allclose(fl.d_rejected, tl.d_rejected, atol=1e-9)
+    assert_same_grads(fg, tg)
 
 
 @pytest.mark.parametrize("kind", ["dpo", "orpo"])

@@ -18,13 +18,17 @@ the objective's elementwise function:
 
 Because phi depends on logp alone, dloss/dlogits[t] = coef[t] * phi'(logp[t]) * (onehot - softmax)
 is formed in the same chunk as the forward pass: no recomputation, no full logits.
+
+A SequenceObjective (the preference losses) is nll whose coef the method computes from the
+micro-batch's own log-probs inside its forward pass (the head runs twice, the trunk once), on
+engines whose sequence_objective() says so.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol
 
 import numpy as np
 
@@ -55,6 +59,20 @@ class Objective:
 
 
 NLL = Objective()
+
+
+@dataclass(frozen=True, eq=False)
+class SequenceObjective:
+    """An objective whose per-token coefficients depend on the step's own log-probs (the
+    preference losses: dL/dl_t is a function of the sums S of whole sequences). In each
+    micro-batch's forward pass the engine computes log p(target) of its labelled positions
+    (row-major order) with no gradient from the same hidden states, calls coef_of with them
+    (float32 [T] numpy; once per micro-batch, in order), and trains the NLL surrogate with the
+    coefficients it returns: one forward pass where a no-gradient pass and a gradient pass
+    took two. Only where `Engine.sequence_objective()` says so."""
+
+    coef_of: Callable[[np.ndarray], np.ndarray]
+    kind: ClassVar[str] = "sequence"
 
 #: aux arrays a policy step needs, float32 [B, L] like coef
 POLICY_AUX = ("old_logp", "ref_logp", "adv")
@@ -100,6 +118,10 @@ class Engine(Protocol):
     def shares_prefix(self) -> bool:
         """Whether batches may hold rows with a shared prefix (data.collate_shared: a GRPO
         group's prompt written once for its G completions)."""
+
+    def sequence_objective(self) -> bool:
+        """Whether train_step takes a SequenceObjective (its log-probs and gradient from one
+        forward pass of each micro-batch, whole on this process)."""
 
     def train_step(self, batches: list, objective: Objective, lr: float) -> StepResult:
         """One optimizer step over micro-batches (`data.Batch` with coef, and aux for a policy

@@ -320,6 +320,10 @@ class JaxEngine:
         shared by G completions is not built here yet."""
         return False
 
+    def sequence_objective(self) -> bool:
+        """No: a preference step takes its no-gradient log-prob passes, then the gradient pass."""
+        return False
+
     def train_step(self, batches: list, objective: Objective, lr: float) -> StepResult:
         import jax
         import jax.numpy as jnp

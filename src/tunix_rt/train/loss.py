@@ -213,6 +213,11 @@ class ObjectiveModule(torch.nn.Module):
         if logprobs:
             rows, y = target_rows(h, t["labels"])
             return chunked_logprobs(rows, self.head(), y, self.chunk_bytes, self.softcap())
+        if objective.kind == "sequence":  # engine.SequenceObjective: the head twice, the trunk once
+            rows, y = target_rows(h, t["labels"])
+            lp = chunked_logprobs(rows.detach(), self.head().detach(), y, self.chunk_bytes, self.softcap())
+            coef = torch.as_tensor(objective.coef_of(lp.cpu().numpy()), dtype=torch.float32, device=rows.device)
+            return token_objective(rows, self.head(), y, coef, None, self.chunk_bytes, self.softcap(), NLL)
         aux = policy_aux(t, objective)
         rows, y, coef, *rest = target_rows(h, t["labels"], t["coef"], *((aux,) if aux is not None else ()))
         return token_objective(rows, self.head(), y, coef, rest[0] if rest else None, self.chunk_bytes,

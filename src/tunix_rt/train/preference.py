@@ -25,10 +25,15 @@ So a step is
      phi = -l), each token's coefficient set to -dL/dS of its sequence: its gradient is
      sum_t dL/dS * dl_t/dtheta = dL/dtheta exactly, the value of that surrogate is not the
      loss, so the row logs the loss of step 2.
-The price is one more forward pass than autograd through S would take; the gain is that the
-head's [tokens, vocabulary] logits never exist (Gemma's 262K vocabulary is TRL's memory wall).
-With lora_dropout > 0 the coefficients come from the dropout-free passes (the gradient pass
-draws dropout as usual).
+The head's [tokens, vocabulary] logits never exist (Gemma's 262K vocabulary is TRL's memory
+wall). Where the engine takes an engine.SequenceObjective (the torch engine in one process),
+steps 1-3 share one forward pass per micro-batch: the trunk runs once with autograd, the
+chunked head once without gradient for S, then (the window's normalisation known up front:
+its pairs and chosen tokens) the micro-batch's pair losses and coefficients, then the head
+again with them; the window's loss is the sum of its micro-batches' shares. Elsewhere (the JAX
+engine, several processes) step 1 is a no-gradient pass of its own, in eval mode: with
+lora_dropout > 0 its S is dropout-free while the fused path's S shares the gradient pass's
+dropout, as autograd through S (TRL) has it.
 
 The reference of dpo and ipo is the model with the LoRA adapter off: finetune=full is refused
 for them (a frozen second copy of the weights is not kept); simpo and orpo need no reference.
@@ -61,7 +66,7 @@ from tunix_rt.home import Home
 from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import SeededOrder, collate, position_of, position_state
-from tunix_rt.train.engine import NLL, Engine
+from tunix_rt.train.engine import NLL, Engine, SequenceObjective
 
 #: the losses that compare with the reference policy (the adapter-off model)
 REFERENCE_LOSSES = ("dpo", "ipo")
@@ -116,36 +121,81 @@ def _sig(x):
 
 
 def pair_loss(kind: str, s_c, s_r, n_c, n_r, ref_c=None, ref_r=None, *, beta: float, label_smoothing: float = 0.0,
-              gamma: float = 0.0, lam: float = 0.0) -> PairLoss:
-    """The pref_loss `kind` of P pairs (the module docstring), mean over pairs, and dL/dS."""
+              gamma: float = 0.0, lam: float = 0.0, window_pairs: int | None = None,
+              window_tokens: float | None = None) -> PairLoss:
+    """The pref_loss `kind` of P pairs (the module docstring), mean over pairs, and dL/dS.
+    window_pairs / window_tokens: these pairs are a part of a window of that many pairs (and
+    chosen tokens, ORPO's NLL): the part's share of the window's loss and its gradient, so the
+    parts' losses sum to the window's."""
     s_c, s_r, n_c, n_r = (np.asarray(x, np.float64) for x in (s_c, s_r, n_c, n_r))
-    p, ls = len(s_c), label_smoothing
+    p, ls = window_pairs or len(s_c), label_smoothing
     if kind in REFERENCE_LOSSES:
         lr_c, lr_r = s_c - np.asarray(ref_c, np.float64), s_r - np.asarray(ref_r, np.float64)
     if kind == "dpo":
         z = beta * (lr_c - lr_r)
         losses = -(1 - ls) * _logsig(z) - ls * _logsig(-z)
         dd = beta * (-(1 - ls) * _sig(-z) + ls * _sig(z)) / p
-        return PairLoss(float(losses.mean()), dd, -dd, beta * lr_c, beta * lr_r)
+        return PairLoss(float(losses.sum() / p), dd, -dd, beta * lr_c, beta * lr_r)
     if kind == "ipo":
         delta = lr_c / n_c - lr_r / n_r - 1.0 / (2.0 * beta)
         dd = 2.0 * delta / p
-        return PairLoss(float((delta ** 2).mean()), dd / n_c, -dd / n_r, beta * lr_c, beta * lr_r)
+        return PairLoss(float((delta ** 2).sum() / p), dd / n_c, -dd / n_r, beta * lr_c, beta * lr_r)
     a_c, a_r = s_c / n_c, s_r / n_r
     if kind == "simpo":
         z = beta * (a_c - a_r - gamma / beta)
         losses = -(1 - ls) * _logsig(z) - ls * _logsig(-z)
         dd = beta * (-(1 - ls) * _sig(-z) + ls * _sig(z)) / p
-        return PairLoss(float(losses.mean()), dd / n_c, -dd / n_r, beta * a_c, beta * a_r)
+        return PairLoss(float(losses.sum() / p), dd / n_c, -dd / n_r, beta * a_c, beta * a_r)
     if kind == "orpo":
         one_minus_c, one_minus_r = -np.expm1(a_c), -np.expm1(a_r)  # 1 - e^a: a mean log-prob is < 0
         log_odds = (a_c - a_r) - (np.log(one_minus_c) - np.log(one_minus_r))
-        n_tokens = n_c.sum()
-        loss = -s_c.sum() / n_tokens - lam * _logsig(log_odds).mean()
+        n_tokens = window_tokens or n_c.sum()
+        loss = -s_c.sum() / n_tokens - lam * _logsig(log_odds).sum() / p
         dlo = -lam * _sig(-log_odds) / p
         return PairLoss(float(loss), dlo / one_minus_c / n_c - 1.0 / n_tokens, -dlo / one_minus_r / n_r,
                         lam * a_c, lam * a_r)
     raise ValueError(f"pref_loss must be one of dpo, ipo, simpo, orpo, got {kind!r}")
+
+
+def join(parts: list[PairLoss]) -> PairLoss:
+    """The window's PairLoss from its parts' (pair_loss with window_pairs / window_tokens)."""
+    cat = lambda name: np.concatenate([getattr(x, name) for x in parts])  # noqa: E731
+    return PairLoss(float(sum(x.loss for x in parts)), cat("d_chosen"), cat("d_rejected"), cat("chosen_rewards"),
+                    cat("rejected_rewards"))
+
+
+class _Window:
+    """A window's coefficients as a function of each micro-batch's own log-probs, the micro-
+    batches in order (engine.SequenceObjective.coef_of), and its PairLoss once all are seen."""
+
+    def __init__(self, cfg: TrainConfig, parts: list, refs: list, pairs: int, chosen_tokens: float):
+        self.cfg, self.parts, self.refs, self.pairs, self.chosen_tokens = cfg, parts, refs, pairs, chosen_tokens
+        self.losses: list[PairLoss] = []
+
+    def __call__(self, lp: np.ndarray) -> np.ndarray:
+        from tunix_rt.train.data import IGNORE
+
+        (b, spans), ref = self.parts[len(self.losses)], self.refs[len(self.losses)]
+        seq = np.full(b.labels.size, -1)
+        width = b.labels.shape[1]
+        for k, (row, at) in enumerate(spans):
+            seq[row * width + at.start:row * width + at.stop] = k
+        seq = seq[np.asarray(b.labels).reshape(-1) != IGNORE]  # the labelled positions, row-major: lp's order
+        on = seq >= 0
+        s = np.bincount(seq[on], weights=lp[on].astype(np.float64), minlength=len(spans))
+        n = np.array([float(at.stop - at.start) for _row, at in spans])
+        k, cfg = len(spans) // 2, self.cfg
+        part = pair_loss(cfg.pref_loss, s[:k], s[k:], n[:k], n[k:], *((ref[:k], ref[k:]) if ref is not None else ()),
+                         beta=cfg.pref_beta, label_smoothing=cfg.label_smoothing, gamma=cfg.simpo_gamma,
+                         lam=cfg.orpo_lambda, window_pairs=self.pairs, window_tokens=self.chosen_tokens)
+        self.losses.append(part)
+        d = -np.concatenate([part.d_chosen, part.d_rejected])
+        return np.where(on, d[np.maximum(seq, 0)], 0.0).astype(np.float32)
+
+    def loss(self) -> PairLoss:
+        if len(self.losses) != len(self.parts):
+            raise RuntimeError(f"the engine computed {len(self.losses)} of the window's {len(self.parts)} micro-batches")
+        return join(self.losses)
 
 
 def pair_batch(pairs: list[TokenPair], pad_id: int, shared: bool = False):
@@ -228,8 +278,13 @@ class Preference:
         else:
             pairs = [self.train_pairs[self.order.take()] for _ in range(self.per_batch * self.cfg.grad_accum)]
         t1 = time.perf_counter()
-        batches, loss = self.weighted_batches(engine, pairs)
-        grad_norm = engine.train_step(batches, NLL, lr).grad_norm if batches else 0.0
+        if pairs and engine.sequence_objective():
+            batches, window = self.window_objective(engine, pairs)
+            grad_norm = engine.train_step(batches, SequenceObjective(window), lr).grad_norm
+            loss = window.loss()
+        else:
+            batches, loss = self.weighted_batches(engine, pairs)
+            grad_norm = engine.train_step(batches, NLL, lr).grad_norm if batches else 0.0
         row = {"loss": loss.loss if loss else 0.0, "grad_norm": grad_norm,
                "tokens": int(sum(b.n_tokens for b in batches)), **self.pair_metrics(loss, len(pairs)), **extra}
         if self.rl is not None:
@@ -253,6 +308,17 @@ class Preference:
                 b.coef[row, span] = c
             at += k
         return [b for b, _ in parts], loss
+
+    def window_objective(self, engine: Engine, pairs: list[TokenPair]) -> tuple[list, "_Window"]:
+        """The window's micro-batches and the coefficients of each as a function of its own
+        log-probs (engine.SequenceObjective): the policy's S comes from the gradient pass itself;
+        the reference's R (dpo, ipo) from no-gradient adapter-off passes, as before."""
+        groups = [pairs[i:i + self.per_batch] for i in range(0, len(pairs), self.per_batch)]
+        parts = [pair_batch(g, self.tok.pad_id, shared=engine.shares_prefix()) for g in groups]
+        refs = [sequence_sums(engine, b, spans, adapter=False)[0] if self.reference else None for b, spans in parts]
+        for b, _ in parts:
+            b.coef = np.zeros(b.labels.shape, np.float32)  # set in the forward pass (_Window)
+        return [b for b, _ in parts], _Window(self.cfg, parts, refs, len(pairs), float(sum(len(p.chosen) for p in pairs)))
 
     def window_loss(self, engine: Engine, parts: list) -> PairLoss:
         """The pair loss of the micro-batches' pairs ((batch, spans) of pair_batch; no

@@ -113,6 +113,10 @@ class TorchEngine:
 
         return dist.world() == 1 and self.module.attn in SHARED_PREFIX_ATTENTION
 
+    def sequence_objective(self) -> bool:
+        """One process (a micro-batch's pairs whole here) and the chunked loss."""
+        return dist.world() == 1 and self.cfg.loss_impl == "chunked"
+
     @property
     def head_weight(self):
         return self.module.head()
