@@ -2,8 +2,10 @@
 --cpu-dry, a check of the script itself on tiny-gemma3 on a CPU). Every step is the real CLI,
 one process each, each command printed to the log; stages that share nothing run side by side.
 
-    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--recipes full[,lora,…]]
-        [--sft-epochs 2] [--sft-batch 32] [--grpo-steps 12] [--sampled-batch 405] [--cpu-dry]
+    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--stages gsm8k[,rg-rl]]
+        [--recipes full[,lora,…]] [--kinds plain,calc] [--sft-epochs 2] [--sft-batch 32]
+        [--grpo-steps 12] [--sampled-batch 405] [--no-sampled] [--cpu-dry]
+    e.g. a longer GRPO from the calculator run alone: --kinds calc --no-sampled --grpo-steps 30
 
 1. setup  `model import gemma3-270m` (the GGUF package, dequantised); `data import gsm8k` with
           and without `--tools calculator`; a dozen reasoning-gym tasks (test split: seeds
@@ -120,6 +122,9 @@ def main() -> None:
     ap.add_argument("--rg-per-task", type=int, default=32)
     ap.add_argument("--stages", default="gsm8k", help="gsm8k (SFT with and without the calculator, GRPO, "
                     "sampled evals, the reasoning-gym dozen), rg-rl (GRPO on --rg-rl-tasks, curriculum vs fixed), or both")
+    ap.add_argument("--kinds", default="plain,calc", help="gsm8k: which traces, plain and/or calc (calculator)")
+    ap.add_argument("--no-sampled", dest="sampled", action="store_false",
+                    help="gsm8k: skip the sampled evals (pass@k on GSM8K dev, the reasoning-gym dozen)")
     ap.add_argument("--rg-rl-tasks", default="gcd,letter_counting,products,basic_arithmetic",
                     help="reasoning-gym tasks for rg-rl: the plain SFT run's pass@8 was 5-60%% on these (README)")
     ap.add_argument("--rg-rl-n", type=int, default=4096, help="rg-rl training records")
@@ -185,7 +190,7 @@ def main() -> None:
     limit = ["--limit", "6", "--max-new-tokens", "24"] if dry else []
     ebatch = "6" if dry else "405"
 
-    stages = set(args.stages.split(","))
+    stages, kinds = set(args.stages.split(",")), set(args.kinds.split(","))
     rl_tasks = args.rg_rl_tasks.split(",")
 
     # 1. setup
@@ -253,7 +258,8 @@ def main() -> None:
     if "gsm8k" in stages:
         for n, r in recipes.items():  # one recipe at a time: two full fine-tunes take ~60 of an H100's 80 GB
             together(*[(lambda d=d, x=x: sft(f"{n}_{d}", r, x))
-                       for d, x in (("plain", ["dataset=gsm8k"]), ("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))])
+                       for d, x in (("plain", ["dataset=gsm8k"]), ("calc", ["dataset=gsm8k-calc", "tools=[calculator]"]))
+                       if d in kinds])
 
         # 3. greedy on all dev items, then compare each recipe's two runs (McNemar)
         greedy = ["--dataset", "gsm8k", "--split", "dev", "--batch-size", ebatch]
@@ -295,9 +301,10 @@ def main() -> None:
             if start:
                 jobs.append(lambda d=d, start=start: grpo(d, start, ["tools=[calculator]", "dataset=gsm8k-calc"]
                                                            if d == "calc" else []))
-                jobs.append(lambda d=d, start=start: ev(f"sampled_{start}", runs[start],
-                                                        ["--dataset", "gsm8k", "--split", "dev"] + sampled, 400))
-        if best["plain"]:
+                if args.sampled:
+                    jobs.append(lambda d=d, start=start: ev(f"sampled_{start}", runs[start],
+                                                            ["--dataset", "gsm8k", "--split", "dev"] + sampled, 400))
+        if best["plain"] and args.sampled:
             jobs.append(lambda: ev("rg_plain", runs[best["plain"]], ["--dataset", "rg-dozen", "--split", "test"] + sampled, 400))
         together(*jobs)
 
