@@ -214,7 +214,7 @@ function evaluated(e) {
 }
 
 // The shipped presets (src/tunix_rt/configs; a test holds this list to that folder).
-const PRESETS = ["smoke", "cpu-demo", "cpu-sft", "cpu-grpo", "cpu-rft", "cpu-simpo", "cpu-distill", "gpu", "gpu-grpo", "gpu-dpo"];
+const PRESETS = ["smoke", "cpu-demo", "cpu-sft", "cpu-grpo", "cpu-rft", "cpu-simpo", "cpu-distill", "gpu", "gpu-full-calc", "gpu-grpo", "gpu-dpo"];
 // Each method's main settings on the run form (TrainConfig's names; the server checks them as
 // it checks any override): [field, choices] for a list, [field, "number" | "int" | "text"]. A
 // field left empty keeps the preset's value.
