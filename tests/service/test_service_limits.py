@@ -208,20 +208,29 @@ def test_requests_waiting_for_a_model_slot_leave_the_api_its_threads(home):
     the shared pool, 40 threads) and health still answer at once; once the stream ends the
     waiting requests are served or told to retry (503 + Retry-After), never a 500."""
     from concurrent.futures import ThreadPoolExecutor
+    from contextlib import ExitStack
 
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    with _serving(home, serve_max_models=1, serve_load_wait_s=20) as (srv, _):
+    # The tiny model decodes 1000 tokens in ~0.8 s on an idle machine: one long answer could end
+    # before the checks below (then the waiting requests are served at once, and the test
+    # failed by chance). Eight of them, decoded one at a time (max_batch 1), keep the model
+    # busy for ~6 s; closing their streams cancels them.
+    with _serving(home, serve_max_models=1, serve_load_wait_s=20, serve_max_batch=1) as (srv, _):
         url = srv.url + "/v1/chat/completions"
         long = {"model": "tiny-gemma3", "max_tokens": 1000, "stream": True,
                 "messages": [{"role": "user", "content": "Tell me a long story."}]}
         other = {"model": "tiny-gemma2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
         with ThreadPoolExecutor(45) as pool, httpx.Client(base_url=srv.url, headers=auth, timeout=60) as api:
-            with httpx.stream("POST", url, json=long, headers=auth, timeout=120) as stream:
-                lines = stream.iter_lines()
-                next(lines)  # the model is busy decoding
+            with ExitStack() as streams:
+                lines = []  # kept: an iterator dropped closes its response, which cancels the answer
+                for _ in range(8):
+                    lines.append(streams.enter_context(httpx.stream("POST", url, json=long, headers=auth,
+                                                                    timeout=120)).iter_lines())
+                    next(lines[-1])  # submitted: the model is busy decoding
                 waiting = [pool.submit(httpx.post, url, json=other, headers=auth, timeout=120) for _ in range(45)]
                 time.sleep(1.0)
-                assert not any(f.done() for f in waiting)  # all wait for the slot
+                done = [f.result() if not f.exception() else f.exception() for f in waiting if f.done()]
+                assert not done, done  # all wait for the slot
                 for path in ("/api/jobs", "/api/health", "/api/evaluations"):
                     t0 = time.monotonic()
                     assert api.get(path).status_code == 200
