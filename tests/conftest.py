@@ -14,12 +14,20 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["pytester"]  # tests/test_requires.py runs pytest inside pytest
 
 
-def pytest_report_header(config) -> str | None:
+def pytest_report_header(config) -> list[str]:
+    import shutil
+    import tempfile
+
     from requires import under_ci
 
+    lines = []
     if under_ci():
-        return "CI=true: a test whose PostgreSQL, chromium or package is missing fails (tests/requires.py)"
-    return None
+        lines.append("CI=true: a test whose PostgreSQL, chromium or package is missing fails (tests/requires.py)")
+    # A run writes ~5 GB under the temp dir (tiny and 270M checkpoints); a full disk has made runs
+    # fail or stall in ways that say nothing about the code: the free space is printed to tell.
+    free = {d: shutil.disk_usage(d).free / 2**30 for d in (tempfile.gettempdir(), str(REPO))}
+    lines.append("free disk: " + ", ".join(f"{d} {gb:.1f} GiB" for d, gb in free.items()))
+    return lines
 
 
 @pytest.fixture
