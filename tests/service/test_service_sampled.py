@@ -90,6 +90,7 @@ def test_eval_and_compare_pages_show_pass_at_k_and_the_paired_test(sampled_home)
             page.goto(f"{srv.url}/#token={TOKEN}")
             page.wait_for_selector("[data-testid=leaderboard]")
             page.goto(f"{srv.url}/#/leaderboard?dataset=tiny&split=dev&metric=maj@4")
+            page.wait_for_function("document.querySelector('#metric')?.value === 'maj@4'")  # not the login's board
             page.wait_for_selector("[data-testid=leaderboard-row]")
             assert page.locator("#metric option[value='pass@4']").count() == 1
             assert "sampled-b" in page.locator("[data-testid=leaderboard-row]").nth(0).inner_text()
@@ -99,7 +100,8 @@ def test_eval_and_compare_pages_show_pass_at_k_and_the_paired_test(sampled_home)
             for k in ("pass@1", "pass@2", "pass@4", "maj@4"):
                 assert f"{k} {100 * mb[k]:.1f}%" in shown, (k, shown)
             assert "4 samples per item" in shown
-            page.goto(f"{srv.url}/#/eval/greedy-a")
+            page.goto(f"{srv.url}/#/eval/greedy-a")  # a hash change: sampled-b's predictions stay until it renders
+            page.wait_for_selector("h1:has-text('Evaluation greedy-a')")
             page.wait_for_selector("[data-testid=prediction]")
             assert page.locator("[data-testid=eval-sampled]").count() == 0
             page.goto(f"{srv.url}/#/compare?a=sampled-a&b=sampled-b")
