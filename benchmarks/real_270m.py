@@ -2,10 +2,11 @@
 --cpu-dry, a check of the script itself on tiny-gemma3 on a CPU). Every step is the real CLI,
 one process each, each command printed to the log; stages that share nothing run side by side.
 
-    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--stages gsm8k[,rg-rl]]
+    python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--stages gsm8k[,rg-rl][,methods]]
         [--recipes full[,lora,…]] [--kinds plain,calc] [--sft-epochs 2] [--sft-batch 32]
-        [--grpo-steps 12] [--sampled-batch 405] [--no-sampled] [--cpu-dry]
+        [--grpo-steps 12] [--sampled-batch 405] [--no-sampled] [--method-rollouts 512] [--cpu-dry]
     e.g. a longer GRPO from the calculator run alone: --kinds calc --no-sampled --grpo-steps 30
+    the methods of issue 26.8 alone: --stages methods
 
 1. setup  `model import gemma3-270m` (the GGUF package, dequantised); `data import gsm8k` with
           and without `--tools calculator`; a dozen reasoning-gym tasks (test split: seeds
@@ -25,10 +26,15 @@ one process each, each command printed to the log; stages that share nothing run
           was 5-60%); GRPO from the SFT run on that mixture with `curriculum=` and with the
           dataset's fixed difficulty, same steps, side by side; greedy on the mixture's test
           split before and after, McNemar per task, and curriculum vs fixed per task.
+--stages methods (issue 26.8), from the same plain full SFT run: GRPO, RFT, SimPO on on-policy
+          pairs, and SimPO then GRPO (half the budget each), every method given the same number
+          of sampled completions (--method-rollouts; wall time recorded), one after the other;
+          greedy on all 405 dev items each (accuracy, `arith`) and McNemar against the SFT run.
 Writes DIR/real_270m.json (every figure), DIR/real_270m.log (every command and its output) and
 DIR/evals.tar.gz (each eval's summary and predictions).
 Last line: RESULT best_plain=… plain_acc=… best_calc=… calc_acc=… calc_over_plain=… grpo_calc_acc=…
-grpo_plain_acc=… rgrl_sft_acc=… rgrl_curriculum_acc=… rgrl_fixed_acc=… (None: that stage did not run)
+grpo_plain_acc=… rgrl_sft_acc=… rgrl_curriculum_acc=… rgrl_fixed_acc=… grpo_acc=… rft_acc=… simpo_acc=…
+simpo_grpo_acc=… (None: that stage did not run)
 
 On a lent H100 (2026-11-26), at fa7f1d6 with `--budget-s 545 --recipes full,lora --grpo-steps 30
 --sampled-batch 810` (then the defaults): setup 79 s (the import 76 s); the full fine-tunes ran 220
@@ -121,7 +127,8 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--rg-per-task", type=int, default=32)
     ap.add_argument("--stages", default="gsm8k", help="gsm8k (SFT with and without the calculator, GRPO, "
-                    "sampled evals, the reasoning-gym dozen), rg-rl (GRPO on --rg-rl-tasks, curriculum vs fixed), or both")
+                    "sampled evals, the reasoning-gym dozen), rg-rl (GRPO on --rg-rl-tasks, curriculum vs fixed), "
+                    "methods (GRPO, RFT, SimPO, SimPO then GRPO from one SFT run), comma-separated")
     ap.add_argument("--kinds", default="plain,calc", help="gsm8k: which traces, plain and/or calc (calculator)")
     ap.add_argument("--no-sampled", dest="sampled", action="store_false",
                     help="gsm8k: skip the sampled evals (pass@k on GSM8K dev, the reasoning-gym dozen)")
@@ -130,6 +137,8 @@ def main() -> None:
     ap.add_argument("--rg-rl-n", type=int, default=4096, help="rg-rl training records")
     ap.add_argument("--rg-rl-test-per-task", type=int, default=64)
     ap.add_argument("--curriculum", default="{window: 16, raise_at: 0.6, lower_below: 0.2}")
+    ap.add_argument("--method-rollouts", type=int, default=512,
+                    help="methods: sampled completions each method gets (8 prompts x 4 a step: 16 GRPO steps)")
     ap.add_argument("--cpu-dry", action="store_true")
     args = ap.parse_args()
     t_start = time.time()
@@ -343,6 +352,57 @@ def main() -> None:
                 res["rgrl_curriculum_vs_fixed"] = per_task_mcnemar(work / "rgrl_fixed", work / "rgrl_curriculum")
         save()
 
+    if "methods" in stages:
+        # issue 26.8: from one SFT run, each method with the same number of sampled completions
+        # (8 prompts x 4 a step, `--config gpu-grpo`'s rollouts), one after the other; greedy on
+        # all dev items; McNemar against the SFT run
+        if "full_plain" not in runs:
+            sft("full_plain", RECIPES["full"], ["dataset=gsm8k"])
+        if "full_plain" in runs:
+            start = runs["full_plain"]
+            greedy = ["--dataset", "gsm8k", "--split", "dev", "--batch-size", ebatch]
+            if not (work / "greedy_full_plain").exists():
+                ev("greedy_full_plain", start, greedy, 200)
+            per_step = 2 * 2 if dry else 8 * 4  # rl_prompts x group_size
+            steps = 2 if dry else max(2, args.method_rollouts // per_step)
+            base = ["--engine", "torch", f"model={model}", "save_interval=0", "eval_interval=0", "dataset=gsm8k",
+                    "log_interval=1", "rl_prompts=2" if dry else "rl_prompts=8", "group_size=4" if not dry else "group_size=2"] + dev
+            if dry:
+                base += ["max_seq_len=256", "rollout_max_new_tokens=16", "warmup_steps=1"]
+            simpo = ["--config", "gpu-dpo", "pref_loss=simpo", "pref_beta=2.0", "simpo_gamma=1.0"]
+            plans = {  # name: [(config args, optimizer steps)], run in order, each from the last
+                "grpo": [(["--config", "gpu-grpo"], steps)],
+                "rft": [(["--config", "gpu-grpo", "method=rft", "rft_round_steps=2",
+                          "rft_accept={answer: 1.0, format: 1.0}", "lr=5e-5"], 2 * steps)],  # a round = one GRPO step's samples; one that keeps nothing takes 1 step, not 2
+                "simpo": [(simpo, steps)],
+                "simpo_grpo": [(simpo, max(1, steps // 2)), (["--config", "gpu-grpo"], max(1, steps - steps // 2))],
+            }
+            def drawn(run: Path) -> int:
+                """completions a run sampled: RFT logs each round's; GRPO and on-policy pairs draw
+                per_step every step (an RFT round that keeps nothing takes one step, not two)"""
+                rows = metrics(run)
+                if any("rft_samples" in r for r in rows):
+                    return sum(int(r.get("rft_samples", 0)) for r in rows)
+                return per_step * sum(1 for r in rows if "step_s" in r)
+
+            for name, chain in plans.items():
+                frm, t0, ok, n_drawn = start, time.time(), True, 0
+                for i, (conf, n) in enumerate(chain):
+                    rc, text = cli(f"method_{name}_{i}", ["train"] + conf + base + [f"init={frm}", f"max_steps={n}"],
+                                   max(5, deadline - time.time() - 60))
+                    run = run_dir(text)
+                    ok = rc == 0 and run is not None
+                    if not ok:
+                        break
+                    frm, n_drawn = run.name, n_drawn + drawn(run)
+                if ok:
+                    with lock:
+                        res[f"method_{name}"] = {"run": frm, "train_wall_s": round(time.time() - t0, 1),
+                                                 "completions": n_drawn}
+                    if ev(f"greedy_method_{name}", frm, greedy, max(5, deadline - time.time() - 10)):
+                        compare("greedy_full_plain", f"greedy_method_{name}")
+        save()
+
     # per-task pass@8 from the reasoning-gym predictions
     preds = work / "rg_plain" / "predictions.jsonl"
     if preds.exists():
@@ -382,7 +442,8 @@ def main() -> None:
           f"calc_over_plain={round(ca / pa, 3) if pa and ca is not None else 'na'} "
           f"grpo_calc_acc={g('greedy_grpo_calc', 'accuracy')} grpo_plain_acc={g('greedy_grpo_plain', 'accuracy')} "
           f"rgrl_sft_acc={g('rgrl_sft', 'accuracy')} rgrl_curriculum_acc={g('rgrl_curriculum', 'accuracy')} "
-          f"rgrl_fixed_acc={g('rgrl_fixed', 'accuracy')}")
+          f"rgrl_fixed_acc={g('rgrl_fixed', 'accuracy')} "
+          + " ".join(f"{m}_acc={g(f'greedy_method_{m}', 'accuracy')}" for m in ("grpo", "rft", "simpo", "simpo_grpo")))
 
 
 if __name__ == "__main__":
