@@ -363,10 +363,11 @@ def main() -> None:
             greedy = ["--dataset", "gsm8k", "--split", "dev", "--batch-size", ebatch]
             if not (work / "greedy_full_plain").exists():
                 ev("greedy_full_plain", start, greedy, 200)
-            per_step = 2 * 2 if dry else 8 * 4  # rl_prompts x group_size
+            prompts, group = (2, 2) if dry else (8, 4)  # the gpu presets' rollouts, set for every method
+            per_step = prompts * group
             steps = 2 if dry else max(2, args.method_rollouts // per_step)
             base = ["--engine", "torch", f"model={model}", "save_interval=0", "eval_interval=0", "dataset=gsm8k",
-                    "log_interval=1", "rl_prompts=2" if dry else "rl_prompts=8", "group_size=4" if not dry else "group_size=2"] + dev
+                    "log_interval=1", f"rl_prompts={prompts}", f"group_size={group}"] + dev
             if dry:
                 base += ["max_seq_len=256", "rollout_max_new_tokens=16", "warmup_steps=1"]
             simpo = ["--config", "gpu-dpo", "pref_loss=simpo", "pref_beta=2.0", "simpo_gamma=1.0"]
@@ -377,6 +378,7 @@ def main() -> None:
                 "simpo": [(simpo, steps)],
                 "simpo_grpo": [(simpo, max(1, steps // 2)), (["--config", "gpu-grpo"], max(1, steps - steps // 2))],
             }
+
             def drawn(run: Path) -> int:
                 """completions a run sampled: RFT logs each round's; GRPO and on-policy pairs draw
                 per_step every step (an RFT round that keeps nothing takes one step, not two)"""
