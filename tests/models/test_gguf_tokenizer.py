@@ -84,3 +84,44 @@ def test_refuses_a_non_sentencepiece_vocabulary():
     v = _toy()
     with pytest.raises(ValueError, match="not SentencePiece"):
         build_tokenizer(GGUFVocab(v.tokens, v.scores, v.types, model="gpt2"))
+
+
+def test_the_fast_shared_reader_parses_what_gguf_py_parses(toy_file, tmp_path):
+    """FastGGUFReader (plain-ndarray slices) yields gguf-py's fields and tensors byte for byte,
+    and shared_readers() hands every GGUFReader(path) inside it one parse, then restores gguf."""
+    import gguf
+    import numpy as np
+
+    from tunix_rt.models.gguf_reader import FastGGUFReader, shared_readers
+
+    # a second file with a quantised-looking tensor layout: several tensors, odd sizes, an offset
+    other = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(other), "gemma3")
+    w.add_uint32("x.n", 7)
+    w.add_array("x.f", [1.5, -2.0, 3.25])
+    rng = np.random.default_rng(0)
+    for i, shape in enumerate([(3,), (5, 7), (2, 3, 4)]):
+        w.add_tensor(f"t{i}", rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file(), w.write_kv_data_to_file(), w.write_tensors_to_file(), w.close()
+
+    for path in (toy_file, other):
+        slow, fast = gguf.GGUFReader(str(path)), FastGGUFReader(str(path))
+        assert list(slow.fields) == list(fast.fields)
+        for name, f in slow.fields.items():
+            g = fast.fields[name]
+            assert (f.offset, f.data, f.types) == (g.offset, g.data, g.types), name
+            assert [bytes(p) for p in f.parts] == [bytes(p) for p in g.parts], name
+            assert all(type(p) is np.ndarray for p in g.parts), name  # no memmap slices
+        assert [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in slow.tensors] == \
+               [(t.name, t.tensor_type, list(t.shape), t.data_offset) for t in fast.tensors]
+        for a, b in zip(slow.tensors, fast.tensors):
+            np.testing.assert_array_equal(np.asarray(a.data), np.asarray(b.data))
+
+    saved = gguf.GGUFReader
+    with shared_readers():
+        first = gguf.GGUFReader(str(toy_file))
+        assert isinstance(first, FastGGUFReader)
+        assert gguf.GGUFReader(toy_file) is first  # the same file (str or Path): one parse
+        assert gguf.GGUFReader(str(other)) is not first
+        assert GGUFVocab.read(toy_file) == _toy()
+    assert gguf.GGUFReader is saved

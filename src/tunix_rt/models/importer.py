@@ -279,6 +279,7 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from tunix_rt.models.gguf_reader import shared_readers
     from tunix_rt.models.gguf_tokenizer import GGUFVocab, build_tokenizer
 
     package = preset.gguf_package
@@ -287,15 +288,16 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
     gguf, gguf_sha = assemble_gguf(preset, scratch)
     say(f"assembled {gguf.name} ({gguf.stat().st_size / 2**20:.0f} MiB, sha256 verified) in {time.perf_counter() - t0:.1f}s")
 
-    t0 = time.perf_counter()
-    tokenizer = build_tokenizer(GGUFVocab.read(gguf))
-    say(f"tokenizer rebuilt as SentencePiece BPE in {time.perf_counter() - t0:.1f}s")
-    t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(scratch, gguf_file=gguf.name, dtype=torch.float32)
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:
-        quantizer.remove_quantization_config(model)  # weights are already dequantized
-    say(f"weights dequantized to fp32 in {time.perf_counter() - t0:.1f}s")
+    with shared_readers():  # one parse of the file for the vocabulary, the config and the weights
+        t0 = time.perf_counter()
+        tokenizer = build_tokenizer(GGUFVocab.read(gguf))
+        say(f"tokenizer rebuilt as SentencePiece BPE in {time.perf_counter() - t0:.1f}s")
+        t0 = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(scratch, gguf_file=gguf.name, dtype=torch.float32)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)  # weights are already dequantized
+        say(f"weights dequantized to fp32 in {time.perf_counter() - t0:.1f}s")
 
     model.generation_config.eos_token_id = _stop_ids(tokenizer)
 
