@@ -4,7 +4,7 @@ one process each, each command printed to the log; stages that share nothing run
 
     python3 benchmarks/real_270m.py [--out DIR] [--budget-s 540] [--stages gsm8k[,rg-rl][,methods]]
         [--recipes full[,lora,…]] [--kinds plain,calc] [--sft-epochs 2] [--sft-batch 32]
-        [--grpo-steps 12] [--sampled-batch 405] [--no-sampled] [--method-rollouts 512] [--cpu-dry]
+        [--grpo-steps 12] [--grpo-fit-s S] [--grpo-over=K=V …] [--sampled-batch 405] [--no-sampled] [--method-rollouts 512] [--cpu-dry]
     e.g. a longer GRPO from the calculator run alone: --kinds calc --no-sampled --grpo-steps 30
     the methods of issue 26.8 alone: --stages methods
 
@@ -122,6 +122,10 @@ def main() -> None:
     ap.add_argument("--sft-epochs", type=float, default=2.0)
     ap.add_argument("--sft-batch", type=int, default=32, help="packed rows of 512 tokens a step")
     ap.add_argument("--grpo-steps", type=int, default=12)
+    ap.add_argument("--grpo-fit-s", type=float, default=0.0,
+                    help="gsm8k: GRPO steps as many as fit the budget at this many seconds a step (at most --grpo-steps)")
+    ap.add_argument("--grpo-over", action="append", default=[],
+                    help="gsm8k: an extra GRPO override (repeatable), e.g. --grpo-over=group_size=8")
     ap.add_argument("--sampled-batch", type=int, default=405,
                     help="sequences a sampled eval decodes at once (3 evals at 810 beside GRPO filled an H100)")
     ap.add_argument("--temperature", type=float, default=0.7)
@@ -290,6 +294,12 @@ def main() -> None:
                        "eval_interval=0", "dataset=gsm8k", f"max_steps={args.grpo_steps}"] + dev
         if dry:
             grpo_common += ["rl_prompts=2", "max_seq_len=256", "rollout_max_new_tokens=16", "max_steps=2", "warmup_steps=1"]
+
+        grpo_common += args.grpo_over
+        if args.grpo_fit_s and not dry:  # what fits before the last minute and a half, ~30 s of start-up
+            fit = int((deadline - time.time() - 90 - 30) // args.grpo_fit_s)
+            grpo_common.append(f"max_steps={max(1, min(args.grpo_steps, fit))}")
+            res["grpo_steps_fitted"] = max(1, min(args.grpo_steps, fit))
 
         def grpo(d: str, start: str, extra: list[str]):
             # stopped (SIGTERM, then no eval) if it would run past the budget's last minute and a half
