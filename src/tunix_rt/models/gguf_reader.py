@@ -26,8 +26,8 @@ class FastGGUFReader(GGUFReader):
     """gguf-py's reader, parsing from a plain ndarray view of its memmap."""
 
     def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
-        plain = self.__dict__.get("_plain")
-        if plain is None or plain.base is not self.data:
+        plain = self.__dict__.get("_plain")  # __init__ sets self.data once, then parses
+        if plain is None:
             plain = self._plain = self.data.view(np.ndarray)
         count = int(count)
         itemsize = np.dtype(dtype).itemsize
@@ -37,18 +37,18 @@ class FastGGUFReader(GGUFReader):
 
 @contextlib.contextmanager
 def shared_readers() -> Iterator[None]:
-    """Inside: `gguf.GGUFReader(path)` (read-only) parses each file once, fast. Not
-    re-entrant across threads: one import holds it at a time."""
+    """Inside: `gguf.GGUFReader(path)` (read-only) parses each file once, fast. One import
+    holds it at a time (a lock; not re-entrant)."""
     import gguf
 
-    cache: dict[tuple[str, str], GGUFReader] = {}
+    cache: dict[str, GGUFReader] = {}
 
     def reader(path: Any, mode: str = "r") -> GGUFReader:
         if mode != "r":
             return GGUFReader(path, mode)
-        key = (str(Path(path).resolve()), mode)
+        key = str(Path(path).resolve())
         if key not in cache:
-            cache[key] = FastGGUFReader(path, mode)
+            cache[key] = FastGGUFReader(path)
         return cache[key]
 
     with _lock:
