@@ -120,6 +120,29 @@ def test_make_items_is_deterministic_and_keeps_the_config():
         make_items("basic_arithmetic", 0, 1, {})
 
 
+def test_enum_configs_fractions_and_failing_generators():
+    """A config field of enum members (aiw's task_types) survives JSON and comes back as the
+    task's enum; metadata holding a Fraction (gsm_symbolic) is kept as its exact string and the
+    gold answer still scores 1.0; a generator that raises is named, not a traceback."""
+    from reasoning_gym.logic.aiw import TaskType
+
+    from tunix_rt.traces.reasoning_gym import _typed, score, task_config
+
+    aiw = make_items("aiw", 3, 4, {"task_types": ["siblings"], "task_type_weights": [1.0]})
+    assert aiw[0]["meta"]["rg"]["config"]["task_types"] == ["siblings"]
+    assert _typed("aiw", aiw[0]["meta"]["rg"]["config"])["task_types"] == [TaskType.SIBLINGS]
+    assert all(score(r["meta"], r["question"], r["answer"], r["answer"]) == 1.0 for r in aiw)
+    assert all("sister" in r["question"] or "brother" in r["question"] for r in aiw)
+    assert task_config("aiw", {})["task_types"] == ["siblings", "friends", "colleagues"]
+    with pytest.raises(BadInput, match="task_types: 'cousins' is not one of 'siblings'"):
+        task_config("aiw", {"task_types": ["cousins"]})
+    sym = make_items("gsm_symbolic", 16, 12345, {})
+    fractions = [r for r in sym if any("/" in str(v) for v in r["meta"]["rg"]["metadata"].values())]
+    assert fractions, "no item of this seed holds a Fraction: pick another seed"
+    with pytest.raises(BadInput, match=r"aiw item 0 \(seed 4\): reasoning-gym's generator failed .*ValueError"):
+        make_items("aiw", 1, 4, {"task_types": ["siblings", "friends"], "task_type_weights": [1.0]})
+
+
 def test_empty_steps_only_in_a_record_that_names_a_scorer():
     from tunix_rt.traces.schema import RecordError, validate_trace
 

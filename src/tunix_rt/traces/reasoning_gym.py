@@ -49,7 +49,10 @@ import hashlib
 import json
 import math
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from decimal import Decimal
+from enum import Enum
+from fractions import Fraction
 from typing import Any, Iterator
 
 from tunix_rt.errors import BadInput
@@ -108,7 +111,7 @@ def task_config(task: str, config: dict[str, Any]) -> dict[str, Any]:
     if unknown := sorted(set(config) - known):
         raise BadInput(f"config of {task}: unknown field {unknown[0]!r} (known: {', '.join(sorted(known))})")
     try:
-        cfg = config_cls(**config)
+        cfg = config_cls(**_typed(task, config))
         if hasattr(cfg, "validate"):
             cfg.validate()
     except (AssertionError, TypeError, ValueError) as e:
@@ -117,11 +120,54 @@ def task_config(task: str, config: dict[str, Any]) -> dict[str, Any]:
     return _json(full, f"config of {task}")
 
 
+def _enum_fields(config_cls: Any) -> dict[str, type[Enum]]:
+    """The config fields whose default is an Enum member or a list of them: their enum class.
+    JSON keeps such a value as its plain value (TaskType.SIBLINGS -> "siblings"), which the
+    task's generator does not accept back (aiw calls .value on it)."""
+    out: dict[str, type[Enum]] = {}
+    for f in fields(config_cls):
+        default = f.default if f.default is not MISSING else (
+            f.default_factory() if f.default_factory is not MISSING else None)
+        if isinstance(default, Enum):
+            out[f.name] = type(default)
+        elif isinstance(default, (list, tuple)) and default and all(isinstance(v, Enum) for v in default):
+            out[f.name] = type(default[0])
+    return out
+
+
+def _typed(task: str, config: dict[str, Any]) -> dict[str, Any]:
+    """`config` (JSON: a user's --config, or a record's meta.rg.config) with each enum field's
+    plain values turned back into the task's enum members; BadInput naming a value that is
+    not one."""
+    _, config_cls = _rg().factory.DATASETS[task]
+    out = dict(config)
+    for name, enum in _enum_fields(config_cls).items():
+        if name not in out:
+            continue
+
+        def member(v: Any, name: str = name, enum: type[Enum] = enum) -> Enum:
+            if isinstance(v, enum):
+                return v
+            try:
+                return enum(v)
+            except ValueError:
+                raise BadInput(f"config of {task}: {name}: {v!r} is not one of "
+                               f"{', '.join(repr(m.value) for m in enum)}") from None
+
+        value = out[name]
+        out[name] = [member(v) for v in value] if isinstance(value, (list, tuple)) else member(value)
+    return out
+
+
 def _json(value: Any, what: str) -> Any:
-    """`value` as plain JSON (tuples become lists, sets sorted lists); BadInput otherwise."""
+    """`value` as plain JSON (tuples become lists, sets sorted lists, fractions and decimals
+    their exact string); BadInput otherwise. What a scorer reads back as a string where it had
+    a Fraction is caught by the gold-answer check of every record (_record)."""
     def fallback(v: Any) -> Any:
         if isinstance(v, (set, frozenset)):
             return sorted(v, key=repr)
+        if isinstance(v, (Fraction, Decimal)):
+            return str(v)
         raise TypeError(f"{type(v).__name__} is not JSON")
 
     try:
@@ -142,7 +188,7 @@ def _create(task: str, config: dict[str, Any], seed: int, size: int):
     """A reasoning-gym dataset object (the generator of a seed, and the owner of score_answer)."""
     check_task(task)
     try:
-        return _rg().create_dataset(task, seed=seed, size=size, **config)
+        return _rg().create_dataset(task, seed=seed, size=size, **_typed(task, config))
     except (AssertionError, TypeError, ValueError) as e:
         raise BadInput(f"config of {task}: {e or type(e).__name__}") from None
 
@@ -179,9 +225,16 @@ def score(record_meta: dict[str, Any], question: str, gold: str, answer: str) ->
 
 
 def _entries(task: str, seed: int, config: dict[str, Any], limit: int) -> Iterator[tuple[int, dict]]:
+    """Items 0..limit-1 of the task at `seed`; a generator that fails (reasoning-gym's own
+    code, at some config) is BadInput naming the task, the item and the error."""
     ds = _create(task, config, seed, limit)
     for idx in range(limit):
-        yield idx, ds[idx]
+        try:
+            entry = ds[idx]
+        except Exception as e:  # noqa: BLE001 - the task's generator: any failure is the task's
+            raise BadInput(f"{task} item {idx} (seed {seed}): reasoning-gym's generator failed at this config "
+                           f"({type(e).__name__}: {e})") from None
+        yield idx, entry
 
 
 def _record(task: str, seed: int, config: dict[str, Any], idx: int, entry: dict) -> dict[str, Any]:
