@@ -77,6 +77,27 @@ def test_evals_are_the_tasks_test_split_by_its_scorer(demo, state):
                 assert p["correct"] == verdict, (label, p["id"])
 
 
+def test_the_constant_answer_baseline_is_reported(demo, state):
+    """The floor a gain must clear: always the train split's most common answer, scored on the
+    evaluated items by the task's verifier; in demo.json, on the console and in REPORT.md."""
+    from collections import Counter
+
+    from tunix_rt.eval.scoring import is_correct, score
+    from tunix_rt.home import Home
+    from tunix_rt.traces.dataset import load_dataset
+
+    ds = load_dataset(state["task"]["dataset"], Home(demo.home))
+    counts = Counter(r.answer for r in ds.split("train"))
+    top = max(counts.values())
+    answer = next(r.answer for r in ds.split("train") if counts[r.answer] == top)
+    items = ds.split("test")[:8]
+    acc = sum(is_correct(score(r, answer)) for r in items) / 8
+    assert state["task"]["constant_baseline"] == {"answer": answer, "accuracy": acc, "n": 8}
+    text = f'always answering "{answer}" (the train split\'s most common answer) scores {100 * acc:.1f}% of these 8 items'
+    assert text in " ".join(demo.stdout.split())
+    assert f"- baseline: {text}" in (demo.run_dir / "REPORT.md").read_text()
+
+
 def test_grpo_trains_on_the_task_with_its_curriculum_from_the_gsm8k_sft(demo, state):
     rl = json.loads((demo.run_dir / "run_manifest.json").read_text())["config"]
     sft = json.loads((demo.home / "runs" / state["run_id"] / "run_manifest.json").read_text())["config"]

@@ -27,6 +27,7 @@ shared SFT run's own REPORT.md (GSM8K, written by a plain demo) is left as it is
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -195,6 +196,14 @@ class TaskData:
     curriculum: bool
     """reasoning-gym has a curriculum for the task: GRPO runs with `curriculum: true`."""
     counts: dict[str, int]
+    baseline: Any = None
+    """eval.scoring.ConstantBaseline on the evaluated items: always the train split's most
+    common answer (the floor RL must clear: GRPO learns a skewed answer distribution fast)."""
+
+    def with_baseline(self, ds: Any, sample: list) -> "TaskData":
+        from tunix_rt.eval.scoring import constant_baseline
+
+        return dataclasses.replace(self, baseline=constant_baseline(ds.split("train"), sample))
 
     @property
     def scorer(self) -> str:
@@ -204,7 +213,14 @@ class TaskData:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.task, "scorer": self.scorer, "dataset": self.ds.ref, "seed": TASK_SEED,
-                "counts": self.counts, "curriculum": self.curriculum, "eval_split": "test"}
+                "counts": self.counts, "curriculum": self.curriculum, "eval_split": "test",
+                "constant_baseline": self.baseline.to_dict() if self.baseline else None}
+
+    def baseline_text(self) -> str:
+        """'always answering "Yes" (the train split's most common answer) scores 67.2%', or ''."""
+        b = self.baseline
+        return (f'always answering "{b.answer}" (the train split\'s most common answer) scores '
+                f"{100 * b.accuracy:.1f}% of these {b.n} items") if b else ""
 
 
 def task_counts(eval_n: int) -> dict[str, int]:
@@ -248,6 +264,7 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
             task = import_task(opts.task, plan.eval_n, home)
             split = "test"
             ds, sample = _sample(task.ds.ref, home, plan.eval_n, split)
+            task = task.with_baseline(ds, sample)
     base_key = eval_key(model_dir, None, ds, sample, decode, cfg.system_prompt, cfg.engine)
     base_dir = home.root / "evals" / f"demo-base-{base_key}"
     base_cached = _eval_done(base_dir)
@@ -361,7 +378,8 @@ def task_line(task: TaskData, sft_cfg: Any) -> str:
     """The console's account of a task demo (printed above the table)."""
     return (f"task: reasoning-gym [bold]{task.task}[/bold], scored by {task.scorer} on its held-out test split "
             f"({task.ds.ref}); SFT on {sft_cfg.dataset} (the answer format), GRPO on the task's train split"
-            + (" with its curriculum" if task.curriculum else ""))
+            + (" with its curriculum" if task.curriculum else "")
+            + (f"; {task.baseline_text()}: the floor a gain must clear" if task.baseline else ""))
 
 
 def task_section(task: TaskData, sft_cfg: Any, rl_dir: Path, eval_n: int) -> str:
@@ -378,6 +396,8 @@ def task_section(task: TaskData, sft_cfg: Any, rl_dir: Path, eval_n: int) -> str
         f"- dataset `{task.ds.ref}`: {c['train']} train / {c['dev']} dev / {c['test']} test records "
         f"from seed {TASK_SEED} (disjoint splits)",
         f"- evaluations (base, SFT, SFT+RL): the first {eval_n} records of the held-out `test` split",
+        *([f"- baseline: {task.baseline_text()}; an accuracy at or below it shows the answer distribution "
+           "learned, not the task"] if task.baseline else []),
         f"- SFT on `{sft_cfg.dataset}` (this run's `init`): the task has no worked solutions, and SFT "
         "teaches the <reasoning>/<answer> format",
         "- RL: GRPO on the task's `train` split"

@@ -157,3 +157,21 @@ def test_eval_on_a_tiny_model_over_an_rg_dataset(cli, home, tiny_dirs):
         rec = records[p["id"]]
         assert p["correct"] == score_record(p["completion"], rec).correct
         assert p["gold"] == rec.answer
+
+
+def test_constant_baseline_is_the_most_common_answer_scored_by_each_items_scorer():
+    def t(i, answer, scorer=None):
+        return Trace(id=f"r{i}", question=f"q{i}", steps=["s"], answer=answer,
+                     meta={"scorer": scorer} if scorer else {})
+
+    train = [t(0, "2"), t(1, "1"), t(2, "1"), t(3, "2"), t(4, "3")]  # 1 and 2 tie: the first seen wins
+    items = [t(5, "2.0"), t(6, "2"), t(7, "1"), t(8, "$2")]  # numeric: "2" is right on 2.0 and $2
+    b = scoring.constant_baseline(train, items)
+    assert (b.answer, b.accuracy, b.n) == ("2", 0.75, 4)
+    assert b.to_dict() == {"answer": "2", "accuracy": 0.75, "n": 4}
+    assert scoring.constant_baseline([], items) is None and scoring.constant_baseline(train, []) is None
+    rg = _rg_record("syllogism")
+    yes = scoring.constant_baseline([t(9, rg.answer)], [rg])
+    assert yes.accuracy == 1.0  # scored by the task's own verifier
+    other = "No" if rg.answer == "Yes" else "Yes"
+    assert scoring.constant_baseline([t(9, other)], [rg]).accuracy == 0.0

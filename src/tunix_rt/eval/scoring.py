@@ -243,3 +243,34 @@ def by_category(preds: Iterable[dict]) -> dict[str, dict]:
 def category_of(meta: dict | None) -> str:
     cat = (meta or {}).get("category")
     return str(cat) if cat not in (None, "") else UNCATEGORIZED
+
+
+@dataclass(frozen=True)
+class ConstantBaseline:
+    """What always giving one answer scores: the floor a trained model must clear before its
+    accuracy says it learned the task rather than the task's answer distribution (a syllogism
+    split whose gold is "Yes" two times in three; letter counts that are mostly 1 or 2)."""
+
+    answer: str
+    """The most common gold answer of the reference records (the first seen on a tie)."""
+    accuracy: float
+    """Its share of correct verdicts on the evaluated items, by each item's own scorer."""
+    n: int
+
+    def to_dict(self) -> dict:
+        return {"answer": self.answer, "accuracy": round(self.accuracy, 6), "n": self.n}
+
+
+def constant_baseline(reference: Iterable[Trace], items: Iterable[Trace]) -> ConstantBaseline | None:
+    """The constant-answer baseline: the most common answer of `reference` (a train split),
+    scored against every item of `items` with `score` (so `1` is right on a gold `1.0` where
+    the scorer says so); None without reference records or items."""
+    counts: dict[str, int] = {}
+    for rec in reference:
+        counts[rec.answer] = counts.get(rec.answer, 0) + 1
+    items = list(items)
+    if not counts or not items:
+        return None
+    answer = max(counts, key=lambda a: counts[a])  # dicts keep first-seen order: ties go to the earliest
+    right = sum(is_correct(score(rec, answer)) for rec in items)
+    return ConstantBaseline(answer=answer, accuracy=right / len(items), n=len(items))
