@@ -157,6 +157,22 @@ def test_eval_on_a_tiny_model_over_an_rg_dataset(cli, home, tiny_dirs):
         rec = records[p["id"]]
         assert p["correct"] == score_record(p["completion"], rec).correct
         assert p["gold"] == rec.answer
+    # the constant-answer floor: the train split's most common answer on these items, per task too
+    ds = load_dataset("mix", home)
+    test = ds.split("test")
+    floor = summary["constant_baseline"]
+    assert floor == {**scoring.constant_baseline(ds.split("train"), test).to_dict(),
+                     "by_category": {c: scoring.constant_baseline(
+                         [x for x in ds.split("train") if x.meta["category"] == c],
+                         [x for x in test if x.meta["category"] == c]).to_dict()
+                         for c in ("basic_arithmetic", "leg_counting")}}
+    assert floor["n"] == 2 and set(floor["by_category"]) == {"basic_arithmetic", "leg_counting"}
+    r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", "mix", "--split", "test",
+            "--max-new-tokens", "4", "--batch-size", "4", "--device", "cpu", "--limit", "1")
+    assert r.code == 0 and "(constant baseline)" in r.out, r.err
+    r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", "mix", "--split", "train",
+            "--max-new-tokens", "2", "--batch-size", "4", "--device", "cpu", "--limit", "1", "--json")
+    assert r.code == 0 and "constant_baseline" not in json.loads(r.out), r.err  # not on the train split
 
 
 def test_constant_baseline_is_the_most_common_answer_scored_by_each_items_scorer():

@@ -158,13 +158,19 @@ def print_summary(s: dict, path: Path) -> None:
         t.add_row(k, f"{m[k]:.3f}")
     t.add_row("mean_completion_tokens", f"{m['mean_completion_tokens']:.1f}")
     t.add_row("tokens/s", f"{s['tokens_per_s']:.1f}")
+    floor = s.get("constant_baseline")  # held-out splits only; older summaries lack it
+    if floor:
+        t.add_row(f'always "{escape(floor["answer"][:24])}" (constant baseline)', f"{floor['accuracy']:.3f}")
     out.print(t)
     if len(s["by_category"]) > 1:
+        per = (floor or {}).get("by_category", {})
         c = Table(title="by category")
-        for col in ("category", "n", "accuracy", "format_rate"):
+        for col in ("category", "n", "accuracy", "format_rate", "constant baseline"):
             c.add_column(col, justify="right" if col != "category" else "left")
         for cat, cm in s["by_category"].items():
-            c.add_row(cat, str(cm["n"]), f"{cm['accuracy']:.3f}", f"{cm['format_rate']:.3f}")
+            b = per.get(cat)
+            c.add_row(cat, str(cm["n"]), f"{cm['accuracy']:.3f}", f"{cm['format_rate']:.3f}",
+                      f"{b['accuracy']:.3f}" if b else "")
         out.print(c)
     out.print(f"wrote {escape(str(path))}", highlight=False)
 

@@ -29,6 +29,11 @@ correct samples; format_rate, mean_completion_tokens, … likewise) while `n` st
 items, plus `pass@k` for k in passk.ks_for(K), `maj@K` and `samples` K; by_category likewise. `decoding` gains `samples`
 and `sample_keys`.
 
+`constant_baseline` (held-out splits of a dataset with a train split): what always giving the
+train split's most common answer scores on the evaluated records ({answer, accuracy, n}, and
+by_category for a mixture): the floor an accuracy must clear to show the task learned rather
+than its answer distribution (GRPO learns a skewed one fast: README, `demo --task`).
+
 Seeds: sample j of item i (i its 0-based position in the evaluated split, after --limit)
 draws its noise from (seed, key (i, j), decode step) (`tunix_rt.eval.sampling.row_seed`),
 whatever the batch size, K or the other items; a rerun with the same seed and settings is
@@ -334,8 +339,32 @@ def run_eval(
     }
     if req.judge is not None:
         summary["judge"] = req.judge.describe()
+    if (floor := baseline_of(ds, split, records)) is not None:
+        summary["constant_baseline"] = floor
     summary["eval_id"] = dest.name
     return write_eval_dir(dest, preds, summary)
+
+
+def baseline_of(ds, split: str, records: list) -> dict | None:
+    """The constant-answer floor of a held-out evaluation (eval.scoring.constant_baseline):
+    always the train split's most common answer, scored on the evaluated records; per
+    category too when they hold several (a task mixture: each task its own most common
+    answer). None for the train split itself, a plain file, or a dataset without train."""
+    from tunix_rt.eval.scoring import constant_baseline
+
+    if split in ("train", "all") or ds.version == "file":
+        return None
+    train = ds.split("train")
+    whole = constant_baseline(train, records)
+    if whole is None:
+        return None
+    out = whole.to_dict()
+    cats = sorted({category_of(r.meta) for r in records})
+    if len(cats) > 1:
+        per = {c: constant_baseline([r for r in train if category_of(r.meta) == c],
+                                    [r for r in records if category_of(r.meta) == c]) for c in cats}
+        out["by_category"] = {c: b.to_dict() for c, b in per.items() if b is not None}
+    return out
 
 
 SAMPLE_KEYS = "sample j of item i: noise from (seed, (i, j), step)"
