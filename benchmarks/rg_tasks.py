@@ -3,7 +3,7 @@ difficulty: each task's first items drawn through the importer's own path
 (traces.reasoning_gym.make_items: the config as JSON, every record's gold answer scored 1.0 by
 the task's verifier), or the reason it refuses the task.
 
-    python3 benchmarks/rg_tasks.py [--n 4] [--seed 12345] [--timeout-s 60]
+    .venv/bin/python benchmarks/rg_tasks.py [--n 4] [--seed 12345] [--timeout-s 60]
 
 Prints a table (task, importable, seconds, first answer or the refusal) and a last line
 RESULT importable=K/N.
