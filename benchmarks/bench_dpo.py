@@ -15,9 +15,10 @@ wrong answer to this question). The parent tokenises them once, in our method's 
 order, and both sides train on those very token ids:
 
 - ours: the PyTorch engine through our DPO method (`Preference.step`: a no-grad reference
-  pass (adapter off) for R, then one forward pass of the policy: the chunked head without
-  gradient for S, then the fused objective whose per-token coefficient carries dL/dS: no
-  [B, L, V] logits; engine.SequenceObjective);
+  pass (adapter off) for R, then one forward pass of the policy whose chunked head gives each
+  token's log-prob and its gradient wrt the hidden state at once (loss.sequence_logprobs),
+  then dL/dS per sequence scales those gradients into backward: no [B, L, V] logits, the head
+  run once; engine.SequenceObjective);
 - trl: `trl.DPOTrainer.train()` with its defaults apart from fp32/CPU and the shared settings
   above; its train dataset replaced after construction by the same ids (prompt_ids,
   chosen_ids, rejected_ids, what its own tokenisation produces and its collator reads). Its

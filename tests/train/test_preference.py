@@ -248,7 +248,9 @@ def test_accumulation_8x1_equals_1x8(home, tmp_path, kind):
         assert len(batches) == accum
         out.append(our_loss_and_grads(engine, method, pairs))
     (a, ga), (b, gb) = out
-    assert a.loss == pytest.approx(b.loss, abs=1e-9)
+    # the two windows pad their rows differently: the fp32 trunk's hidden states differ by ~1e-6,
+    # each token's log-prob by ~5e-7 (measured), so the losses agree to 1e-7, not to float64
+    assert a.loss == pytest.approx(b.loss, abs=1e-7)
     assert max(g.abs().max().item() for g in ga.values()) > 1e-3
     for name in ga:
         torch.testing.assert_close(ga[name], gb[name], atol=1e-6, rtol=0, msg=name)

@@ -13,7 +13,7 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import collate, weighted
 from tunix_rt.train.engine import NLL, Objective
 from tunix_rt.train.loss import (FusedTokenObjective, chunked_linear_ce, chunked_logprobs, phi, plain_ce,
-                                 supervised_rows)
+                                 sequence_logprobs, supervised_rows)
 from tunix_rt.train import torch_engine as te
 from train_testlib import one_torch_thread  # noqa: E402,F401 (autouse fixture)
 
@@ -127,6 +127,33 @@ def test_function_matches_reference_with_softcap_and_odd_chunks():
         assert float(got.detach()) == pytest.approx(float(ref.detach()), rel=1e-6)
         torch.testing.assert_close(fh, 2 * gh, atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(fw, 2 * gw, atol=1e-6, rtol=1e-6)
+
+
+def test_sequence_logprobs_and_their_gradient_match_log_softmax():
+    """The one-pass log-probs of a sequence objective: values and the gradient of any weighting
+    of them (per-row coefficients learnt after the forward) equal autograd through the full
+    logits, with and without the cap, over chunks that do not divide the rows; a training head
+    is refused (its gradient needs the coefficients before the pass)."""
+    torch.manual_seed(0)
+    h = torch.randn(13, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64)
+    y = torch.randint(0, 50, (13,))
+    coef = torch.randn(13, dtype=torch.float64)
+    for cap in (None, 3.0):
+        z = h @ w.t()
+        if cap:
+            z = cap * torch.tanh(z / cap)
+        ref = torch.log_softmax(z, -1).gather(1, y[:, None])[:, 0]
+        (gh,) = torch.autograd.grad((coef * ref).sum(), (h,))
+        got = sequence_logprobs(h, w, y, 4 * 50 * 4, cap)  # 4 rows a chunk
+        assert got.requires_grad
+        torch.testing.assert_close(got.double(), ref.detach(), atol=1e-5, rtol=1e-5)
+        (fh,) = torch.autograd.grad((coef * got.double()).sum(), (h,))
+        torch.testing.assert_close(fh, gh, atol=1e-5, rtol=1e-5)
+        with torch.no_grad():
+            assert not sequence_logprobs(h, w, y, 4 * 50 * 4, cap).requires_grad
+    with pytest.raises(ValueError, match="head trains"):
+        sequence_logprobs(h, w.clone().requires_grad_(True), y)
 
 
 def test_no_grad_path_gives_the_same_loss():

@@ -63,15 +63,22 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, softcap: float | None):
     return t * softcap, t
 
 
-def _chunk(h, weight, y, c, aux, objective: Objective, softcap, want_grad: bool):
-    """One chunk: sum of c * phi, the statistics, and (want_grad) dloss/dz."""
-    z, t = _chunk_logits(h, weight, softcap)
+def _target_logp(z: torch.Tensor, y: torch.Tensor):
+    """log softmax(z)[y] of a chunk's fp32 logits, with exp(z - max) left in z's own buffer
+    (no second [c, V] buffer) and its row sums: (rows, logp, p, s). Every chunked log-prob
+    goes through here, so the fused and the no-gradient paths agree to the bit."""
     rows = torch.arange(z.shape[0], device=z.device)
     target_logit = z[rows, y]
     m = z.amax(dim=-1, keepdim=True)
     p = z.sub_(m).exp_()  # reuses z's buffer
     s = p.sum(dim=-1, keepdim=True)
-    logp = target_logit - m.squeeze(1) - s.log().squeeze(1)
+    return rows, target_logit - m.squeeze(1) - s.log().squeeze(1), p, s
+
+
+def _chunk(h, weight, y, c, aux, objective: Objective, softcap, want_grad: bool):
+    """One chunk: sum of c * phi, the statistics, and (want_grad) dloss/dz."""
+    z, t = _chunk_logits(h, weight, softcap)
+    rows, logp, p, s = _target_logp(z, y)
     value, dphi, stats = phi(objective, logp, aux)
     loss = (c * value).sum()
     if not want_grad:
@@ -132,8 +139,49 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     with torch.no_grad():
         for s in range(0, hidden.shape[0], chunk):
             z, _ = _chunk_logits(hidden[s:s + chunk], weight, softcap)
-            out[s:s + chunk] = z.gather(1, targets[s:s + chunk, None])[:, 0] - torch.logsumexp(z, dim=-1)
+            out[s:s + chunk] = _target_logp(z, targets[s:s + chunk])[1]
     return out
+
+
+class FusedSequenceLogprobs(torch.autograd.Function):
+    """log p(target) [T] of the rows of `hidden` through a head that does not train, with each
+    row's gradient d log p_t / d h_t = ((onehot_t - softmax_t) * cap') @ W formed in the same
+    chunk as its log-prob and kept ([T, H], no logits): backward scales row t's by the incoming
+    dL/d log p_t. A sequence objective (engine.SequenceObjective) learns its coefficients from
+    these log-probs after the forward, so the head runs once (two matmuls a chunk) where a
+    no-gradient pass and the fused objective took three."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk: int, softcap: float | None):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        grad_h = torch.empty_like(hidden)
+        for s in range(0, hidden.shape[0], chunk):
+            sl = slice(s, s + chunk)
+            z, t = _chunk_logits(hidden[sl], weight, softcap)
+            rows, out[sl], p, total = _target_logp(z, targets[sl])
+            p.div_(total).neg_()
+            p[rows, targets[sl]] += 1.0  # d log p / dz = onehot - softmax
+            if t is not None:
+                p.mul_(t.mul_(t).neg_().add_(1.0))  # d(cap * tanh(z / cap))/dz = 1 - tanh^2
+            grad_h[sl] = p.to(weight.dtype) @ weight
+        ctx.save_for_backward(grad_h)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        (grad_h,) = ctx.saved_tensors
+        return grad_h * grad_out.to(grad_h.dtype)[:, None], None, None, None, None
+
+
+def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, softcap: float | None = None) -> torch.Tensor:
+    """log p(target) of each row [T] with autograd to `hidden` (FusedSequenceLogprobs); the
+    head must not train. Without a gradient to form it is chunked_logprobs."""
+    if weight.requires_grad:
+        raise ValueError("sequence_logprobs: the head trains; its gradient needs the coefficients first")
+    if not (torch.is_grad_enabled() and hidden.requires_grad) or hidden.shape[0] == 0:
+        return chunked_logprobs(hidden, weight, targets, chunk_bytes, softcap)
+    return FusedSequenceLogprobs.apply(hidden, weight, targets, chunk_tokens(chunk_bytes, weight.shape[0]), softcap)
 
 
 def chunked_linear_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -213,8 +261,15 @@ class ObjectiveModule(torch.nn.Module):
         if logprobs:
             rows, y = target_rows(h, t["labels"])
             return chunked_logprobs(rows, self.head(), y, self.chunk_bytes, self.softcap())
-        if objective.kind == "sequence":  # engine.SequenceObjective: the head twice, the trunk once
+        if objective.kind == "sequence":  # engine.SequenceObjective: the trunk once
             rows, y = target_rows(h, t["labels"])
+            if not self.head().requires_grad:  # LoRA: the head once, each row's gradient formed with its log-prob
+                lp = sequence_logprobs(rows, self.head(), y, self.chunk_bytes, self.softcap())
+                coef = torch.as_tensor(objective.coef_of(lp.detach().cpu().numpy()), dtype=torch.float32,
+                                       device=rows.device)
+                return -(coef * lp).sum(), torch.zeros(len(STAT_NAMES), device=rows.device)
+            # the head trains (full fine-tuning): its gradient sums coef_t g_t^T h_t, so the coefficients
+            # come first: the head without gradient for them, then the fused objective
             lp = chunked_logprobs(rows.detach(), self.head().detach(), y, self.chunk_bytes, self.softcap())
             coef = torch.as_tensor(objective.coef_of(lp.cpu().numpy()), dtype=torch.float32, device=rows.device)
             return token_objective(rows, self.head(), y, coef, None, self.chunk_bytes, self.softcap(), NLL)

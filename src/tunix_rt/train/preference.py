@@ -28,9 +28,11 @@ So a step is
 The head's [tokens, vocabulary] logits never exist (Gemma's 262K vocabulary is TRL's memory
 wall). Where the engine takes an engine.SequenceObjective (the torch engine in one process),
 steps 1-3 share one forward pass per micro-batch: the trunk runs once with autograd, the
-chunked head once without gradient for S, then (the window's normalisation known up front:
-its pairs and chosen tokens) the micro-batch's pair losses and coefficients, then the head
-again with them; the window's loss is the sum of its micro-batches' shares. Elsewhere (the JAX
+chunked head once (LoRA: each token's log-prob and its gradient wrt the hidden state formed in
+the same chunk, loss.sequence_logprobs; a training head: once without gradient for S, then
+again with the coefficients), then (the window's normalisation known up front: its pairs and
+chosen tokens) the micro-batch's pair losses and coefficients scale those gradients; the
+window's loss is the sum of its micro-batches' shares. Elsewhere (the JAX
 engine, several processes) step 1 is a no-gradient pass of its own, in eval mode: with
 lora_dropout > 0 its S is dropout-free while the fused path's S shares the gradient pass's
 dropout, as autograd through S (TRL) has it.
