@@ -129,16 +129,17 @@ def test_function_matches_reference_with_softcap_and_odd_chunks():
         torch.testing.assert_close(fw, 2 * gw, atol=1e-6, rtol=1e-6)
 
 
-def test_sequence_logprobs_and_their_gradient_match_log_softmax():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])  # fp32: one logits buffer for all chunks
+def test_sequence_logprobs_and_their_gradient_match_log_softmax(dtype):
     """The one-pass log-probs of a sequence objective: values and the gradient of any weighting
     of them (per-row coefficients learnt after the forward) equal autograd through the full
     logits, with and without the cap, over chunks that do not divide the rows; a training head
     is refused (its gradient needs the coefficients before the pass)."""
     torch.manual_seed(0)
-    h = torch.randn(13, 16, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(50, 16, dtype=torch.float64)
+    h = torch.randn(13, 16, dtype=dtype, requires_grad=True)
+    w = torch.randn(50, 16, dtype=dtype)
     y = torch.randint(0, 50, (13,))
-    coef = torch.randn(13, dtype=torch.float64)
+    coef = torch.randn(13, dtype=dtype)
     for cap in (None, 3.0):
         z = h @ w.t()
         if cap:
@@ -147,8 +148,8 @@ def test_sequence_logprobs_and_their_gradient_match_log_softmax():
         (gh,) = torch.autograd.grad((coef * ref).sum(), (h,))
         got = sequence_logprobs(h, w, y, 4 * 50 * 4, cap)  # 4 rows a chunk
         assert got.requires_grad
-        torch.testing.assert_close(got.double(), ref.detach(), atol=1e-5, rtol=1e-5)
-        (fh,) = torch.autograd.grad((coef * got.double()).sum(), (h,))
+        torch.testing.assert_close(got.to(dtype), ref.detach(), atol=1e-5, rtol=1e-5)
+        (fh,) = torch.autograd.grad((coef * got.to(dtype)).sum(), (h,))
         torch.testing.assert_close(fh, gh, atol=1e-5, rtol=1e-5)
         with torch.no_grad():
             assert not sequence_logprobs(h, w, y, 4 * 50 * 4, cap).requires_grad
