@@ -282,7 +282,7 @@ def tunix_worker(args, data: dict) -> dict:
     from tunix_rt.home import Home
     from tunix_rt.models.jax_loader import load_model, make_mesh
     from tunix_rt.models.store import load_tokenizer
-    from tunix_rt.train.common import tune_cpu_allocator
+    from tunix_rt.heap import tune_cpu_allocator
     from tunix_rt.train.jax_engine import apply_lora
 
     tune_cpu_allocator()  # as the JAX engine does on a CPU

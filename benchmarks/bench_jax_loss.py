@@ -113,7 +113,7 @@ def engine_batch(step, seq: int, pad_id: int):
 def worker(args) -> None:
     import jax
 
-    from tunix_rt.train.common import tune_cpu_allocator
+    from tunix_rt.heap import tune_cpu_allocator
 
     tune_cpu_allocator()  # as the JAX engine does on a CPU
     data = json.loads(Path(args.data).read_text())

@@ -1,5 +1,5 @@
 """What both engines share and neither framework is needed for: the rendered examples of a
-run, its number of optimizer steps, the dtype rule and the CPU allocator setting.
+run, its number of optimizer steps and the dtype rule (the CPU allocator setting: tunix_rt.heap).
 
 Nothing here imports torch or JAX, so the JAX engine runs where torch is not installed
 (a Kaggle TPU image with `tunix-rt[jax,hub]`), and the torch engine never loads JAX.
@@ -62,22 +62,3 @@ def check_dtype(cfg: TrainConfig, platform: str) -> None:
     if platform == "cpu" and cfg.dtype == "bf16" and not cfg.force_bf16_cpu:
         raise BadInput("dtype bf16 on a CPU is refused: these CPUs have no bf16 matmul units and bf16 "
                        "runs ~300x slower than fp32 here; use dtype=fp32, or force_bf16_cpu=true")
-
-
-def tune_cpu_allocator() -> bool:
-    """On glibc: allocate blocks of 1 MiB and more with mmap, so that freed buffers go back to
-    the OS at once. glibc's default (a threshold that grows to 32 MiB) keeps freed activation
-    buffers in the heap, where fragmentation adds to the peak RSS at no gain in speed
-    (measured: ~0.5 GB for a Gemma 3 270M LoRA step on the torch engine, ~0.1 GB on the JAX
-    engine). Call it on CPU runs only, before the model is loaded; False where it does not
-    apply (musl, macOS)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        return bool(ctypes.CDLL(name).mallopt(-3, 1 << 20))  # M_MMAP_THRESHOLD
-    except (OSError, AttributeError):
-        return False

@@ -198,7 +198,8 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ devices
     def devices(self) -> dict[str, Any]:
-        from tunix_rt.train.common import check_dtype, tune_cpu_allocator
+        from tunix_rt.heap import tune_cpu_allocator
+        from tunix_rt.train.common import check_dtype
 
         maybe_init_distributed()
         if dist.world() > 1 and sampling(self.cfg) is not None:  # GRPO, rft, dpo on rollouts, on-policy distill

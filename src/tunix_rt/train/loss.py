@@ -58,7 +58,7 @@ def logits_buffer(rows: int, chunk: int, weight: torch.Tensor) -> torch.Tensor |
     """One [min(rows, chunk), V] fp32 buffer for every chunk of a pass (fp32 heads). With a
     fresh tensor a chunk, the next chunk's logits were made while the last chunk's were still
     referenced (two buffers at once), and each was new memory to fault in (the CPU allocator
-    returns freed blocks to the OS: common.tune_cpu_allocator). Measured on the 270M's DPO step
+    returns freed blocks to the OS: heap.tune_cpu_allocator). Measured on the 270M's DPO step
     (benchmarks/bench_dpo.py's pairs, 2-core AVX2 EPYC, 9 steps each): peak RSS 2.94-2.97 GiB
     against 3.13-3.21, median step 14.98 s against 16.49."""
     if weight.dtype != torch.float32 or rows == 0:

@@ -61,7 +61,8 @@ class TorchEngine:
         import torch
 
         from tunix_rt.evidence import cpu_facts
-        from tunix_rt.train.common import check_dtype, tune_cpu_allocator
+        from tunix_rt.heap import tune_cpu_allocator
+        from tunix_rt.train.common import check_dtype
 
         self.device = torch_device(self.cfg.device, dist.local_rank())  # torchrun: one GPU per process
         check_dtype(self.cfg, self.device.type)
