@@ -13,6 +13,7 @@ from typing import Any
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.home import Home
 from tunix_rt.devices import TORCH
+from tunix_rt.models.auto import auto_causal_lm
 from tunix_rt.models.catalog import PRESETS
 from tunix_rt.models.store import MODEL_MANIFEST, ensure_model
 
@@ -49,14 +50,13 @@ def load_causal_lm(
     _check_choice("device", device, DEVICES)
     _check_choice("attn", attn, ATTENTION)
     import torch
-    from transformers import AutoModelForCausalLM
 
     if device == "cuda" and not torch.cuda.is_available():
         raise TunixRtError("device cuda requested but torch sees no CUDA device")
     path = resolve_dir(model_dir, home)
     if not list(path.glob("*.safetensors")):
         raise BadInput(f"{path}: no *.safetensors weights")
-    model = AutoModelForCausalLM.from_pretrained(
+    model = auto_causal_lm().from_pretrained(
         path,
         dtype=torch.float32 if dtype == "fp32" else torch.bfloat16,
         use_safetensors=True,

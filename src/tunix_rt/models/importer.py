@@ -277,8 +277,8 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
     inside `tmp` and deleted before the rename (no 250 MB kept twice)."""
     require_torch(f"converting {preset.gguf_package} to safetensors", "torch,demo-model")
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from tunix_rt.models.auto import auto_causal_lm
     from tunix_rt.models.gguf_reader import shared_readers
     from tunix_rt.models.gguf_tokenizer import GGUFVocab, build_tokenizer
 
@@ -293,7 +293,7 @@ def _convert_gguf(preset: Preset, tmp: Path, say: Say) -> _Built:
         tokenizer = build_tokenizer(GGUFVocab.read(gguf))
         say(f"tokenizer rebuilt as SentencePiece BPE in {time.perf_counter() - t0:.1f}s")
         t0 = time.perf_counter()
-        model = AutoModelForCausalLM.from_pretrained(scratch, gguf_file=gguf.name, dtype=torch.float32)
+        model = auto_causal_lm().from_pretrained(scratch, gguf_file=gguf.name, dtype=torch.float32)
         quantizer = getattr(model, "hf_quantizer", None)
         if quantizer is not None:
             quantizer.remove_quantization_config(model)  # weights are already dequantized

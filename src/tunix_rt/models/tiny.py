@@ -25,10 +25,11 @@ def hf_config(preset: Preset):
 def build_tiny(preset: Preset, out: Path, seed: int = 0) -> Path:
     """Write a random-weight model of the preset's shape into `out` (fp32 safetensors)."""
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from tunix_rt.models.auto import auto_causal_lm
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config(preset), dtype=torch.float32)
+    model = auto_causal_lm().from_config(hf_config(preset), dtype=torch.float32)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     shutil.copyfile(TINY_TOKENIZER, out / "tokenizer.json")
