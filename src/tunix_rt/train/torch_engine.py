@@ -483,8 +483,10 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
     import torch
 
     from tunix_rt.models.hf import load_causal_lm
+    from tunix_rt.train.fused_mlp import fuse_gated_mlps
 
     model = load_causal_lm(model_dir, dtype=cfg.dtype, device=str(device.type), attn=attn)
+    fuse_gated_mlps(model)  # Gemma's MLP keeps one [tokens, intermediate] tensor fewer for backward
     torch.manual_seed(cfg.seed)  # LoRA initialisation is seeded
     if cfg.finetune == "lora":
         from peft import LoraConfig, get_peft_model
