@@ -20,7 +20,8 @@ either way each data-parallel rank holds batch / ranks sequences.
   for LoRA's rank-r matrices) in fp32.
 - activations: saved for backward, per token per layer, derived from the Gemma block
   (`_layer_act_elems`): norm inputs/outputs, q/k/v after RoPE, the attention context, the
-  MLP's gate, GELU, up and product (3 projections), post-norms on Gemma 2/3, q/k norms on
+  MLP's gate, GELU, up and product (3 projections; the torch engine keeps no GELU output:
+  train.fused_mlp), post-norms on Gemma 2/3, q/k norms on
   Gemma 3, and the attention score matrix [heads, L] per token (scores and probabilities,
   as eager and XLA attention materialise them). With rematerialisation only each layer's
   input stays, and one layer is recomputed at a time. One more layer's worth is counted
@@ -69,7 +70,7 @@ CUDA_CONTEXT = 512 * MiB
 SLACK = {"cpu": 0.05, "gpu": 0.05, "tpu": 0.03}
 
 
-def _layer_act_elems(p: Preset, seq: int, lora_elems: int) -> tuple[int, int]:
+def _layer_act_elems(p: Preset, seq: int, lora_elems: int, engine: str) -> tuple[int, int]:
     """Elements saved for backward per token in one layer: (dense part, score part)."""
     h, i = p.hidden_size, p.intermediate_size
     q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
@@ -77,7 +78,7 @@ def _layer_act_elems(p: Preset, seq: int, lora_elems: int) -> tuple[int, int]:
     attn = 2 * q + 2 * kv  # scaled q and k after RoPE, v, the context
     if p.family == "gemma3":
         attn += q + kv  # q/k norm inputs
-    mlp = 4 * i  # gate, gelu(gate), up, gelu * up
+    mlp = (3 if engine == "torch" else 4) * i  # gate, gelu(gate) (not on torch: fused_mlp), up, gelu * up
     scores = 2 * p.num_heads * seq  # logits and probabilities over the keys
     return norms + attn + mlp + lora_elems, scores
 
@@ -189,7 +190,7 @@ def _activation_bytes(inp: PlanInputs, f: Facts) -> tuple[float, float]:
     """(without remat, with remat) per device; one more layer for the gradients flowing back."""
     p, wb = f.p, f.wb
     lora_elems = 0 if f.full else inp.lora_rank * len(inp.lora_targets)
-    dense, scores = _layer_act_elems(p, inp.seq, lora_elems)
+    dense, scores = _layer_act_elems(p, inp.seq, lora_elems, inp.engine)
     score_b = wb + 4 if wb == 2 else 8  # softmax in fp32, probabilities in the compute dtype
     per_layer = f.tokens * (dense * wb + scores * score_b / 2)
     edges = f.tokens * 3 * p.hidden_size * wb  # embedding output, final norm in/out
