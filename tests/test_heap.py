@@ -1,4 +1,4 @@
-"""tunix_rt.heap on glibc, each case in a fresh process (the allocator's state is per process)."""
+"""tunix_rt.heap on glibc (Linux: /proc, libc's malloc), each case in a fresh process (the allocator's state is per process)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 
 PRELUDE = """
 import ctypes, ctypes.util
