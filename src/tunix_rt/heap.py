@@ -46,9 +46,8 @@ def trim() -> bool:
     parses a large file into many small blocks and frees most of them. Loading Gemma 3's
     tokenizer.json (33 MB, 262K tokens, 514K merges) leaves ~190 MiB of freed parse blocks in
     the heap, counted in RSS until reused: 338 -> 146 MiB after a trim (measured on the
-    270M's tokenizer). What it lowers is the resident size of a process that mostly waits
-    (a server, an evaluation between batches): a training step reuses those blocks anyway,
-    so its peak is the same with or without the trim (measured on the 270M's DPO step).
-    False where it does not apply."""
+    270M's tokenizer). A training step reuses those blocks anyway, so its peak is the same
+    with or without the trim (measured on the 270M's DPO step); a long-running server's RSS
+    with it was not measured. False where it does not apply."""
     lib = _libc()
     return bool(lib.malloc_trim(0)) if lib else False
