@@ -19,8 +19,15 @@ import types
 import torch
 import torch.nn.functional as F
 
+from tunix_rt.train.recompute import recipe
+
 #: the transformers MLP classes whose forward is down_proj(act_fn(gate_proj(x)) * up_proj(x))
 GATED_GELU_MLPS = ("GemmaMLP", "Gemma2MLP", "Gemma3MLP")
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The op's value: one rule for its forward and for the recipe that remakes it."""
+    return F.gelu(gate, approximate="tanh").mul_(up)
 
 
 class GeluTanhMul(torch.autograd.Function):
@@ -29,7 +36,7 @@ class GeluTanhMul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(gate, up)
-        return F.gelu(gate, approximate="tanh").mul_(up)
+        return gelu_tanh_mul(gate, up)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -43,7 +50,9 @@ class GeluTanhMul(torch.autograd.Function):
 
 
 def _forward(self, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(GeluTanhMul.apply(self.gate_proj(x), self.up_proj(x)))
+    gate, up = self.gate_proj(x), self.up_proj(x)
+    # down_proj keeps the product for its gradient: remade from gate and up (train.recompute)
+    return self.down_proj(recipe(GeluTanhMul.apply(gate, up), lambda: gelu_tanh_mul(gate, up)))
 
 
 def _is_gelu_tanh(act) -> bool:

@@ -484,6 +484,7 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
 
     from tunix_rt.models.hf import load_causal_lm
     from tunix_rt.train.fused_mlp import fuse_gated_mlps
+    from tunix_rt.train.recompute import keep_recipes
 
     model = load_causal_lm(model_dir, dtype=cfg.dtype, device=str(device.type), attn=attn)
     fuse_gated_mlps(model)  # Gemma's MLP keeps one [tokens, intermediate] tensor fewer for backward
@@ -498,6 +499,8 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
         model.requires_grad_(True)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:  # the projections' inputs remade in backward (gradient checkpointing remakes everything)
+        keep_recipes(model)
     model.train()
     return model
 

@@ -1,0 +1,141 @@
+"""What a decoder layer need not keep (train.recompute): the torch engine's models get the
+recipes, a step with them has the loss and every gradient of a step that keeps everything, to
+the bit (SFT rows; DPO's shared-prompt rows, where sdpa repeats the key/value heads under a
+mask), it keeps fewer bytes for backward, and a forward pass whose backward never comes frees
+what it kept (no reference cycle through the hooks)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+import tunix_rt.train.recompute as recompute
+from tunix_rt.train.config import TrainConfig
+from tunix_rt.train.data import collate, weighted
+from tunix_rt.train.engine import NLL
+from test_preference import dpo_cfg, our_loss_and_grads, torch_setup
+from test_torch_loss import _engine, _examples, _loss_and_grads
+from train_testlib import one_torch_thread  # noqa: E402,F401 (autouse fixture)
+
+
+class Tally:
+    """Counts what the layers' pack hook kept as recipes and the bytes it kept as tensors
+    (activations only: storages not seen before, parameters left out)."""
+
+    def __init__(self, monkeypatch, params):
+        self.recipes, self.kept, self.seen = 0, 0, {p.untyped_storage().data_ptr() for p in params}
+        pack = recompute._pack
+
+        def counting(t):
+            out = pack(t)
+            if isinstance(out, recompute._Recipe):
+                self.recipes += 1
+            elif out.untyped_storage().data_ptr() not in self.seen:
+                self.seen.add(out.untyped_storage().data_ptr())
+                self.kept += out.untyped_storage().nbytes()
+            return out
+
+        monkeypatch.setattr(recompute, "_pack", counting)
+
+
+def _without_recipes(monkeypatch):
+    monkeypatch.setattr(recompute, "keep_recipes", lambda model: 0)
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_recipes_give_the_same_loss_and_gradients_to_the_bit(home, tiny_tok, preset, finetune, monkeypatch):
+    from tunix_rt.models.store import ensure_model
+
+    cfg = TrainConfig(model=preset, dataset="unused.jsonl", finetune=finetune, device="cpu")
+    batch = weighted([collate([[ex] for ex in _examples(tiny_tok)], tiny_tok.pad_id)])[0]
+    engine = _engine(cfg, ensure_model(preset, home), tiny_tok)
+    layers = engine.module.base().config.num_hidden_layers
+    tally = Tally(monkeypatch, engine.model.parameters())
+    with_recipes = _loss_and_grads(engine, batch)
+    # a layer remakes its q/k/v/gate/up inputs (LoRA: one per adapter, full: one per projection) and
+    # down's; Gemma 3 also q and k after RoPE
+    assert tally.recipes >= layers * (6 + (2 if preset == "tiny-gemma3" else 0)), tally.recipes
+    _without_recipes(monkeypatch)
+    plain = _loss_and_grads(_engine(cfg, ensure_model(preset, home), tiny_tok), batch)
+    assert with_recipes[0] == plain[0]
+    assert with_recipes[1].keys() == plain[1].keys() and len(plain[1]) > 0
+    for name in plain[1]:
+        assert torch.equal(with_recipes[1][name], plain[1][name]), name
+
+
+def _dpo_step_kept(engine, method, pairs, monkeypatch):
+    """(PairLoss, gradients, recipes, bytes of activations kept) of one fused DPO window: what
+    the layers' hooks keep (Tally) and what every other op keeps (an outer hook)."""
+    tally = Tally(monkeypatch, engine.model.parameters())
+
+    def outer(t):
+        if t.untyped_storage().data_ptr() not in tally.seen:
+            tally.seen.add(t.untyped_storage().data_ptr())
+            tally.kept += t.untyped_storage().nbytes()
+        return t.detach()
+
+    with torch.autograd.graph.saved_tensors_hooks(outer, lambda t: t):
+        loss, grads = our_loss_and_grads(engine, method, pairs)
+    return loss, grads, tally.recipes, tally.kept
+
+
+def test_shared_prompt_rows_under_a_mask_to_the_bit_and_fewer_bytes(home, tmp_path, monkeypatch):
+    """DPO's rows share the prompt through a 4D mask, so sdpa gets a mask and transformers
+    repeats the key/value heads itself: those copies are remade too."""
+    cfg = dpo_cfg(tmp_path, batch_size=4)
+    engine, method, _ = torch_setup(cfg, home)
+    assert engine.shares_prefix()
+    model_cfg = engine.module.base().config
+    assert model_cfg.num_attention_heads > model_cfg.num_key_value_heads  # heads are repeated
+    pairs = method.train_pairs[:4]
+    loss, grads, recipes, kept = _dpo_step_kept(engine, method, pairs, monkeypatch)
+    _without_recipes(monkeypatch)
+    engine2, method2, _ = torch_setup(cfg, home)
+    loss2, grads2, recipes2, kept2 = _dpo_step_kept(engine2, method2, pairs, monkeypatch)
+    # per layer: 3 + 2 projections read a norm, down the product, rope's q and k, the repeated k and v
+    assert recipes2 == 0 and recipes >= model_cfg.num_hidden_layers * 10, recipes
+    assert loss.loss == loss2.loss
+    assert grads.keys() == grads2.keys()
+    for name in grads2:
+        assert torch.equal(grads[name], grads2[name]), name
+    assert kept < 0.8 * kept2, (kept, kept2)
+
+
+def test_a_forward_without_backward_frees_what_it_kept(home, tiny_tok, monkeypatch):
+    """Ops that keep their own output (sdpa, rsqrt in the norms) would be tied to their own
+    node by an identity pack hook (a cycle the collector cannot see): after a step that fails
+    between forward and backward, everything kept would stay. Kept detached, it all goes."""
+    from tunix_rt.models.store import ensure_model
+
+    cfg = TrainConfig(model="tiny-gemma3", dataset="unused.jsonl", device="cpu")
+    engine = _engine(cfg, ensure_model("tiny-gemma3", home), tiny_tok)
+    refs = []
+    pack = recompute._pack
+
+    def watching(t):
+        out = pack(t)
+        if isinstance(out, torch.Tensor):
+            refs.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(recompute, "_pack", watching)
+    batch = weighted([collate([[ex] for ex in _examples(tiny_tok)], tiny_tok.pad_id)])[0]
+    loss, _ = engine.objective_sum(batch, NLL)
+    assert len(refs) > 20 and all(r() is not None for r in refs)
+    del loss
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+
+
+def test_remat_and_other_architectures_keep_their_own(home, tiny_tok):
+    from tunix_rt.models.store import ensure_model
+
+    cfg = TrainConfig(model="tiny-gemma3", dataset="unused.jsonl", device="cpu", gradient_checkpointing=True)
+    engine = _engine(cfg, ensure_model("tiny-gemma3", home), tiny_tok)
+    layers = engine.module.base().model.layers
+    assert all("forward" not in m.__dict__ for m in layers)  # checkpointing remakes everything itself
+    assert recompute.keep_recipes(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))) == 0
