@@ -71,3 +71,14 @@ def test_compiled_jax_loss_stays_within_its_chunk_budget():
         assert budget <= temp <= 3 * budget + rows_bytes, (budget, temp)
         assert temp < full_block / 4
     assert temps[64 * MiB] - temps[16 * MiB] >= 48 * MiB  # measured: 37 -> 133 MiB (2 blocks)
+
+
+def test_balanced_chunks_keep_the_count_and_shrink_the_largest():
+    from tunix_rt.train.chunking import balanced
+
+    assert balanced(671, 256) == 224  # the 270M DPO step's rows: 3 chunks of 224, not 256, 256, 159
+    assert balanced(512, 256) == 256 and balanced(100, 256) == 100 and balanced(257, 256) == 129
+    for rows in range(1, 700, 7):
+        for chunk in (1, 7, 64, 256):
+            b = balanced(rows, chunk)
+            assert b <= chunk and -(-rows // b) == -(-rows // chunk), (rows, chunk)

@@ -225,3 +225,32 @@ def test_the_policy_objective_keeps_every_tensor_on_the_logits_device():
     for obj in (Objective(kind="policy", beta=0.04), Objective(kind="policy", on_policy=True)):
         value, grad, stats = phi(obj, logp, aux)
         assert value.device.type == grad.device.type == stats.device.type == "meta" and stats.shape == (4,)
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+@pytest.mark.parametrize("cap", [None, 3.0])
+def test_frozen_head_rows_in_vocabulary_slices(parts, cap):
+    """A frozen head's rows, the vocabulary in slices (an online softmax): log p(y) and
+    ((onehot - softmax) * cap') @ W equal autograd through the full fp64 logits, on a
+    vocabulary the slices do not divide; the no-gradient pass and the whole-vocabulary path
+    (a training head) give the same log-probs to the bit."""
+    from tunix_rt.train.loss import _chunk_logits, _target_logp, frozen_head_rows, logits_buffer
+
+    torch.manual_seed(0)
+    h = torch.randn(13, 16, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 16, dtype=torch.float64)
+    y = torch.randint(0, 50, (13,))
+    z = h @ w.t()
+    if cap:
+        z = cap * torch.tanh(z / cap)
+    ref = torch.log_softmax(z, dim=-1)[torch.arange(13), y]
+    (ref_g,) = torch.autograd.grad(ref.sum(), h)
+    h32, w32 = h.detach().float(), w.float()
+    buf = logits_buffer(13, 13, w32, parts)
+    assert buf.numel() == 13 * -(-50 // parts)
+    logp, g = frozen_head_rows(h32, w32, y, cap, buf, parts)
+    torch.testing.assert_close(logp.double(), ref.detach(), atol=2e-6, rtol=0)
+    torch.testing.assert_close(g.double(), ref_g, atol=2e-6, rtol=0)
+    assert torch.equal(frozen_head_rows(h32, w32, y, cap, None, parts, want_grad=False)[0], logp)
+    zz, _ = _chunk_logits(h32, w32, cap, logits_buffer(13, 13, w32))
+    assert torch.equal(_target_logp(zz, y, False, parts)[1], logp)

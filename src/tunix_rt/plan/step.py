@@ -21,14 +21,16 @@ either way each data-parallel rank holds batch / ranks sequences.
 - activations: saved for backward, per token per layer, derived from the Gemma block
   (`_layer_act_elems`): norm inputs/outputs, q/k/v after RoPE, the attention context, the
   MLP's gate, GELU, up and product (3 projections; the torch engine keeps no GELU output:
-  train.fused_mlp), post-norms on Gemma 2/3, q/k norms on
+  train.fused_mlp, and without remat remakes the pre-norms' outputs, the product and Gemma
+  3's q and k after RoPE in backward: train.recompute), post-norms on Gemma 2/3, q/k norms on
   Gemma 3, and the attention score matrix [heads, L] per token (scores and probabilities,
   as eager and XLA attention materialise them). With rematerialisation only each layer's
   input stays, and one layer is recomputed at a time. One more layer's worth is counted
   for the gradients flowing backward.
 - loss_head: the chunked loss (no [B, L, V] logits): one chunk of fp32 logits (its tokens
   from `loss_chunk_bytes`, `train.chunking`, the engines' rule), with its softmax and
-  gradient (up to 3 chunk-sized buffers in the JAX scan, 2 in the torch fused loss), plus,
+  gradient (up to 3 chunk-sized buffers in the JAX scan, 2 in the torch fused loss, a
+  VOCAB_PARTS-th of that where the head does not train: loss.frozen_head_rows), plus,
   for full fine-tuning, the gradient of the tied embedding [V, D] the head produces. The
   JAX loss sorts the global batch's tokens and runs every chunk on every device (XLA's
   buffer assignment holds a whole chunk per device under fsdp), so its chunk is not split
@@ -56,7 +58,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.models.catalog import Preset
 from tunix_rt.plan.devices import MiB, DeviceSpec
 from tunix_rt.plan.inputs import QBYTES, PlanInputs
-from tunix_rt.train.chunking import chunk_tokens
+from tunix_rt.train.chunking import VOCAB_PARTS, chunk_tokens
 
 #: RSS of a training process beyond the model's own bytes, measured here: a whole tiny
 #: torch-engine run peaked at 0.48 GB when first measured, 0.55-0.62 GB on 2026-11-25 (whole
@@ -70,15 +72,24 @@ CUDA_CONTEXT = 512 * MiB
 SLACK = {"cpu": 0.05, "gpu": 0.05, "tpu": 0.03}
 
 
-def _layer_act_elems(p: Preset, seq: int, lora_elems: int, engine: str) -> tuple[int, int]:
-    """Elements saved for backward per token in one layer: (dense part, score part)."""
+def _layer_act_elems(p: Preset, seq: int, lora_elems: int, engine: str, remat: bool = False) -> tuple[int, int]:
+    """Elements saved for backward per token in one layer: (dense part, score part). Without
+    remat the torch engine remakes in backward what is cheap to remake (train.recompute): the
+    pre-norms' outputs, the MLP's product and, on Gemma 3, q and k after RoPE."""
     h, i = p.hidden_size, p.intermediate_size
     q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
+    torch_ = engine == "torch" and not remat
     norms = 4 * h if p.family == "gemma" else 6 * h  # pre-norm in+out x2, post-norm inputs
+    if torch_:
+        norms -= 2 * h  # the pre-norms' outputs
     attn = 2 * q + 2 * kv  # scaled q and k after RoPE, v, the context
     if p.family == "gemma3":
         attn += q + kv  # q/k norm inputs
-    mlp = (3 if engine == "torch" else 4) * i  # gate, gelu(gate) (not on torch: fused_mlp), up, gelu * up
+        if torch_:
+            attn -= q + kv  # q and k after RoPE
+    # gate, gelu(gate), up, the product: the torch engine keeps no gelu(gate) (fused_mlp) and,
+    # without remat, remakes the product
+    mlp = (4 if engine != "torch" else 3 if remat else 2) * i
     scores = 2 * p.num_heads * seq  # logits and probabilities over the keys
     return norms + attn + mlp + lora_elems, scores
 
@@ -190,12 +201,15 @@ def _activation_bytes(inp: PlanInputs, f: Facts) -> tuple[float, float]:
     """(without remat, with remat) per device; one more layer for the gradients flowing back."""
     p, wb = f.p, f.wb
     lora_elems = 0 if f.full else inp.lora_rank * len(inp.lora_targets)
-    dense, scores = _layer_act_elems(p, inp.seq, lora_elems, inp.engine)
     score_b = wb + 4 if wb == 2 else 8  # softmax in fp32, probabilities in the compute dtype
-    per_layer = f.tokens * (dense * wb + scores * score_b / 2)
+
+    def per_layer(remat: bool) -> float:
+        dense, scores = _layer_act_elems(p, inp.seq, lora_elems, inp.engine, remat)
+        return f.tokens * (dense * wb + scores * score_b / 2)
+
     edges = f.tokens * 3 * p.hidden_size * wb  # embedding output, final norm in/out
-    no_remat = p.num_layers * per_layer + edges + per_layer
-    remat = p.num_layers * f.tokens * p.hidden_size * wb + edges + 2 * per_layer
+    no_remat = (p.num_layers + 1) * per_layer(False) + edges
+    remat = p.num_layers * f.tokens * p.hidden_size * wb + edges + 2 * per_layer(True)
     return no_remat, remat
 
 
@@ -210,6 +224,8 @@ def _loss_head_bytes(inp: PlanInputs, f: Facts) -> float:
         head = f.tokens * p.vocab_size * (12 + (f.wb if f.wb == 2 else 0))
     else:
         head = _chunk_tokens(inp, f) * p.vocab_size * 4 * (3 if f.jax else 2)
+        if not f.jax and not f.full:  # a frozen head's logits go a vocabulary slice at a time
+            head //= VOCAB_PARTS
     head_grad = p.vocab_size * p.hidden_size * f.tb if f.full else 0
     return head + head_grad + rows * p.hidden_size * 4
 

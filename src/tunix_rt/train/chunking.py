@@ -27,6 +27,10 @@ MiB = 1024**2
 LOGITS_BYTES = 4
 #: the default budget for one chunk's logits (TrainConfig.loss_chunk_bytes, the plan's input)
 DEFAULT_CHUNK_BYTES = 256 * MiB
+#: slices of the vocabulary a chunk's logits are formed in where the head does not train
+#: (LoRA; torch engine: loss.frozen_head_rows): the rows per chunk follow the budget, the
+#: logits held at once are 1 / VOCAB_PARTS of it, for the same matmuls
+VOCAB_PARTS = 2
 
 
 def chunk_tokens(chunk_bytes: int, vocab_size: int, logits_bytes: int = LOGITS_BYTES) -> int:
@@ -36,3 +40,14 @@ def chunk_tokens(chunk_bytes: int, vocab_size: int, logits_bytes: int = LOGITS_B
     if chunk_bytes < 1 or vocab_size < 1 or logits_bytes < 1:
         raise ValueError(f"chunk_tokens: positive sizes needed, got {chunk_bytes}, {vocab_size}, {logits_bytes}")
     return max(1, chunk_bytes // (vocab_size * logits_bytes))
+
+
+def balanced(rows: int, chunk: int) -> int:
+    """Rows per chunk for `rows` rows in chunks of at most `chunk`: as many chunks as `chunk`
+    needs, of near-equal size, since one buffer holds the largest chunk's logits (671 rows at
+    256 a chunk: 3 chunks of 224, where 256, 256 and 159 held a 256-row buffer; 32 MiB of
+    Gemma 3's logits less, for the same matmuls)."""
+    if rows < 1:
+        return max(1, chunk)
+    n = -(-rows // chunk)
+    return -(-rows // n)

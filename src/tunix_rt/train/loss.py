@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, VOCAB_PARTS, balanced, chunk_tokens
 from tunix_rt.train.data import IGNORE
 from tunix_rt.train.engine import NLL, POLICY_AUX, Objective
 from tunix_rt.train.fused_head import head_backward, head_forward
@@ -54,55 +54,146 @@ def phi(objective: Objective, logp: torch.Tensor, aux: torch.Tensor | None):
     return value, grad, stats
 
 
-def logits_buffer(rows: int, chunk: int, weight: torch.Tensor) -> torch.Tensor | None:
-    """One [min(rows, chunk), V] fp32 buffer for every chunk of a pass (fp32 heads). With a
-    fresh tensor a chunk, the next chunk's logits were made while the last chunk's were still
-    referenced (two buffers at once), and each was new memory to fault in (the CPU allocator
-    returns freed blocks to the OS: heap.tune_cpu_allocator). Measured on the 270M's DPO step
+def logits_buffer(rows: int, chunk: int, weight: torch.Tensor, parts: int = 1) -> torch.Tensor | None:
+    """One fp32 buffer for the [min(rows, chunk), V / parts] logits of every chunk of a pass
+    (fp32 heads; flat, so that a slice of any width is contiguous). With a fresh tensor a
+    chunk, the next chunk's logits were made while the last chunk's were still referenced (two
+    buffers at once), and each was new memory to fault in (the CPU allocator returns freed
+    blocks to the OS: heap.tune_cpu_allocator). Measured on the 270M's DPO step
     (benchmarks/bench_dpo.py's pairs, 2-core AVX2 EPYC, 9 steps each): peak RSS 2.94-2.97 GiB
     against 3.13-3.21, median step 14.98 s against 16.49."""
     if weight.dtype != torch.float32 or rows == 0:
         return None
-    return torch.empty(min(rows, chunk), weight.shape[0], dtype=torch.float32, device=weight.device)
+    return torch.empty(min(rows, chunk) * -(-weight.shape[0] // parts), dtype=torch.float32, device=weight.device)
+
+
+def _block(buf: torch.Tensor | None, rows: int, cols: int) -> torch.Tensor | None:
+    """The contiguous [rows, cols] view of the front of a flat logits_buffer."""
+    return None if buf is None else buf[: rows * cols].view(rows, cols)
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, softcap: float | None, buf: torch.Tensor | None = None):
     """fp32 logits of one chunk (into `buf`'s first rows when given: logits_buffer); with a
     cap, also tanh(z / cap) for the derivative."""
-    z = torch.mm(h, weight.t(), out=buf[: h.shape[0]]) if buf is not None else (h @ weight.t()).float()
+    z = torch.mm(h, weight.t(), out=_block(buf, h.shape[0], weight.shape[0])) if buf is not None \
+        else (h @ weight.t()).float()
     if softcap is None:
         return z, None
     t = z.div_(softcap).tanh_()  # in place: one [c, V] buffer
     return t * softcap, t
 
 
-def _target_logp(z: torch.Tensor, y: torch.Tensor):
-    """log softmax(z)[y] of a chunk's fp32 logits, with exp(z - max) left in z's own buffer
-    (no second [c, V] buffer) and its row sums: (rows, logp, p, s). Every chunked log-prob
-    goes through here, so the fused and the no-gradient paths agree to the bit."""
-    rows = torch.arange(z.shape[0], device=z.device)
-    target_logit = z[rows, y]
-    m = z.amax(dim=-1, keepdim=True)
-    p = z.sub_(m).exp_()  # reuses z's buffer
-    s = p.sum(dim=-1, keepdim=True)
-    return rows, target_logit - m.squeeze(1) - s.log().squeeze(1), p, s
+def _normaliser(maxes: list[torch.Tensor], sums: list[torch.Tensor]):
+    """From each vocabulary slice's row max m_k and sum s_k of exp(z - m_k): the row max M,
+    each slice's factor to the softmax, exp(m_k - M) / S, and log S, where
+    S = sum_k s_k exp(m_k - M) (logsumexp = M + log S). With one slice: M = m, a factor of
+    1 / s, the whole vocabulary's own formula."""
+    m = torch.stack(maxes).amax(dim=0)
+    scale = torch.exp(torch.stack(maxes) - m)  # exactly 1 for the slice that holds the max
+    total = (torch.stack(sums) * scale).sum(dim=0)
+    return m, scale / total, total.log()
+
+
+def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int = VOCAB_PARTS):
+    """log softmax(z)[y] of a chunk's whole-vocabulary fp32 logits (the head trains, or a
+    no-gradient objective), and (want_p) the softmax itself, left in z's own buffer (no second
+    [c, V] buffer): (rows, logp, p). The sums go slice by slice as in frozen_head_rows, so
+    every chunked log-prob agrees with every other to the bit."""
+    c, v = z.shape
+    width = -(-v // parts)
+    rows = torch.arange(c, device=z.device)
+    target = z[rows, y]
+    maxes, sums = [], []
+    for v0 in range(0, v, width):
+        zs = z[:, v0:v0 + width]
+        m = zs.amax(dim=-1, keepdim=True)
+        sums.append(zs.sub_(m).exp_().sum(dim=-1))  # in place in z's buffer
+        maxes.append(m.squeeze(1))
+    m, factor, log_total = _normaliser(maxes, sums)
+    if want_p:
+        for v0, f in zip(range(0, v, width), factor):
+            z[:, v0:v0 + width].mul_(f[:, None])
+    return rows, target - m - log_total, z
+
+
+def frozen_head_rows(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, softcap: float | None,
+                     buf: torch.Tensor | None = None, parts: int = VOCAB_PARTS, want_grad: bool = True):
+    """For one chunk of rows through a head that does not train: log p(y) [c] and (want_grad)
+    G = ((onehot_y - softmax) * cap') @ W [c, H], with the vocabulary in `parts` slices, one
+    [c, V / parts] block of logits at a time (in `buf`: logits_buffer with these parts). An
+    online softmax: each slice's exp(z - its max) @ W_slice and row sums are rescaled
+    (_normaliser) once every slice is seen, so the matmuls are the whole vocabulary's
+    two, the logits a `parts`-th as large. Gemma 3 270M: 128 MiB a 256-row chunk, not 256.
+    The no-gradient log-probs (chunked_logprobs: a reference, old or evaluation pass) come from
+    here too, so they equal the training pass's to the bit."""
+    c, v = h.shape[0], weight.shape[0]
+    width = -(-v // parts)
+    rows = torch.arange(c, device=h.device)
+    target = torch.zeros(c, dtype=torch.float32, device=h.device)  # the logits are fp32 (_chunk_logits)
+    cap_y = torch.ones(c, dtype=torch.float32, device=h.device)
+    maxes, sums, accs = [], [], []
+    for v0 in range(0, v, width):
+        w = weight[v0:v0 + width]
+        z, t = _chunk_logits(h, w, softcap, buf)
+        inside = (y >= v0) & (y < v0 + w.shape[0])
+        idx = (y - v0).clamp(0, w.shape[0] - 1)
+        target = torch.where(inside, z[rows, idx], target)
+        m = z.amax(dim=-1, keepdim=True)
+        p = z.sub_(m).exp_()  # reuses z's buffer
+        sums.append(p.sum(dim=-1))
+        if t is not None and want_grad:
+            d = t.mul_(t).neg_().add_(1.0)  # d(cap * tanh(z / cap))/dz = 1 - tanh^2
+            cap_y = torch.where(inside, d[rows, idx], cap_y)
+            p.mul_(d)
+        maxes.append(m.squeeze(1))
+        if want_grad:
+            accs.append(p.to(weight.dtype) @ w)
+    m, factor, log_total = _normaliser(maxes, sums)
+    logp = target - m - log_total
+    if not want_grad:
+        return logp, None
+    grad = weight[y].to(logp.dtype) * cap_y[:, None]
+    for f, acc in zip(factor, accs):
+        grad -= acc.to(logp.dtype) * f[:, None]
+    return logp, grad.to(h.dtype)
 
 
 def _chunk(h, weight, y, c, aux, objective: Objective, softcap, want_grad: bool, buf=None):
     """One chunk: sum of c * phi, the statistics, and (want_grad) dloss/dz (in `buf` when
     given: used before the next chunk)."""
     z, t = _chunk_logits(h, weight, softcap, buf)
-    rows, logp, p, s = _target_logp(z, y)
+    rows, logp, p = _target_logp(z, y, want_grad)
     value, dphi, stats = phi(objective, logp, aux)
     loss = (c * value).sum()
     if not want_grad:
         return loss, stats, None
     g = c * dphi  # dloss/dlogp per row
-    p.div_(s).mul_(-g[:, None])
+    p.mul_(-g[:, None])
     p[rows, y] += g
     if t is not None:
         p.mul_(t.mul_(t).neg_().add_(1.0))  # d(cap * tanh(z / cap))/dz = 1 - tanh^2
     return loss, stats, p.to(weight.dtype)
+
+
+def _frozen_head_objective(ctx, hidden, weight, targets, coef, aux, chunk, softcap, objective):
+    """FusedTokenObjective's forward where the head does not train: each row's gradient is
+    c_t * phi'(logp_t) * G_t (frozen_head_rows), kept for head_backward."""
+    grad_h = torch.empty_like(hidden)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    stats = torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=hidden.device)
+    buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS)
+    for s in range(0, hidden.shape[0], chunk):
+        sl = slice(s, s + chunk)
+        logp, g = frozen_head_rows(hidden[sl], weight, targets[sl], softcap, buf)
+        value, dphi, st = phi(objective, logp, None if aux is None else aux[sl])
+        total += (coef[sl] * value).sum()
+        if st is not None:
+            stats += st
+        grad_h[sl] = g * (coef[sl] * dphi).to(g.dtype)[:, None]
+    ctx.save_for_backward(grad_h, torch.empty(0))
+    ctx.want_w, ctx.w_dtype = False, weight.dtype
+    ctx.mark_non_differentiable(stats)
+    return total, stats
 
 
 class FusedTokenObjective(torch.autograd.Function):
@@ -110,6 +201,8 @@ class FusedTokenObjective(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, coef, aux, chunk: int, softcap: float | None, objective: Objective):
+        if not weight.requires_grad:  # LoRA: the vocabulary in slices (frozen_head_rows)
+            return _frozen_head_objective(ctx, hidden, weight, targets, coef, aux, chunk, softcap, objective)
         buf = logits_buffer(hidden.shape[0], chunk, weight)
 
         def one(sl, h):
@@ -132,7 +225,7 @@ def token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     if hidden.shape[0] == 0:
         return hidden.sum() * 0.0, torch.zeros(len(STAT_NAMES), device=hidden.device)
     coef = coef.float()
-    chunk = chunk_tokens(chunk_bytes, weight.shape[0])
+    chunk = balanced(hidden.shape[0], chunk_tokens(chunk_bytes, weight.shape[0]))
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return FusedTokenObjective.apply(hidden, weight, targets, coef, aux, chunk, softcap, objective)
     with torch.no_grad():
@@ -153,12 +246,12 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, softcap: float | None = None) -> torch.Tensor:
     """log p(target) of each row [T], chunk by chunk, no gradient (RL's old/reference logp)."""
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-    chunk = chunk_tokens(chunk_bytes, weight.shape[0])
+    chunk = balanced(hidden.shape[0], chunk_tokens(chunk_bytes, weight.shape[0]))
     with torch.no_grad():
-        buf = logits_buffer(hidden.shape[0], chunk, weight)
+        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS)
         for s in range(0, hidden.shape[0], chunk):
-            z, _ = _chunk_logits(hidden[s:s + chunk], weight, softcap, buf)
-            out[s:s + chunk] = _target_logp(z, targets[s:s + chunk])[1]
+            out[s:s + chunk] = frozen_head_rows(hidden[s:s + chunk], weight, targets[s:s + chunk], softcap, buf,
+                                                want_grad=False)[0]
     return out
 
 
@@ -168,22 +261,17 @@ class FusedSequenceLogprobs(torch.autograd.Function):
     chunk as its log-prob and kept ([T, H], no logits): backward scales row t's by the incoming
     dL/d log p_t. A sequence objective (engine.SequenceObjective) learns its coefficients from
     these log-probs after the forward, so the head runs once (two matmuls a chunk) where a
-    no-gradient pass and the fused objective took three."""
+    no-gradient pass and the fused objective took three. The vocabulary goes through in
+    halves (frozen_head_rows)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk: int, softcap: float | None):
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden)
-        buf = logits_buffer(hidden.shape[0], chunk, weight)
+        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS)
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, s + chunk)
-            z, t = _chunk_logits(hidden[sl], weight, softcap, buf)
-            rows, out[sl], p, total = _target_logp(z, targets[sl])
-            p.div_(total).neg_()
-            p[rows, targets[sl]] += 1.0  # d log p / dz = onehot - softmax
-            if t is not None:
-                p.mul_(t.mul_(t).neg_().add_(1.0))  # d(cap * tanh(z / cap))/dz = 1 - tanh^2
-            grad_h[sl] = p.to(weight.dtype) @ weight
+            out[sl], grad_h[sl] = frozen_head_rows(hidden[sl], weight, targets[sl], softcap, buf)
         ctx.save_for_backward(grad_h)
         return out
 
@@ -201,7 +289,8 @@ def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
         raise ValueError("sequence_logprobs: the head trains; its gradient needs the coefficients first")
     if not (torch.is_grad_enabled() and hidden.requires_grad) or hidden.shape[0] == 0:
         return chunked_logprobs(hidden, weight, targets, chunk_bytes, softcap)
-    return FusedSequenceLogprobs.apply(hidden, weight, targets, chunk_tokens(chunk_bytes, weight.shape[0]), softcap)
+    chunk = balanced(hidden.shape[0], chunk_tokens(chunk_bytes, weight.shape[0]))
+    return FusedSequenceLogprobs.apply(hidden, weight, targets, chunk, softcap)
 
 
 def chunked_linear_ce(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -314,8 +403,10 @@ def shared_prefix_masks(config, attn: str, segments: torch.Tensor, positions: to
     """The 4D masks of rows that share a prefix (data.collate_shared): a query attends to the
     earlier keys of its own segment and, outside the padding, to the whole prefix (segment 0);
     sliding-window layers also drop keys `sliding_window` positions or more behind, measured
-    in position ids as transformers does. sdpa takes booleans (True: attend), eager an additive
-    float mask. A dict by layer type for models with `layer_types` (Gemma 2 and 3), else one
+    in position ids as transformers does. Both attentions get an additive float mask: 0 or the
+    dtype's minimum for eager, 0 or -inf for sdpa (what sdpa makes of a boolean mask, but once:
+    made per call, each layer kept its own copy for backward, 1.1 MiB a layer at 2 x 381
+    tokens). A dict by layer type for models with `layer_types` (Gemma 2 and 3), else one
     tensor; transformers uses a 4D mask as given."""
     n = segments.shape[1]
     q, k = segments[:, :, None], segments[:, None, :]
@@ -331,7 +422,9 @@ def shared_prefix_masks(config, attn: str, segments: torch.Tensor, positions: to
         m = m[:, None]
         if attn == "eager":
             m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
-        elif attn != "sdpa":
+        elif attn == "sdpa":  # additive, as sdpa turns a boolean mask (per call: a copy kept by each layer)
+            m = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, float("-inf"))
+        else:
             raise ValueError(f"no shared-prefix mask for attention {attn!r}")
         out[kind] = m
     return out if types else out["full_attention"]
