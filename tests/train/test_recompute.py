@@ -55,10 +55,21 @@ def test_recipes_give_the_same_loss_and_gradients_to_the_bit(home, tiny_tok, pre
     engine = _engine(cfg, ensure_model(preset, home), tiny_tok)
     layers = engine.module.base().config.num_hidden_layers
     tally = Tally(monkeypatch, engine.model.parameters())
+    remakes = []
+    init = recompute._Remade.__init__
+
+    def counted(self, fn):
+        init(self, lambda: (remakes.append(1), fn())[1])
+
+    monkeypatch.setattr(recompute._Remade, "__init__", counted)
     with_recipes = _loss_and_grads(engine, batch)
     # a layer remakes its q/k/v/gate/up inputs (LoRA: one per adapter, full: one per projection) and
     # down's; Gemma 3 also q and k after RoPE
     assert tally.recipes >= layers * (6 + (2 if preset == "tiny-gemma3" else 0)), tally.recipes
+    # q, k and v share one remade norm output, gate and up another (3 remakes fewer a layer); on
+    # Gemma 3 rope's recipes each remake the q/k norm's output first (2 more)
+    extra = 2 * layers if preset == "tiny-gemma3" else 0
+    assert len(remakes) == tally.recipes - 3 * layers + extra, (len(remakes), tally.recipes)
     _without_recipes(monkeypatch)
     plain = _loss_and_grads(_engine(cfg, ensure_model(preset, home), tiny_tok), batch)
     assert with_recipes[0] == plain[0]

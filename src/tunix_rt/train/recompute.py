@@ -21,7 +21,10 @@ backward through these layers: nothing here asks for one.)
 Measured on Gemma 3 270M (benchmarks/bench_dpo.py's pairs, LoRA r16, 2 x 381 tokens, the
 step's peak RSS from its worker, 2-core AVX2 EPYC): the activations kept for backward
 754 -> ~500 MiB, peak RSS 2.64 -> 2.39 GiB with the additive sdpa mask (loss.shared_prefix_masks),
-losses equal to the bit.
+losses equal to the bit. What backward spends remaking (benchmarks/bench_torch_vs_trl.py's SFT
+batches, 4 x <= 256 tokens, the unpack hook timed): 0.41 s of a ~7 s step, rope's q most of it;
+0.87 s before q/k/v shared one remade norm output and rope's recipe stopped rotating a second
+full-width tensor.
 """
 
 from __future__ import annotations
@@ -50,13 +53,32 @@ def _table() -> dict | None:
     return getattr(_local, "table", None)
 
 
+class _Remade:
+    """A registered output's recipe, shared by every op that saves it (q, k and v read the same
+    norm output): remade once for all of them, dropped after the last one's backward."""
+
+    __slots__ = ("fn", "uses", "value")
+
+    def __init__(self, fn):
+        self.fn, self.uses, self.value = fn, 0, None
+
+    def take(self) -> torch.Tensor:
+        value = self.value
+        if value is None:
+            with torch.no_grad():
+                value = self.fn()
+        self.uses -= 1
+        self.value = value if self.uses > 0 else None
+        return value
+
+
 class _Recipe:
     """What autograd keeps in place of a saved view of a registered output."""
 
-    __slots__ = ("fn", "size", "stride", "offset")
+    __slots__ = ("remade", "size", "stride", "offset")
 
-    def __init__(self, fn, size, stride, offset):
-        self.fn, self.size, self.stride, self.offset = fn, size, stride, offset
+    def __init__(self, remade, size, stride, offset):
+        self.remade, self.size, self.stride, self.offset = remade, size, stride, offset
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -78,7 +100,7 @@ def recipe(out: torch.Tensor, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
         if table.get(key, (None,))[0] is ref:
             del table[key]
 
-    table[key] = (weakref.ref(out, gone), out._version, fn)
+    table[key] = (weakref.ref(out, gone), out._version, _Remade(fn))
     return out
 
 
@@ -89,7 +111,7 @@ def remade(t: torch.Tensor) -> Callable[[], torch.Tensor] | None:
     out = e[0]() if e is not None else None
     if out is None or out._version != e[1] or t.size() != out.size() or t.stride() != out.stride():
         return None
-    return e[2]
+    return e[2].fn
 
 
 def _pack(t: torch.Tensor):
@@ -98,14 +120,14 @@ def _pack(t: torch.Tensor):
     if e is not None:
         out = e[0]()
         if out is not None and out._version == e[1] and t.dtype == out.dtype and t.device == out.device:
+            e[2].uses += 1
             return _Recipe(e[2], t.size(), t.stride(), t.storage_offset())
     return t.detach()
 
 
 def _unpack(x):
     if isinstance(x, _Recipe):
-        with torch.no_grad():
-            return x.fn().as_strided(x.size, x.stride, x.offset)
+        return x.remade.take().as_strided(x.size, x.stride, x.offset)
     return x
 
 
@@ -145,7 +167,8 @@ def _rope(orig):
 
 
 def _rope_one(orig, x, cos, sin, args, kwargs):
-    return orig(x, x, cos, sin, *args, **kwargs)[0]
+    """rope's first output alone (its second from one head of x: the least extra work)."""
+    return orig(x, x[:, :1], cos, sin, *args, **kwargs)[0]
 
 
 def _repeat(orig):
