@@ -51,3 +51,8 @@ def balanced(rows: int, chunk: int) -> int:
         return max(1, chunk)
     n = -(-rows // chunk)
     return -(-rows // n)
+
+
+def rows_per_chunk(rows: int, chunk_bytes: int, vocab_size: int) -> int:
+    """The torch fused losses' chunk: chunk_tokens' budget, balanced over `rows` rows."""
+    return balanced(rows, chunk_tokens(chunk_bytes, vocab_size))

@@ -38,7 +38,7 @@ import math
 
 import torch
 
-from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, balanced, chunk_tokens
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, rows_per_chunk
 from tunix_rt.train.data import IGNORE
 from tunix_rt.train.fused_head import head_backward, head_forward
 
@@ -136,7 +136,7 @@ def kd_objective(hidden, weight, teacher_hidden, teacher_weight, targets, coef, 
     teacher_hidden = teacher_hidden.detach()
     if hidden.shape[0] == 0:
         return hidden.sum() * 0.0, torch.zeros(N_STATS, device=hidden.device)
-    chunk = balanced(hidden.shape[0], chunk_tokens(chunk_bytes, weight.shape[0]))
+    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0])
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return FusedDistillation.apply(hidden, weight, teacher_hidden, teacher_weight, targets, coef, chunk,
                                        tuple(softcaps), objective)

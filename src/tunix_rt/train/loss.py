@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, VOCAB_PARTS, balanced, chunk_tokens
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, VOCAB_PARTS, rows_per_chunk
 from tunix_rt.train.data import IGNORE
 from tunix_rt.train.engine import NLL, POLICY_AUX, Objective
 from tunix_rt.train.fused_head import head_backward, head_forward
@@ -94,6 +94,13 @@ def _normaliser(maxes: list[torch.Tensor], sums: list[torch.Tensor]):
     return m, scale / total, total.log()
 
 
+def _slice_stats(zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A vocabulary slice's row max m and sum of exp(zs - m), exp(zs - m) left in zs: the one
+    rule of both chunked paths, so their log-probs agree to the bit."""
+    m = zs.amax(dim=-1, keepdim=True)
+    return m.squeeze(1), zs.sub_(m).exp_().sum(dim=-1)
+
+
 def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int = VOCAB_PARTS):
     """log softmax(z)[y] of a chunk's whole-vocabulary fp32 logits (the head trains, or a
     no-gradient objective), and (want_p) the softmax itself, left in z's own buffer (no second
@@ -105,10 +112,9 @@ def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int = VO
     target = z[rows, y]
     maxes, sums = [], []
     for v0 in range(0, v, width):
-        zs = z[:, v0:v0 + width]
-        m = zs.amax(dim=-1, keepdim=True)
-        sums.append(zs.sub_(m).exp_().sum(dim=-1))  # in place in z's buffer
-        maxes.append(m.squeeze(1))
+        m, total = _slice_stats(z[:, v0:v0 + width])  # in place in z's buffer
+        maxes.append(m)
+        sums.append(total)
     m, factor, log_total = _normaliser(maxes, sums)
     if want_p:
         for v0, f in zip(range(0, v, width), factor):
@@ -138,14 +144,14 @@ def frozen_head_rows(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, sof
         inside = (y >= v0) & (y < v0 + w.shape[0])
         idx = (y - v0).clamp(0, w.shape[0] - 1)
         target = torch.where(inside, z[rows, idx], target)
-        m = z.amax(dim=-1, keepdim=True)
-        p = z.sub_(m).exp_()  # reuses z's buffer
-        sums.append(p.sum(dim=-1))
+        m, total = _slice_stats(z)  # exp(z - m) in z's buffer
+        maxes.append(m)
+        sums.append(total)
+        p = z
         if t is not None and want_grad:
             d = t.mul_(t).neg_().add_(1.0)  # d(cap * tanh(z / cap))/dz = 1 - tanh^2
             cap_y = torch.where(inside, d[rows, idx], cap_y)
             p.mul_(d)
-        maxes.append(m.squeeze(1))
         if want_grad:
             accs.append(p.to(weight.dtype) @ w)
     m, factor, log_total = _normaliser(maxes, sums)
@@ -225,7 +231,7 @@ def token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     if hidden.shape[0] == 0:
         return hidden.sum() * 0.0, torch.zeros(len(STAT_NAMES), device=hidden.device)
     coef = coef.float()
-    chunk = balanced(hidden.shape[0], chunk_tokens(chunk_bytes, weight.shape[0]))
+    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0])
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return FusedTokenObjective.apply(hidden, weight, targets, coef, aux, chunk, softcap, objective)
     with torch.no_grad():
@@ -246,7 +252,7 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, softcap: float | None = None) -> torch.Tensor:
     """log p(target) of each row [T], chunk by chunk, no gradient (RL's old/reference logp)."""
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-    chunk = balanced(hidden.shape[0], chunk_tokens(chunk_bytes, weight.shape[0]))
+    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0])
     with torch.no_grad():
         buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS)
         for s in range(0, hidden.shape[0], chunk):
@@ -289,7 +295,7 @@ def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
         raise ValueError("sequence_logprobs: the head trains; its gradient needs the coefficients first")
     if not (torch.is_grad_enabled() and hidden.requires_grad) or hidden.shape[0] == 0:
         return chunked_logprobs(hidden, weight, targets, chunk_bytes, softcap)
-    chunk = balanced(hidden.shape[0], chunk_tokens(chunk_bytes, weight.shape[0]))
+    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0])
     return FusedSequenceLogprobs.apply(hidden, weight, targets, chunk, softcap)
 
 
