@@ -15,7 +15,7 @@ from eval_testlib import QUESTIONS, aimed_inputs, assert_screened, near_tie_head
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
 from tunix_rt.eval.runner import load_model
-from tunix_rt.eval import sampling
+from tunix_rt.eval import sampling, screened_head
 from tunix_rt.eval.sampling import allowed_ids, gumbel, row_seed, sample_full
 from tunix_rt.eval.screened_head import ScreenedArgmax
 from tunix_rt.render import prompt_ids
@@ -90,6 +90,31 @@ def test_a_subset_of_ids_draws_the_same_bits_as_the_full_draw():
     on_torch = u.sub(1 - 2.0 ** -53).log_().neg_().log_().neg_()  # what an accelerator computes: last bits
     assert torch.allclose(on_torch, full, rtol=1e-14, atol=1e-14)
     assert torch.equal(gumbel(wide, 262_144)[[0, 63, 64, 69]], gumbel([wide[i] for i in (0, 63, 64, 69)], 262_144))
+
+
+@pytest.mark.parametrize("chunk", [1000, 1 << 15])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_noise_in_tiles_on_threads_has_the_bits_of_whole_rows(monkeypatch, chunk, threads):
+    """The CPU draw runs in tiles of rows and columns (the last ones partial) spread over
+    torch's threads: any tiling on any number of threads gives the bits of the hash and the
+    logs taken over whole rows at once, full rows and per-row ids alike."""
+    seeds = [row_seed(4, r, 1) for r in range(5)]
+    seed = torch.tensor([sampling._int64(s) for s in seeds])
+    monkeypatch.setattr(sampling, "CPU_CHUNK_ELEMENTS", chunk)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for vocab in (262_144, 5003, 777):
+            bits = torch.empty(5, vocab, dtype=torch.int64)
+            off = (torch.arange(vocab) + 1).mul_(sampling.GOLDEN)
+            sampling._bits_numpy(seed, off, bits, torch.empty_like(bits), torch.empty_like(bits))
+            u = bits.view(torch.float64).numpy() - (1 - 2.0 ** -53)
+            want = torch.from_numpy(-np.log(-np.log(u)))
+            assert torch.equal(gumbel(seeds, vocab), want), vocab
+            ids = torch.randint(0, vocab, (5, 1500), generator=torch.Generator().manual_seed(vocab))
+            assert torch.equal(gumbel(seeds, vocab, ids=ids), want.gather(1, ids)), vocab
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("filters", [dict(), dict(top_k=20)])
@@ -198,6 +223,33 @@ def test_screened_sampling_equals_full_logits(softcap, temperature):
                 assert torch.equal(screen.sample(x, lazy, cfg), want), (scale, seed, f, "lazy")
     assert_screened(screen, 8)
     assert screen.candidates / max(1, screen.steps) < 0.5 * head.shape[0]  # it screens
+
+
+def test_flat_rows_take_the_fine_level_and_draw_the_same_ids(monkeypatch):
+    """Where the coarse screen leaves more than REFINE_AT tokens (flat rows; 0 here, so every
+    step), the fine level is added before rescoring: the ids still equal the full-logit draw
+    (lazy and ready noise, four temperatures, peaked to flat rows, Gemma 2's softcap), and it
+    rescores fewer tokens than the coarse level alone."""
+    head = near_tie_head(5003, 64, seed=41)
+    coarse = ScreenedArgmax(head, groups=8, pad_cols=1)
+    fine = ScreenedArgmax(head, groups=8, pad_cols=1)
+    capped = ScreenedArgmax(head, softcap=30.0, groups=8, pad_cols=1)
+    for scale in (1.0, 0.2, 0.05):
+        x = aimed_inputs(head, 8, seed=int(scale * 100) + 1) * scale
+        for t in TEMPERATURES:
+            cfg = DecodeConfig(temperature=t)
+            for seed in range(2):
+                g = _noise(8, 5003, seed=seed)
+                for screen, softcap in ((coarse, None), (fine, None), (capped, 30.0)):
+                    monkeypatch.setattr(screened_head, "REFINE_AT", 10**9 if screen is coarse else 0)
+                    want = sample_full(_full(head, x, softcap), g, cfg)
+                    assert torch.equal(screen.sample(x, g, cfg), want), (scale, t, seed, softcap)
+                    lazy = sampling.Noise([row_seed(seed, r, 0) for r in range(8)], 5003)
+                    assert torch.equal(screen.sample(x, lazy, cfg), want), (scale, t, seed, softcap, "lazy")
+    assert_screened(fine, 8)
+    if fine.kernel_exact(8):
+        assert fine.refined == fine.steps > 0 and coarse.refined == 0
+        assert fine.candidates < 0.8 * coarse.candidates, (fine.candidates, coarse.candidates)
 
 
 def test_lazy_noise_has_the_full_draws_bits_and_draws_only_what_is_looked_at():

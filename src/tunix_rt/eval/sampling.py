@@ -67,8 +67,9 @@ MIX = (_int64(0xBF58476D1CE4E5B9), _int64(0x94D049BB133111EB))
 """splitmix64's two finaliser multipliers."""
 CHUNK_ELEMENTS = 1 << 24
 """The noise's hash runs a few rows at a time, about this many entries at once (bounded scratch)."""
-CPU_CHUNK_ELEMENTS = 1 << 18
-"""The same on the CPU (2 MB of scratch per buffer)."""
+CPU_CHUNK_ELEMENTS = 1 << 15
+"""The same on the CPU, a tile of rows and columns (256 KB of scratch per buffer: it stays in
+cache through the hash's passes)."""
 
 
 def check_keys(keys: Sequence, n: int) -> list[Key]:
@@ -150,22 +151,63 @@ def gumbel(seeds: Sequence[int], vocab: int, device=None, ids: "torch.Tensor | N
         ids = ids.to(device=seed.device, dtype=torch.int64)
         off = (ids + 1).mul_(GOLDEN)  # wraps as uint64 would
     out = torch.empty((len(seeds), ids.shape[-1]), dtype=torch.float64, device=seed.device)
+    if seed.device.type == "cpu":
+        _gumbel_cpu(seed, off, out)
+        return out
     bits = out.view(torch.int64)  # U is built in place, as the bits of a double
-    cpu = seed.device.type == "cpu"
-    fill = _bits_numpy if cpu else _bits_torch
-    # a few rows at a time on a scratch reused across them (on the CPU small enough to stay in
-    # cache: fresh memory's page faults cost more than the hash)
-    step = max(1, (CPU_CHUNK_ELEMENTS if cpu else CHUNK_ELEMENTS) // max(ids.shape[-1], 1))
+    step = max(1, CHUNK_ELEMENTS // max(ids.shape[-1], 1))  # a few rows at a time: bounded scratch
     x = torch.empty((min(step, len(seeds)), ids.shape[-1]), dtype=torch.int64, device=seed.device)
     t = torch.empty_like(x)
     for a in range(0, len(seeds), step):
         b = min(len(seeds), a + step)
-        fill(seed[a:b], off if ids.dim() == 1 else off[a:b], bits[a:b], x[: b - a], t[: b - a])
+        _bits_torch(seed[a:b], off if ids.dim() == 1 else off[a:b], bits[a:b], x[: b - a], t[: b - a])
     # 1 + m / 2**52 minus 1 - 2**-53 is U = (2m + 1) / 2**53, exact, strictly inside (0, 1)
-    if cpu:  # numpy's fp64 log: 5x torch's on 262K entries, ~100x on a tiny model's 1K
-        _neg_log_neg_log(out.numpy())
-        return out
     return out.sub_(1 - 2.0 ** -53).log_().neg_().log_().neg_()  # -log(-log U)
+
+
+_POOL: "tuple[int, int, object] | None" = None
+
+
+def _pool(workers: int):
+    """A pool of `workers` threads for the CPU noise (numpy's ufuncs release the GIL), made
+    once per process (a forked child gets its own: its parent's threads are not in it)."""
+    import os
+
+    global _POOL
+    if _POOL is None or _POOL[:2] != (workers, os.getpid()):
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = (workers, os.getpid(), ThreadPoolExecutor(workers, thread_name_prefix="tunix-rt-noise"))
+    return _POOL[2]
+
+
+def _gumbel_cpu(seed: "torch.Tensor", off: "torch.Tensor", out: "torch.Tensor") -> None:
+    """gumbel's draw on the CPU into out [r, n] (fp64): numpy's hash then numpy's logs, a tile
+    of at most CPU_CHUNK_ELEMENTS at a time, each tile's scratch and output small enough to stay
+    in cache between the dozen passes (whole 262K rows ran 2.5x slower), the tiles spread over
+    torch's thread count. Every entry is computed alone, so any tiling gives the same bits."""
+    import torch
+
+    rows, n = out.shape
+    cols = min(n, CPU_CHUNK_ELEMENTS)
+    per = max(1, CPU_CHUNK_ELEMENTS // cols) if cols == n else 1  # rows a tile
+    tiles = [(r, min(rows, r + per), c, min(n, c + cols)) for r in range(0, rows, per) for c in range(0, n, cols)]
+    bits = out.view(torch.int64)
+
+    def work(part: list[tuple[int, int, int, int]]) -> None:
+        x = torch.empty((per, cols), dtype=torch.int64)
+        t = torch.empty_like(x)
+        for r0, r1, c0, c1 in part:
+            o = off[c0:c1] if off.dim() == 1 else off[r0:r1, c0:c1]
+            _bits_numpy(seed[r0:r1], o, bits[r0:r1, c0:c1], x[: r1 - r0, : c1 - c0], t[: r1 - r0, : c1 - c0])
+            # numpy's fp64 log: 5x torch's on 262K entries, ~100x on a tiny model's 1K
+            _neg_log_neg_log(out[r0:r1, c0:c1].numpy())
+
+    workers = min(len(tiles), torch.get_num_threads())
+    if workers <= 1:
+        return work(tiles)
+    for f in [_pool(workers).submit(work, tiles[w::workers]) for w in range(workers)]:
+        f.result()
 
 
 class Noise:

@@ -89,6 +89,10 @@ TAIL_SHARES = (0.2, 0.02)
 whose nucleus decision it could not settle; the rest take full logits."""
 BINS = 240
 """top-p: the cut is searched in bins of 1/4 of (logit − best lower bound) / T, down to −60."""
+REFINE_AT = 8192
+"""Sampling without top-k/top-p: past this many tokens left by the coarse screen (a flat
+distribution in some row), the fine level is added (one more int8 matmul) before rescoring:
+it leaves far fewer than the coarse level, whose rescoring would near the full fp32 head."""
 FULL_SHARE = 0.25
 """Beyond this share of the vocabulary, copying the candidates' rows costs more than the full
 matmul: the step takes full logits (the same bits)."""
@@ -179,6 +183,10 @@ class Approx:
     residual: "torch.Tensor | None" = None
     """[B, G, per] fp64, the fine level: x̂·r̂ (the int8 quantised weight residual), already
     added into the approximation that `err` bounds."""
+    lhs: "torch.Tensor | None" = None  # [2B, D] int8: the activations' two levels, q1 then q2
+    c: "torch.Tensor | None" = None  # [B]: x̂ = c·(127·q1 + q2)
+    dx: "torch.Tensor | None" = None  # [B]: a bound on ||x − x̂||
+    nxh: "torch.Tensor | None" = None  # [B]: a bound on ||x̂||
 
 
 class _TopPTail:
@@ -255,6 +263,8 @@ class ScreenedArgmax:
             if padded > vocab:  # pad with copies of real rows: their logits are real logits
                 order = torch.cat([order, order[: padded - vocab]])
             self.perm = order  # position in the screen -> token id (positions >= vocab: copies)
+            self.inv = torch.empty(vocab, dtype=torch.long)
+            self.inv[order[:vocab]] = torch.arange(vocab)  # token id -> its position in the screen
             self.wq = torch.empty((padded, dim), dtype=torch.int8)
             scale = torch.empty(self.groups, dtype=torch.float64)
             nw = torch.empty(self.groups, dtype=torch.float64)
@@ -287,8 +297,10 @@ class ScreenedArgmax:
         self.steps = 0
         self.candidates = 0
         self.full_rows = 0
+        self.refined = 0
         """Running totals: rows decided through the screen, tokens rescored exactly for them
-        (summed over those rows), rows decided on full logits (see the module doc)."""
+        (summed over those rows), rows decided on full logits (see the module doc), rows of
+        the sampling steps that took the fine level (REFINE_AT)."""
 
     @classmethod
     def build(cls, head: "torch.Tensor", softcap: float | None = None) -> "ScreenedArgmax | None":
@@ -390,14 +402,30 @@ class ScreenedArgmax:
 
     def _sample_gumbel(self, x, g: Noise, cfg, up, span, ap: Approx) -> "torch.Tensor":
         b, t = x.shape[0], cfg.temperature
-        score = up.div_(t).add_(g.at(self.perm).view_as(up))  # upper bounds on z/T + g
+        gp = g.at(self.perm).view_as(up)  # the noise in screen order, drawn once
+        keep = self._reachable(up, span, ap, gp, t)
+        if ap.residual is None and int(keep.any(0).sum()) > REFINE_AT:
+            fine = self.refine(ap)  # a flat distribution: the fine level's bounds, not full logits
+            if fine is not None:
+                up, span = self._upper(fine)
+                keep = self._reachable(up, span, fine, gp, t)
+                self.refined += b
+        tokens, n = self._union(keep)
+        noise = gp.view(b, -1).index_select(1, self.inv.index_select(0, tokens))
+        pick = scores(self.exact_logits(x, tokens), noise, t).argmax(dim=1)
+        self._count(b, n)
+        return tokens[pick]
+
+    @staticmethod
+    def _reachable(up, span, ap: Approx, gp, t: float) -> "torch.Tensor":
+        """[B, V'] bool (screen order): the tokens whose upper bound on z/T + g reaches a lower
+        bound on the row's best score (the others cannot be drawn). `up` is consumed."""
+        b = up.shape[0]
+        score = up.div_(t).add_(gp)  # upper bounds on z/T + g
         best = (score.amax(2) - span / t).amax(1)  # a lower bound on each row's best score
         # |z / T + g| <= (||x||·nw + err) / T + 1e3 (-log of a positive double is below 745)
         slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
-        tokens, n = self._union((score >= (best - slack)[:, None, None]).view(b, -1))
-        pick = scores(self.exact_logits(x, tokens), g.at(tokens), t).argmax(dim=1)
-        self._count(b, n)
-        return tokens[pick]
+        return (score >= (best - slack)[:, None, None]).view(b, -1)
 
     def _sample_top_k(self, x, g: Noise, cfg, up, span) -> "torch.Tensor":
         import torch
@@ -499,16 +527,32 @@ class ScreenedArgmax:
         xh = (q1.double() * 127 + q2.double()) * c[:, None]
         dx = (x64 - xh).norm(dim=1) * (1 + REL_SAFETY)
         nxh = xh.norm(dim=1) * (1 + REL_SAFETY)
-        nd, residual = self.nd, None
-        if fine:
-            rq, rscale, nd = self._residual_level()
-            residual = self._combine(torch._int_mm(lhs, rq.t()), b).double()
-            residual.mul_((c[:, None] * rscale[None, :])[:, :, None])
-        err = dx[:, None] * self.nw + nxh[:, None] * nd + self.gamma * bound_x
-        step = c[:, None] * self.scale[None, :]  # logit per unit of comb, [B, G]
-        if not bool(torch.isfinite(err).all() and (step > 0).all()):
+        ap = self._bounded(Approx(comb, c[:, None] * self.scale[None, :], None, bound_x, None, lhs, c, dx, nxh), self.nd)
+        return self.refine(ap) if fine and ap is not None else ap
+
+    def refine(self, ap: Approx) -> Approx | None:
+        """`ap` with the fine level added (the weights' quantisation residual, one more int8
+        matmul on the same activations): the same bound, about 40x tighter on Gemma 3. None
+        where it does not hold."""
+        import torch
+
+        if ap.residual is not None:
+            return ap
+        rq, rscale, nd = self._residual_level()
+        b = ap.comb.shape[0]
+        residual = self._combine(torch._int_mm(ap.lhs, rq.t()), b).double()
+        residual.mul_((ap.c[:, None] * rscale[None, :])[:, :, None])
+        return self._bounded(Approx(ap.comb, ap.step, None, ap.bound_x, residual, ap.lhs, ap.c, ap.dx, ap.nxh), nd)
+
+    def _bounded(self, ap: Approx, nd: "torch.Tensor") -> Approx | None:
+        """`ap` with its error bound (`nd`: the weights' per-group quantisation error at its
+        level), or None where the bound is not finite or a step is not positive."""
+        import torch
+
+        ap.err = ap.dx[:, None] * self.nw + ap.nxh[:, None] * nd + self.gamma * ap.bound_x
+        if not bool(torch.isfinite(ap.err).all() and (ap.step > 0).all()):
             return None
-        return Approx(comb, step, err, bound_x, residual)
+        return ap
 
     def _combine(self, acc: "torch.Tensor", b: int) -> "torch.Tensor":
         """127·acc(q1) + acc(q2) [B, G, per], in int64 where int32 could overflow."""
