@@ -225,8 +225,8 @@ def test_screened_sampling_equals_full_logits(softcap, temperature):
     assert screen.candidates / max(1, screen.steps) < 0.5 * head.shape[0]  # it screens
 
 
-def test_flat_rows_take_the_fine_level_and_draw_the_same_ids(monkeypatch):
-    """Where the coarse screen leaves more than REFINE_AT tokens (flat rows; 0 here, so every
+def test_flat_rows_take_the_fine_level_and_draw_the_same_ids():
+    """Where the coarse screen leaves more than `refine_at` tokens (flat rows; 0 here, so every
     step), the fine level is added before rescoring: the ids still equal the full-logit draw
     (lazy and ready noise, four temperatures, peaked to flat rows, Gemma 2's softcap), and it
     rescores fewer tokens than the coarse level alone."""
@@ -234,6 +234,7 @@ def test_flat_rows_take_the_fine_level_and_draw_the_same_ids(monkeypatch):
     coarse = ScreenedArgmax(head, groups=8, pad_cols=1)
     fine = ScreenedArgmax(head, groups=8, pad_cols=1)
     capped = ScreenedArgmax(head, softcap=30.0, groups=8, pad_cols=1)
+    fine.refine_at = capped.refine_at = 0
     for scale in (1.0, 0.2, 0.05):
         x = aimed_inputs(head, 8, seed=int(scale * 100) + 1) * scale
         for t in TEMPERATURES:
@@ -241,7 +242,6 @@ def test_flat_rows_take_the_fine_level_and_draw_the_same_ids(monkeypatch):
             for seed in range(2):
                 g = _noise(8, 5003, seed=seed)
                 for screen, softcap in ((coarse, None), (fine, None), (capped, 30.0)):
-                    monkeypatch.setattr(screened_head, "REFINE_AT", 10**9 if screen is coarse else 0)
                     want = sample_full(_full(head, x, softcap), g, cfg)
                     assert torch.equal(screen.sample(x, g, cfg), want), (scale, t, seed, softcap)
                     lazy = sampling.Noise([row_seed(seed, r, 0) for r in range(8)], 5003)
@@ -250,6 +250,19 @@ def test_flat_rows_take_the_fine_level_and_draw_the_same_ids(monkeypatch):
     if fine.kernel_exact(8):
         assert fine.refined == fine.steps > 0 and coarse.refined == 0
         assert fine.candidates < 0.8 * coarse.candidates, (fine.candidates, coarse.candidates)
+
+
+def test_candidates_rescored_a_block_of_rows_at_a_time_have_the_bits_of_one_matmul(monkeypatch):
+    """exact_logits gathers the candidates' head rows a block at a time (no copy of them all):
+    the logits have the bits of one matmul over all of them, at Gemma 3 270M's width, for
+    candidate counts that are multiples of 256 (what the rescoring pads them to)."""
+    head = torch.randn(20_000, 640, generator=torch.Generator().manual_seed(5))
+    screen = ScreenedArgmax(head, groups=8)
+    x = torch.randn(8, 640, generator=torch.Generator().manual_seed(6))
+    monkeypatch.setattr(screened_head, "RESCORE_BLOCK", 512)
+    for n in (256, 2048, 6400):
+        tokens = torch.randperm(20_000, generator=torch.Generator().manual_seed(n))[:n].sort().values
+        assert torch.equal(screen.exact_logits(x, tokens), x @ head[tokens].t()), n
 
 
 def test_lazy_noise_has_the_full_draws_bits_and_draws_only_what_is_looked_at():
