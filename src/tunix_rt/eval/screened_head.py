@@ -230,6 +230,8 @@ class _TopPTail:
 #: rows of the head per block while the screen is built (no whole [V, D] temporary: for Gemma
 #: 3 270M, |head| in fp32 was 671 MB, the peak of an RL step's decode)
 BUILD_ROWS = 8192
+#: rows of a group quantised together (their fp64 copies stay in cache)
+BUILD_BLOCK = 1024
 
 
 def all_finite(head: "torch.Tensor") -> bool:
@@ -271,15 +273,20 @@ class ScreenedArgmax:
             nw = torch.empty(self.groups, dtype=torch.float64)
             nd = torch.empty(self.groups, dtype=torch.float64)
             tiny = torch.finfo(torch.float32).tiny
-            for g in range(self.groups):  # one group at a time: no full-size fp64 copies
-                rows = head.index_select(0, order[g * per: (g + 1) * per])
-                sg = (rows.abs().amax() / 127).clamp_min(tiny)
-                q = torch.round(rows / sg).clamp_(-127, 127)
-                self.wq[g * per: (g + 1) * per] = q.to(torch.int8)
-                rows64 = rows.double()
+            for g in range(self.groups):  # one group at a time, in blocks: no large fp64 copies
+                part = order[g * per: (g + 1) * per]
+                sg = (rowmax.index_select(0, part).amax() / 127).clamp_min(tiny)  # max |w| of the group
                 scale[g] = sg.double()
-                nw[g] = rows64.norm(dim=1).amax()
-                nd[g] = (rows64 - q.double() * scale[g]).norm(dim=1).amax()  # exact error, fp64
+                top_w = top_d = 0.0
+                for a in range(0, per, BUILD_BLOCK):
+                    rows = head.index_select(0, part[a: a + BUILD_BLOCK])
+                    q = torch.round(rows / sg).clamp_(-127, 127)
+                    self.wq[g * per + a: g * per + a + rows.shape[0]] = q.to(torch.int8)
+                    rows64 = rows.double()
+                    top_w = max(top_w, float(torch.linalg.vector_norm(rows64, dim=1).amax()))
+                    err = q.double().mul_(scale[g]).neg_().add_(rows64)  # the exact error, fp64
+                    top_d = max(top_d, float(torch.linalg.vector_norm(err, dim=1).amax()))
+                nw[g], nd[g] = top_w, top_d
             self.scale = scale
             self.nw = nw * (1 + REL_SAFETY)
             self.nd = nd * (1 + REL_SAFETY)
@@ -319,9 +326,12 @@ class ScreenedArgmax:
 
         if head.device.type != "cpu" or head.dtype != torch.float32 or not hasattr(torch, "_int_mm"):
             return None
-        if head.shape[0] < 4 * PAD_COLS or not all_finite(head):
+        if head.dim() != 2 or head.shape[0] < 4 * PAD_COLS:
             return None
-        screen = cls(head, softcap)
+        try:
+            screen = cls(head, softcap)
+        except ValueError:  # a non-finite weight (checked there, once): no bound holds
+            return None
         return screen if screen.kernel_exact(1) and int8_matmul_is_fast() else None
 
     def kernel_exact(self, batch: int) -> bool:
