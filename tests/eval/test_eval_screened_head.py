@@ -244,8 +244,9 @@ def test_a_saturating_int8_kernel_turns_the_screen_off(tiny_dirs):
     and greedy and sampled ids equal full logits (lean step and transformers). A head whose
     best row saturates (read as ~5 instead of 640) still gives its argmax. Where the forced
     kernel is exact on this CPU, the child stands in a computation of what that kernel does
-    (`avx2_int_mm`) for `torch._int_mm`."""
-    res = _child(SATURATING, str(tiny_dirs["tiny-gemma3"]), ONEDNN_MAX_CPU_ISA="AVX2")
+    (`avx2_int_mm`) for `torch._int_mm`; our own VNNI kernel (tunix_rt.eval.int8_kernel) is
+    switched off there, so the products go through torch's."""
+    res = _child(SATURATING, str(tiny_dirs["tiny-gemma3"]), ONEDNN_MAX_CPU_ISA="AVX2", TUNIX_RT_INT8_KERNEL="torch")
     assert res["saturates"], "the forced AVX2 kernel should saturate: the test would prove nothing"
     assert res["probe"] is False and res["built"] is False
     assert res["same"] == [True, True]
@@ -276,8 +277,9 @@ print(json.dumps({"exact": int8_matmul_is_exact(2, 16, 4096), "fast": int8_matmu
 def test_an_int8_kernel_slower_than_fp32_turns_the_screen_off():
     """An exact int8 kernel that is slower than the fp32 matmul it would replace (oneDNN's
     reference kernel on a CPU it has no fast one for: 12x slower on one AMD EPYC here) gives
-    no screen: build() measures once and keeps full logits."""
-    res = _child(SLOW_KERNEL)
+    no screen: build() measures once and keeps full logits. (Our VNNI kernel is switched off
+    in the child: the products go through the slowed torch._int_mm.)"""
+    res = _child(SLOW_KERNEL, TUNIX_RT_INT8_KERNEL="torch")
     assert res == {"exact": True, "fast": False, "built": False}
 
 

@@ -21,7 +21,11 @@ How a projection multiplies (`int8_linear`), chosen per process by `pick_kernel`
 - "int_mm": the activations get a two-level int8 quantisation per row (as
   tunix_rt.eval.screened_head: q1 = round(x / s), q2 = round((x − s·q1)·127 / s), s = max|x|/127,
   so |x − x̂| ≤ s/254 per element, about 15 bits: the weights' 8 bits dominate the error) and
-  one `torch._int_mm([q1; q2], q.T)` gives both levels' exact int32 sums, combined in fp32.
+  one int8 matmul `[q1; q2] @ q.T` (tunix_rt.eval.int8_kernel.int_mm: our AVX-512 VNNI kernel,
+  else torch._int_mm) gives both levels' exact int32 sums, combined in fp32. Where our kernel
+  runs, all of it is one call (`int8_kernel.qlinear`: the quantisation, both levels' sums and
+  the combination, the same bits as the torch ops), which took a single-stream decode step of
+  Gemma 3 270M from ~22 to ~13 ms (benchmarks/bench_generate.py --weights int8 --batch 1).
   Only where the int8 kernel sums exactly at that shape (`int8_matmul_is_exact`) and is faster
   than fp32 (`int8_matmul_is_fast`); else
 - "dequant": the weight rows are dequantised a block at a time (the block stays in cache) and
@@ -50,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.fast_gemma import HEAD_CHUNK, LeanGemma
+from tunix_rt.eval.int8_kernel import int_mm, qlinear, qlinear_applies, row_sums
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +82,11 @@ class QuantLinear:
 
     q: "torch.Tensor"  # int8 [N, K]
     scale: "torch.Tensor"  # fp32 [N]
+    sums: "torch.Tensor | None" = None  # int32 [N], Σ_k q[n, k]: what the int8 kernel needs
+
+    def __post_init__(self) -> None:
+        if self.sums is None:
+            self.sums = row_sums(self.q)
 
     def dequantize(self) -> "torch.Tensor":
         return self.q.float() * self.scale[:, None]
@@ -101,7 +111,8 @@ def fuse(parts: list[QuantLinear]) -> QuantLinear:
     """Weights of the same input width stacked by rows (per-row scales stay exact)."""
     import torch
 
-    return QuantLinear(torch.cat([p.q for p in parts]).contiguous(), torch.cat([p.scale for p in parts]).contiguous())
+    return QuantLinear(torch.cat([p.q for p in parts]).contiguous(), torch.cat([p.scale for p in parts]).contiguous(),
+                       torch.cat([p.sums for p in parts]).contiguous())
 
 
 def quantize_model(model) -> dict[int, QuantLinear]:
@@ -147,9 +158,11 @@ def int8_linear(x: "torch.Tensor", w: QuantLinear, kernel: str) -> "torch.Tensor
     lead, k = x.shape[:-1], x.shape[-1]
     x2 = x.reshape(-1, k)
     m, n = x2.shape[0], w.q.shape[0]
-    if kernel == "int_mm" and kernel_ok(2 * m, k, n):
+    if kernel == "int_mm" and qlinear_applies(x2, w.q):  # the same bits, in one call
+        out = qlinear(x2, w.q, w.sums, w.scale)
+    elif kernel == "int_mm" and kernel_ok(2 * m, k, n):
         lhs, step = quantize_activations(x2)
-        acc = torch._int_mm(lhs, w.q.t())
+        acc = int_mm(lhs, w.q, w.sums)
         out = (acc[:m].float() * 127.0 + acc[m:].float()) * step * w.scale
     else:
         out = torch.empty((m, n), dtype=torch.float32, device=x.device)
@@ -235,7 +248,8 @@ class Int8Gemma(LeanGemma):
         vocab = self.qhead.q.shape[0]
         out = torch.empty((x.shape[0], vocab), dtype=x.dtype, device=x.device)
         for i in range(0, vocab, HEAD_CHUNK):
-            part = QuantLinear(self.qhead.q[i: i + HEAD_CHUNK], self.qhead.scale[i: i + HEAD_CHUNK])
+            part = QuantLinear(self.qhead.q[i: i + HEAD_CHUNK], self.qhead.scale[i: i + HEAD_CHUNK],
+                               self.qhead.sums[i: i + HEAD_CHUNK])
             out[:, i: i + HEAD_CHUNK] = int8_linear(x, part, self.kernel)
         return out
 

@@ -13,7 +13,8 @@ How (all per decode step, rows b of the batch, vocabulary rows v):
    group: nw_g = max ||w_v||₂ and nd_g = max ||w_v − s_g·wq_v||₂ (the exact quantisation error).
 2. Activations, two int8 levels: q1 = round(x / s), q2 = round((x − s·q1)·127 / s) with
    s = max|x| / 127, so x̂ = (s/127)(127·q1 + q2) and |x − x̂| ≤ s/254 per element.
-3. One int8 matmul `torch._int_mm([q1; q2], wq.T)` gives comb = 127·acc1 + acc2 (int64 when
+3. One int8 matmul `[q1; q2] @ wq.T` (tunix_rt.eval.int8_kernel.int_mm: our AVX-512 VNNI
+   kernel where the CPU has one, else torch._int_mm) gives comb = 127·acc1 + acc2 (int64 when
    D > 1040 could overflow int32) and the approximation a = (s/127)·s_g·comb = x̂·ŵ.
 4. The bound: x·w − x̂·ŵ = (x − x̂)·w + x̂·(w − ŵ), so by Cauchy–Schwarz
    |x·w − a| ≤ ||x − x̂||·nw_g + ||x̂||·nd_g, plus the fp32 rounding of the reference matmul
@@ -66,6 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tunix_rt.eval.int8_kernel import int_mm, row_sums
 from tunix_rt.eval.sampling import Noise, allowed_ids, sample_full, scores
 
 if TYPE_CHECKING:
@@ -101,12 +103,13 @@ INT32_MIN = -(2**31)
 
 
 PROBED: dict[tuple[int, int, int], bool] = {}
-"""(rows, dim, cols) -> whether `torch._int_mm` is exact at that shape, filled as the screen
+"""(rows, dim, cols) -> whether the int8 matmul (`int_mm`) is exact at that shape, filled as the screen
 first serves each shape (this process)."""
 
 
 def int8_matmul_is_exact(rows: int, dim: int, cols: int) -> bool:
-    """Whether `torch._int_mm` at exactly this shape ([rows, dim] x [dim, cols]) sums exactly,
+    """Whether the int8 matmul (`int_mm`, whichever kernel serves it here) at exactly this shape
+    ([rows, dim] x [dim, cols]) sums exactly,
     probed once per shape. The matrix holds all-127 and all-(-127) rows against all-127 and
     all-(-127) activations (the values that overflow an int16 pair sum, where AVX2's
     vpmaddubsw saturates) and random ones, tiled from one 256-row block so the expected result
@@ -123,7 +126,7 @@ def int8_matmul_is_exact(rows: int, dim: int, cols: int) -> bool:
         xq[rows - 1] = -127
         reps = -(-cols // 256)
         want = (xq.double() @ block.double().t()).to(torch.int32).repeat(1, reps)[:, :cols]
-        PROBED[shape] = torch.equal(torch._int_mm(xq, block.repeat(reps, 1)[:cols].t()), want)
+        PROBED[shape] = torch.equal(int_mm(xq, block.repeat(reps, 1)[:cols]), want)
     return PROBED[shape]
 
 
@@ -132,7 +135,7 @@ FAST: list[bool] = []
 
 
 def int8_matmul_is_fast(dim: int = 640, cols: int = 8192, reps: int = 3) -> bool:
-    """Whether `torch._int_mm` at a head-sized shape ([2, dim] x [dim, cols], as a one-row
+    """Whether the int8 matmul (`int_mm`) at a head-sized shape ([2, dim] x [dim, cols], as a one-row
     step's screen) takes less time than the fp32 matmul it replaces, measured once per
     process (best of `reps` after a warm-up call each). Where oneDNN has no fast int8 kernel
     for the CPU it may run a reference one: exact, but ~12x slower than fp32 (seen on a 2-core
@@ -157,7 +160,8 @@ def int8_matmul_is_fast(dim: int = 640, cols: int = 8192, reps: int = 3) -> bool
                 times.append(time.perf_counter() - t0)
             return min(times)
 
-        FAST.append(best(lambda: torch._int_mm(xq, wq.t())) < best(lambda: x @ w.t()))
+        sums = row_sums(wq)
+        FAST.append(best(lambda: int_mm(xq, wq, sums)) < best(lambda: x @ w.t()))
     return FAST[0]
 
 
@@ -288,6 +292,7 @@ class ScreenedArgmax:
                     top_d = max(top_d, float(torch.linalg.vector_norm(err, dim=1).amax()))
                 nw[g], nd[g] = top_w, top_d
             self.scale = scale
+            self.sums = row_sums(self.wq)  # for the int8 kernel (tunix_rt.eval.int8_kernel)
             self.nw = nw * (1 + REL_SAFETY)
             self.nd = nd * (1 + REL_SAFETY)
         self.wide = 128 * 127 * 127 * dim >= 2**31
@@ -302,6 +307,7 @@ class ScreenedArgmax:
         the fine level's second int8 matmul plus the per-token tail cost more than the fp32
         head (bench_generate.py --mode sample). Top-k, with or without top-p, always screens."""
         self._fine = None  # the residual level (see _residual_level), built on first use
+        self._fine_sums = None
         self.refine_at: int | None = None
         """Sampling without top-k/top-p: past this many tokens left by the coarse screen (a
         flat row), add the fine level (one more int8 matmul) before rescoring; None: never.
@@ -539,7 +545,7 @@ class ScreenedArgmax:
         q1 = torch.round(x / sx[:, None]).clamp_(-127, 127)
         q2 = torch.round((x - q1 * sx[:, None]) * 127 / sx[:, None]).clamp_(-127, 127)
         lhs = torch.cat([q1, q2]).to(torch.int8)
-        comb = self._combine(torch._int_mm(lhs, self.wq.t()), b)  # [B, G, per], exact
+        comb = self._combine(int_mm(lhs, self.wq, self.sums), b)  # [B, G, per], exact
         c = sx.double() / 127  # x̂ = c * (127 q1 + q2)
         xh = (q1.double() * 127 + q2.double()) * c[:, None]
         dx = (x64 - xh).norm(dim=1) * (1 + REL_SAFETY)
@@ -557,7 +563,7 @@ class ScreenedArgmax:
             return ap
         rq, rscale, nd = self._residual_level()
         b = ap.comb.shape[0]
-        residual = self._combine(torch._int_mm(ap.lhs, rq.t()), b).double()
+        residual = self._combine(int_mm(ap.lhs, rq, self._fine_sums), b).double()
         residual.mul_((ap.c[:, None] * rscale[None, :])[:, :, None])
         return self._bounded(Approx(ap.comb, ap.step, None, ap.bound_x, residual, ap.lhs, ap.c, ap.dx, ap.nxh), nd)
 
@@ -594,6 +600,7 @@ class ScreenedArgmax:
                 q = torch.round(r / rscale[g]).clamp_(-127, 127)
                 rq[part] = q.to(torch.int8)
                 nd[g] = (r - q * rscale[g]).norm(dim=1).amax()
+            self._fine_sums = row_sums(rq)
             self._fine = (rq, rscale, nd * (1 + REL_SAFETY))
         return self._fine
 

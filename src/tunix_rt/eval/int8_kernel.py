@@ -1,0 +1,329 @@
+"""The int8 matrix product of our decoders, `int_mm(lhs, w)` = `torch._int_mm(lhs, w.T)`
+(int8 [M, K] x int8 [N, K] -> exact int32 [M, N]), through a small AVX-512 VNNI kernel of
+our own where the CPU has one, else through torch.
+
+Why: both int8 paths of decoding (the screened head's coarse screen, tunix_rt.eval.
+screened_head, and `--weights int8`, tunix_rt.eval.int8_weights) multiply a few rows of
+activations (2 per sequence: two int8 levels) by a large int8 weight read once. That is a
+matrix-vector product: its bound is the memory bandwidth. `torch._int_mm` goes to oneDNN,
+which is made for large M: measured on a 2-core AMD EPYC (AVX512-VNNI, 2 threads) for Gemma 3
+270M's head, [2, 640] x [640, 262144] took 8.9 ms (19 GB/s of weights, the machine copies at
+43), and each of a layer's small projections ~85 us where its weights take ~30 us to read.
+The kernel here reads each weight row once, in place ([N, K], no repacking and no copy), and
+multiplies it by every activation row while it is in L1.
+
+How: `vpdpbusd` multiplies unsigned by signed bytes and adds groups of four products into
+int32 lanes, without saturation. The activations (signed) are shifted to unsigned, a + 128,
+and the shift is taken back per output with the weight row's sum: sum((a + 128)·w) − 128·Σw.
+Every partial sum is exact in int32 while K·255·127 < 2^31 (K < 66,000), and the final
+subtraction is exact because the true result fits in int32 (as it must for torch._int_mm).
+Sixteen weight rows at a time, one 512-bit accumulator each; their horizontal sums come out
+of a transpose-and-add into one vector of 16 results. The blocks of 16 rows are shared by
+OpenMP threads; the library is linked against the OpenMP runtime torch already loaded
+(libgomp.so.1), so there is one pool of threads.
+
+Where: built on first use with the system's C compiler (`cc`, -O3, the AVX-512 parts enabled
+per function) into a cache directory (`TUNIX_RT_KERNEL_DIR`, else ~/.cache/tunix-rt/kernels),
+named by the source's hash, written atomically; loaded with ctypes. Used only where the CPU
+reports avx512f, avx512bw and avx512_vnni, K is a multiple of 64 and both operands are
+contiguous; everything else (no compiler, another CPU, `TUNIX_RT_INT8_KERNEL=torch`) takes
+torch._int_mm, with the same results (tests/eval/test_int8_kernel.py compares them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+ALIGN_K = 64
+"""The kernel takes K in whole 64-byte vectors."""
+MAX_K = 65536
+"""Below this, K·255·127 fits in int32 (every partial sum of the shifted product is exact)."""
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+#include <float.h>
+
+#ifndef PF
+#define PF 8
+#endif
+#define KERNEL __attribute__((target("avx512f,avx512bw,avx512vnni")))
+
+int tunix_i8mm_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
+        && __builtin_cpu_supports("avx512vnni");
+}
+
+/* 16 int32 vectors -> one vector whose lane r is the sum of v[r]'s 16 lanes. */
+static inline KERNEL __m512i hsum16(const __m512i *v) {
+    __m512i s[8], t[4];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(s[2 * i], s[2 * i + 1]),
+                                _mm512_unpackhi_epi64(s[2 * i], s[2 * i + 1]));
+    __m512i u01 = _mm512_add_epi32(_mm512_shuffle_i32x4(t[0], t[1], 0x88), _mm512_shuffle_i32x4(t[0], t[1], 0xdd));
+    __m512i u23 = _mm512_add_epi32(_mm512_shuffle_i32x4(t[2], t[3], 0x88), _mm512_shuffle_i32x4(t[2], t[3], 0xdd));
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(u01, u23, 0x88), _mm512_shuffle_i32x4(u01, u23, 0xdd));
+}
+
+/* The int32 sums of 16 weight rows (from wb, row stride K) against one shifted activation
+   row au (a + 128, 64-byte aligned), the shift taken back with the rows' sums (sums = 128 Σw). */
+static inline KERNEL __m512i dot16(const uint8_t *au, const int8_t *wb, long K, __m512i sums, int prefetch) {
+    __m512i acc[16];
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_si512();
+    for (long k = 0; k < K; k += 64) {
+        __m512i av = _mm512_load_si512((const void *)(au + k));
+        if (prefetch)
+            for (int r = 0; r < 16; r++) _mm_prefetch((const char *)(wb + PF * 16 * K + r * K + k), _MM_HINT_T0);
+        for (int r = 0; r < 16; r++)
+            acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_loadu_si512((const void *)(wb + r * K + k)));
+    }
+    return _mm512_sub_epi32(hsum16(acc), sums);
+}
+
+static int32_t dot1(const int8_t *a, const int8_t *w, long K) {
+    int32_t s = 0;
+    for (long k = 0; k < K; k++) s += (int32_t)a[k] * (int32_t)w[k];
+    return s;
+}
+
+static uint8_t *shifted(const int8_t *a, long rows, long K) {
+    uint8_t *au = aligned_alloc(64, (size_t)(rows * K + 64));
+    if (au)
+        for (long i = 0; i < rows * K; i++) au[i] = (uint8_t)a[i] ^ 0x80u; /* a + 128 */
+    return au;
+}
+
+/* y[m, n] = sum_k a[m, k] * w[n, k]; a int8 [M, K], w int8 [N, K], wsum[n] = sum_k w[n, k],
+   y int32 [M, N] (row stride N); K a multiple of 64. Returns 0, or -1 if out of memory. */
+KERNEL int tunix_i8mm(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y,
+                      long M, long N, long K, int threads) {
+    uint8_t *au = shifted(a, M, K);
+    if (!au) return -1;
+    long blocks = N / 16;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= 65536)
+    for (long b = 0; b < blocks; b++) {
+        const int8_t *wb = w + b * 16 * K;
+        __m512i sums = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(wsum + b * 16)), 7);
+        for (long m = 0; m < M; m++)
+            _mm512_storeu_si512((void *)(y + m * N + b * 16), dot16(au + m * K, wb, K, sums, m == 0 && b + PF < blocks));
+    }
+    for (long n = blocks * 16; n < N; n++) /* the last N % 16 rows */
+        for (long m = 0; m < M; m++) y[m * N + n] = dot1(a + m * K, w + n * K, K);
+    free(au);
+    return 0;
+}
+
+/* A weight-only int8 projection, y = x @ (wscale * w).T, fp32 x [M, K] -> fp32 y [M, N], with
+   the same operations in the same order as tunix_rt.eval.int8_weights's torch path (built
+   with -ffp-contract=off: no fused multiply-adds):
+   s = max(max|x| / 127, FLT_MIN), q1 = rint(x / s), q2 = rint((x - s * q1) * (127 / s)),
+   step = s / 127, y = ((float(q1 . w) * 127 + float(q2 . w)) * step) * wscale.
+   Returns 0, or -1 if out of memory. */
+KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
+                         float *y, long M, long N, long K, int threads) {
+    int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
+    float *step = malloc(sizeof(float) * (size_t)(M + 1));
+    if (!a || !step) { free(a); free(step); return -1; }
+    for (long m = 0; m < M; m++) {
+        const float *xm = x + m * K;
+        float amax = 0.0f;
+        for (long k = 0; k < K; k++) { float v = fabsf(xm[k]); amax = (v > amax || v != v) ? v : amax; } /* NaN stays */
+        float s = amax / 127.0f;
+        if (s < FLT_MIN) s = FLT_MIN; /* clamp_min(tiny); NaN stays NaN, as in torch */
+        float r = (1.0f / s) * 127.0f; /* as torch evaluates 127.0 / s: reciprocal, then a product */
+        for (long k = 0; k < K; k++) {
+            float q1 = rintf(xm[k] / s);
+            float q2 = rintf((xm[k] - s * q1) * r);
+            a[m * K + k] = q1 == q1 ? (int8_t)q1 : 0; /* a non-finite x: the output is NaN anyway */
+            a[(M + m) * K + k] = q2 == q2 ? (int8_t)q2 : 0;
+        }
+        step[m] = s / 127.0f;
+    }
+    uint8_t *au = shifted(a, 2 * M, K);
+    if (!au) { free(a); free(step); return -1; }
+    long blocks = N / 16;
+    const __m512 c127 = _mm512_set1_ps(127.0f);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= 65536)
+    for (long b = 0; b < blocks; b++) {
+        const int8_t *wb = w + b * 16 * K;
+        __m512i sums = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(wsum + b * 16)), 7);
+        __m512 ws = _mm512_loadu_ps(wscale + b * 16);
+        for (long m = 0; m < M; m++) {
+            __m512 f1 = _mm512_cvtepi32_ps(dot16(au + m * K, wb, K, sums, m == 0 && b + PF < blocks));
+            __m512 f2 = _mm512_cvtepi32_ps(dot16(au + (M + m) * K, wb, K, sums, 0));
+            __m512 o = _mm512_add_ps(_mm512_mul_ps(f1, c127), f2);
+            o = _mm512_mul_ps(_mm512_mul_ps(o, _mm512_set1_ps(step[m])), ws);
+            _mm512_storeu_ps(y + m * N + b * 16, o);
+        }
+    }
+    for (long n = blocks * 16; n < N; n++)
+        for (long m = 0; m < M; m++) {
+            float o = (float)dot1(a + m * K, w + n * K, K) * 127.0f + (float)dot1(a + (M + m) * K, w + n * K, K);
+            y[m * N + n] = (o * step[m]) * wscale[n];
+        }
+    free(au);
+    free(a);
+    free(step);
+    return 0;
+}
+"""
+
+_LOCK = threading.Lock()
+_LIB: list = []  # [] not tried yet; [None] unavailable; [lib] loaded
+WHY: list[str] = []
+"""Why the kernel is not used in this process (empty while it is, or before the first use)."""
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("TUNIX_RT_KERNEL_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tunix-rt" / "kernels"
+
+
+def _build(path: Path) -> None:
+    """Compile SOURCE into `path`, atomically (a concurrent build of the same source writes the
+    same file; whichever rename lands last wins, and both are complete)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as tmp:
+        src = Path(tmp) / "int8_mm.c"
+        src.write_text(SOURCE)
+        out = Path(tmp) / path.name
+        cc = os.environ.get("CC", "cc")
+        cmd = [cc, "-O3", "-ffp-contract=off", "-fPIC", "-shared", "-fopenmp", "-o", str(out), str(src), "-lm"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise OSError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+        os.replace(out, path)
+
+
+def library():
+    """The loaded kernel (ctypes), or None where it does not apply (`WHY` says why)."""
+    if _LIB:
+        return _LIB[0]
+    with _LOCK:
+        if _LIB:
+            return _LIB[0]
+        _LIB.append(_load())
+        return _LIB[0]
+
+
+def _load():
+    import torch  # noqa: F401  (its OpenMP runtime is loaded first: the kernel shares it)
+
+    if os.environ.get("TUNIX_RT_INT8_KERNEL", "vnni") == "torch":
+        WHY.append("TUNIX_RT_INT8_KERNEL=torch")
+        return None
+    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    path = _cache_dir() / f"int8_mm-{digest}.so"
+    try:
+        if not path.exists():
+            _build(path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as e:
+        WHY.append(f"no kernel: {e}")
+        return None
+    if not lib.tunix_i8mm_supported():
+        WHY.append("the CPU lacks AVX-512 VNNI")
+        return None
+    lib.tunix_i8mm.restype = ctypes.c_int
+    lib.tunix_i8mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.tunix_qlinear.restype = ctypes.c_int
+    lib.tunix_qlinear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    return lib
+
+
+def row_sums(w: "torch.Tensor") -> "torch.Tensor":
+    """Σ_k w[n, k] as int32 [N]: what the kernel needs with a weight (compute it once per
+    weight)."""
+    import torch
+
+    return w.sum(dim=1, dtype=torch.int32)
+
+
+def _takes(x: "torch.Tensor", w: "torch.Tensor", dtype) -> bool:
+    """x [M, K] of `dtype` and int8 w [N, K], both contiguous on the CPU, K a multiple of 64
+    (below MAX_K), and the kernel loaded."""
+    import torch
+
+    k = w.shape[-1]
+    return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == dtype and w.dtype == torch.int8
+            and x.dim() == 2 and w.dim() == 2 and x.shape[1] == k and k % ALIGN_K == 0 and k < MAX_K
+            and x.is_contiguous() and w.is_contiguous() and library() is not None)
+
+
+def applies(lhs: "torch.Tensor", w: "torch.Tensor") -> bool:
+    """Whether `int_mm(lhs, w)` runs on the kernel here (else torch._int_mm)."""
+    import torch
+
+    return _takes(lhs, w, torch.int8)
+
+
+def _sums(w: "torch.Tensor", wsum: "torch.Tensor | None") -> "torch.Tensor":
+    import torch
+
+    if wsum is None:
+        return row_sums(w)
+    if wsum.dtype != torch.int32 or wsum.shape != (w.shape[0],) or not wsum.is_contiguous():
+        raise ValueError(f"wsum must be int32 [{w.shape[0]}] and contiguous (row_sums(w))")
+    return wsum
+
+
+def int_mm(lhs: "torch.Tensor", w: "torch.Tensor", wsum: "torch.Tensor | None" = None) -> "torch.Tensor":
+    """lhs int8 [M, K] @ w int8 [N, K].T -> int32 [M, N], exact: the same numbers as
+    `torch._int_mm(lhs, w.t())`. `wsum`: `row_sums(w)`, if the caller keeps it."""
+    import torch
+
+    if not applies(lhs, w):
+        return torch._int_mm(lhs, w.t())
+    wsum = _sums(w, wsum)
+    m, n = lhs.shape[0], w.shape[0]
+    out = torch.empty((m, n), dtype=torch.int32)
+    if m and n and library().tunix_i8mm(lhs.data_ptr(), w.data_ptr(), wsum.data_ptr(), out.data_ptr(), m, n,
+                                      w.shape[1], torch.get_num_threads()) != 0:
+        raise MemoryError("int8 kernel: out of memory")
+    return out
+
+
+def qlinear_applies(x: "torch.Tensor", w: "torch.Tensor") -> bool:
+    """Whether `qlinear(x, w, ...)` runs on the kernel here."""
+    import torch
+
+    return _takes(x, w, torch.float32)
+
+
+def qlinear(x: "torch.Tensor", w: "torch.Tensor", wsum: "torch.Tensor | None", scale: "torch.Tensor") -> "torch.Tensor":
+    """x fp32 [M, K] @ (scale[:, None] * w).T -> fp32 [M, N] with x taken as two int8 levels,
+    in one call: the same bits as tunix_rt.eval.int8_weights's torch path (see SOURCE); the
+    caller checks `qlinear_applies` first."""
+    import torch
+
+    if not qlinear_applies(x, w):
+        raise ValueError("qlinear takes fp32 x [M, K] and int8 w [N, K], contiguous, K a multiple of 64, "
+                         "on a CPU with the kernel (check qlinear_applies)")
+    wsum = _sums(w, wsum)
+    if scale.dtype != torch.float32 or scale.shape != (w.shape[0],) or not scale.is_contiguous():
+        raise ValueError(f"scale must be fp32 [{w.shape[0]}] and contiguous")
+    m, n = x.shape[0], w.shape[0]
+    out = torch.empty((m, n), dtype=torch.float32)
+    if m and n and library().tunix_qlinear(x.data_ptr(), w.data_ptr(), wsum.data_ptr(), scale.data_ptr(),
+                                         out.data_ptr(), m, n, w.shape[1], torch.get_num_threads()) != 0:
+        raise MemoryError("int8 kernel: out of memory")
+    return out

@@ -1,0 +1,179 @@
+"""The int8 kernel of our decoders (tunix_rt.eval.int8_kernel): exact int32 products equal to an
+fp64 reference at every shape the decoders use and at the edges (tails of rows, -128, ±127,
+no rows), `qlinear` giving the same bits as int8_weights's torch path, the same numbers on 1 and
+2 threads, and the fallbacks (no compiler, the switch, another CPU) still exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.requires import require_module
+
+torch = require_module("torch")
+
+from tunix_rt.eval import int8_kernel  # noqa: E402
+from tunix_rt.eval.int8_weights import QuantLinear, quantize, quantize_activations  # noqa: E402
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def exact(lhs, w):
+    """lhs @ w.T in fp64 (every sum below 2^53: exact), as int32."""
+    return (lhs.double() @ w.double().t()).to(torch.int32)
+
+
+def torch_path(x, ql: QuantLinear):
+    """int8_weights's torch path (two activation levels, exact int sums, fp32 combination)."""
+    m = x.shape[0]
+    lhs, step = quantize_activations(x)
+    acc = exact(lhs, ql.q)
+    return (acc[:m].float() * 127.0 + acc[m:].float()) * step * ql.scale
+
+
+def test_the_kernel_is_built_where_the_cpu_runs_it():
+    """On a CPU with AVX-512 VNNI the kernel must load (a broken build fails here, not silently
+    in the decoders' speed); elsewhere it says why it is not used."""
+    flags = cpu_flags()
+    lib = int8_kernel.library()
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags and os.environ.get("TUNIX_RT_INT8_KERNEL") != "torch":
+        assert lib is not None, int8_kernel.WHY
+        assert int8_kernel.applies(torch.zeros(2, 64, dtype=torch.int8), torch.zeros(16, 64, dtype=torch.int8))
+    else:
+        assert lib is None and int8_kernel.WHY
+
+
+@pytest.mark.parametrize("k", [64, 640, 2048])
+@pytest.mark.parametrize("n", [1, 15, 16, 33, 4096])
+def test_int_mm_is_exact(k, n):
+    g = torch.Generator().manual_seed(k * 7919 + n)
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    w[0] = 127  # the largest sums of both signs (where an int16 pair sum would saturate)
+    if n > 1:
+        w[1] = -127
+    sums = int8_kernel.row_sums(w)
+    for m in (0, 1, 2, 3, 16, 17):
+        lhs = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
+        if m:
+            lhs[0] = 127
+            lhs[-1] = -128  # shifted to 0: the compensation must take it back exactly
+        got = int8_kernel.int_mm(lhs, w, sums)
+        assert got.dtype == torch.int32 and got.shape == (m, n)
+        assert torch.equal(got, exact(lhs, w)), (m, n, k)
+    assert torch.equal(int8_kernel.int_mm(lhs, w), exact(lhs, w))  # the sums computed when not given
+
+
+def test_int_mm_takes_views_and_other_widths_through_torch():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randint(-127, 128, (640, 256), dtype=torch.int8, generator=g)
+    lhs = torch.randint(-127, 128, (32, 640), dtype=torch.int8, generator=g)
+    view = w.t()  # [256, 640], not contiguous
+    assert not int8_kernel.applies(lhs, view)
+    assert torch.equal(int8_kernel.int_mm(lhs, view), exact(lhs, view))
+    odd = torch.randint(-127, 128, (32, 96), dtype=torch.int8, generator=g)  # K not a multiple of 64
+    assert not int8_kernel.applies(odd, odd)
+    with pytest.raises(ValueError, match="wsum must be int32"):
+        if int8_kernel.applies(lhs, view.contiguous()):
+            int8_kernel.int_mm(lhs, view.contiguous(), torch.zeros(3, dtype=torch.int32))
+        else:
+            raise ValueError("wsum must be int32 (no kernel here: the check is the kernel path's)")
+
+
+def test_qlinear_gives_the_bits_of_the_torch_path():
+    """20,000 activation rows of many scales: `127 / s` formed as torch forms it (a reciprocal,
+    then a product) matters in a few of them, and a fused multiply-add would change more."""
+    g = torch.Generator().manual_seed(11)
+    ql = quantize(torch.randn(272, 640, generator=g))  # 17 blocks of 16 rows
+    x = torch.randn(20000, 640, generator=g) * torch.rand(20000, 1, generator=g) * 10
+    x[0] = 0  # the scale's floor
+    x[1, :7] = 1e-30  # tiny values
+    if not int8_kernel.qlinear_applies(x, ql.q):
+        assert int8_kernel.library() is None
+        return
+    got = int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
+    assert torch.equal(got, torch_path(x, ql))
+    tail = quantize(torch.randn(37, 128, generator=g))  # rows past the last block of 16
+    xt = torch.randn(5, 128, generator=g)
+    assert torch.equal(int8_kernel.qlinear(xt, tail.q, tail.sums, tail.scale), torch_path(xt, tail))
+    bad = x[:3].clone()
+    bad[1, 5] = float("nan")
+    out = int8_kernel.qlinear(bad, ql.q, ql.sums, ql.scale)
+    assert torch.isnan(out[1]).all() and torch.equal(out[[0, 2]], torch_path(bad[[0, 2]], ql))
+    with pytest.raises(ValueError, match="qlinear takes fp32"):
+        int8_kernel.qlinear(x[:, :600].contiguous(), ql.q, ql.sums, ql.scale)
+
+
+def test_one_and_two_threads_give_the_same_numbers():
+    g = torch.Generator().manual_seed(5)
+    w = torch.randint(-127, 128, (8192, 640), dtype=torch.int8, generator=g)
+    lhs = torch.randint(-127, 128, (4, 640), dtype=torch.int8, generator=g)
+    ql = quantize(torch.randn(8192, 640, generator=g))
+    x = torch.randn(3, 640, generator=g)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append((int8_kernel.int_mm(lhs, w), int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
+                         if int8_kernel.qlinear_applies(x, ql.q) else None))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0][0], exact(lhs, w)) and torch.equal(outs[1][0], exact(lhs, w))
+    if outs[0][1] is not None:
+        assert torch.equal(outs[0][1], outs[1][1])
+
+
+CHILD = textwrap.dedent("""
+    import json, torch
+    from tunix_rt.eval import int8_kernel as K
+    g = torch.Generator().manual_seed(1)
+    w = torch.randint(-127, 128, (100, 640), dtype=torch.int8, generator=g)
+    a = torch.randint(-128, 128, (3, 640), dtype=torch.int8, generator=g)
+    ok = torch.equal(K.int_mm(a, w), (a.double() @ w.double().t()).to(torch.int32))
+    print(json.dumps({"ok": ok, "kernel": K.library() is not None, "why": K.WHY}))
+""")
+
+
+def child(tmp_path, **env) -> dict:
+    full = {**os.environ, "TUNIX_RT_KERNEL_DIR": str(tmp_path / "kernels"), **env}
+    r = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, env=full, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_without_a_compiler_or_with_the_switch_torch_multiplies(tmp_path):
+    out = child(tmp_path, CC="false")
+    assert out["ok"] and not out["kernel"] and ("no kernel" in out["why"][0] or "CPU" in out["why"][0])
+    assert not (tmp_path / "kernels").exists() or not any((tmp_path / "kernels").glob("*.so"))
+    out = child(tmp_path, TUNIX_RT_INT8_KERNEL="torch")
+    assert out == {"ok": True, "kernel": False, "why": ["TUNIX_RT_INT8_KERNEL=torch"]}
+
+
+def test_processes_building_at_once_both_load_the_kernel(tmp_path):
+    """Two processes find no library and build it at the same moment: each compiles in its own
+    temporary directory and renames; neither reads a half-written file."""
+    full = {**os.environ, "TUNIX_RT_KERNEL_DIR": str(tmp_path / "kernels")}
+    full.pop("TUNIX_RT_INT8_KERNEL", None)
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=full) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    vnni = {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        got = json.loads(out.strip().splitlines()[-1])
+        assert got["ok"] and got["kernel"] == vnni, got
+    assert [p.name for p in (tmp_path / "kernels").iterdir() if not p.name.endswith(".so")] == []
