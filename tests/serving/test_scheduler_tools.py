@@ -147,3 +147,27 @@ def test_a_run_is_served_with_its_tools_unless_turned_off(home):
         other = load(model, home, cfg)
         other.scheduler.close()
         assert other.tools == () and other.decoding(DecodeConfig()).tools == ()
+
+
+def test_int8_weights_batched_equal_alone_and_eval(steered):
+    """`serve --weights int8`: the int8 step (its layers one call of the kernel library each,
+    where it loads) gives every row the same reply batched as alone, and as eval's generator:
+    no row's numbers depend on the others in its batch (per-row activation scales, the cache
+    merge's extra left padding masked out exactly)."""
+    import copy
+
+    from tunix_rt.eval import int8_kernel
+    from tunix_rt.eval.int8_weights import use_int8
+
+    model, tok, prompts = steered
+    gen = use_int8(TorchGenerator(copy.deepcopy(model), tok))
+    assert gen.lean.fused == (int8_kernel.library() is not None)
+    sampled = replace(GREEDY, temperature=1.0, top_k=40, seed=3)
+    reqs = [(prompts[0], GREEDY, 1), (prompts[1], sampled, 2), (prompts[2], GREEDY, 1)]
+    batched, peak = serve(gen, reqs, together=True)
+    alone, _ = serve(gen, reqs, together=False)
+    assert peak >= 3 and batched == alone
+    want = gen.generate([prompts[2]], GREEDY)[0]
+    assert batched[2][0] == (want.text, want.finish_reason, want.n_tokens)
+    picks = gen.generate([prompts[1]] * 2, sampled)
+    assert batched[1] == [(g.text, g.finish_reason, g.n_tokens) for g in picks]

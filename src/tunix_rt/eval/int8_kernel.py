@@ -22,6 +22,12 @@ of a transpose-and-add into one vector of 16 results. The blocks of 16 rows are 
 OpenMP threads; the library is linked against the OpenMP runtime torch already loaded
 (libgomp.so.1), so there is one pool of threads.
 
+The library also holds `qlinear` (a whole weight-only int8 projection: the activations'
+two int8 levels, both levels' sums and their fp32 combination, the same bits as
+int8_weights's torch ops) and `tunix_gemma_layer` (one Gemma 3 / Gemma 2 decoder layer on
+int8 weights: norms, RoPE, the cache write, attention, the MLP; int8_weights.Int8Gemma calls
+it once per layer where it applies, instead of ~70 torch ops).
+
 Where: built on first use with the system's C compiler (`cc`, -O3, the AVX-512 parts enabled
 per function) into a cache directory (`TUNIX_RT_KERNEL_DIR`, else ~/.cache/tunix-rt/kernels),
 named by the source's hash, written atomically; loaded with ctypes. Used only where the CPU
@@ -182,6 +188,115 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
     free(step);
     return 0;
 }
+
+/* ---- One decoder layer of Gemma 3 / Gemma 2 on int8 weights (tunix_rt.eval.int8_weights's
+   fused step): the same operations as tunix_rt.eval.fast_gemma's _layer_step, in C, so a
+   layer is one call instead of ~70 torch ops. Not bit-equal to the torch ops (sums in
+   another order): int8 weights are not an exact option. */
+
+static void rms(const float *x, const float *w, float *out, long n, float eps) {
+    double ss = 0.0;
+    for (long i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+    for (long i = 0; i < n; i++) out[i] = (x[i] * r) * w[i];
+}
+
+static void rope(float *v, const float *cos, const float *sin, long hd, float *tmp) {
+    long half = hd / 2;
+    for (long i = 0; i < hd; i++) tmp[i] = v[i];
+    for (long i = 0; i < hd; i++) {
+        float rot = i < half ? -tmp[i + half] : tmp[i - half];
+        v[i] = tmp[i] * cos[i] + rot * sin[i];
+    }
+}
+
+static inline float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+KERNEL int tunix_gemma_layer(
+        float *x, long B, long D,
+        const float *in_norm, const float *post_attn_norm, const float *pre_ff_norm, const float *post_ff_norm,
+        const float *q_norm, const float *k_norm,
+        const int8_t *wqkv, const int32_t *sqkv, const float *cqkv,
+        const int8_t *wo, const int32_t *so, const float *co,
+        const int8_t *wgu, const int32_t *sgu, const float *cgu,
+        const int8_t *wd, const int32_t *sd, const float *cd,
+        long H, long KV, long hd, long F,
+        float *kc, float *vc, long T, long cur, long lo, const float *mask,
+        const float *cos, const float *sin, float scaling, float softcap, float eps, int threads) {
+    long nqkv = (H + 2 * KV) * hd, rep = H / KV, span = cur + 1 - lo;
+    float *h = malloc(sizeof(float) * (size_t)(B * D));
+    float *qkv = malloc(sizeof(float) * (size_t)(B * nqkv));
+    float *attn = malloc(sizeof(float) * (size_t)(B * H * hd));
+    float *big = malloc(sizeof(float) * (size_t)(B * 2 * F));
+    float *m = malloc(sizeof(float) * (size_t)(B * F));
+    float *scores = malloc(sizeof(float) * (size_t)(B * H * (span > 0 ? span : 1)));
+    float *tmp = malloc(sizeof(float) * (size_t)(hd > D ? hd : D));
+    int rc = -1;
+    if (!h || !qkv || !attn || !big || !m || !scores || !tmp) goto done;
+    for (long b = 0; b < B; b++) rms(x + b * D, in_norm, h + b * D, D, eps);
+    if (tunix_qlinear(h, wqkv, sqkv, cqkv, qkv, B, nqkv, D, threads)) goto done;
+    for (long b = 0; b < B; b++) {
+        float *q = qkv + b * nqkv, *k = q + H * hd, *v = k + KV * hd;
+        for (long j = 0; j < H; j++) {
+            if (q_norm) { rms(q + j * hd, q_norm, tmp, hd, eps); for (long i = 0; i < hd; i++) q[j * hd + i] = tmp[i]; }
+            rope(q + j * hd, cos + b * hd, sin + b * hd, hd, tmp);
+        }
+        for (long j = 0; j < KV; j++) {
+            if (k_norm) { rms(k + j * hd, k_norm, tmp, hd, eps); for (long i = 0; i < hd; i++) k[j * hd + i] = tmp[i]; }
+            rope(k + j * hd, cos + b * hd, sin + b * hd, hd, tmp);
+            float *kd = kc + ((b * KV + j) * T + cur) * hd, *vd = vc + ((b * KV + j) * T + cur) * hd;
+            for (long i = 0; i < hd; i++) { kd[i] = k[j * hd + i]; vd[i] = v[j * hd + i]; }
+        }
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static) collapse(2) if (B * H * span * hd >= 65536)
+    for (long b = 0; b < B; b++)
+        for (long j = 0; j < H; j++) {
+            const float *q = qkv + b * nqkv + j * hd;
+            long g = j / rep;
+            const float *keys = kc + (b * KV + g) * T * hd, *vals = vc + (b * KV + g) * T * hd;
+            float *sc = scores + (b * H + j) * span, top = -INFINITY;
+            for (long t = 0; t < span; t++) {
+                const float *kt = keys + (lo + t) * hd;
+                float s = 0.0f;
+                for (long i = 0; i < hd; i++) s += q[i] * kt[i];
+                s *= scaling;
+                if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+                s += mask[b * T + lo + t];
+                sc[t] = s;
+                top = s > top ? s : top;
+            }
+            double total = 0.0;
+            for (long t = 0; t < span; t++) { sc[t] = expf(sc[t] - top); total += sc[t]; }
+            float inv = (float)(1.0 / total);
+            float *out = attn + (b * H + j) * hd;
+            for (long i = 0; i < hd; i++) out[i] = 0.0f;
+            for (long t = 0; t < span; t++) {
+                float p = sc[t] * inv;
+                const float *vt = vals + (lo + t) * hd;
+                for (long i = 0; i < hd; i++) out[i] += p * vt[i];
+            }
+        }
+    if (tunix_qlinear(attn, wo, so, co, h, B, D, H * hd, threads)) goto done;
+    for (long b = 0; b < B; b++) {
+        rms(h + b * D, post_attn_norm, tmp, D, eps);
+        for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
+        rms(x + b * D, pre_ff_norm, h + b * D, D, eps);
+    }
+    if (tunix_qlinear(h, wgu, sgu, cgu, big, B, 2 * F, D, threads)) goto done;
+    for (long b = 0; b < B; b++)
+        for (long i = 0; i < F; i++) m[b * F + i] = gelu_tanh(big[b * 2 * F + i]) * big[b * 2 * F + F + i];
+    if (tunix_qlinear(m, wd, sd, cd, h, B, D, F, threads)) goto done;
+    for (long b = 0; b < B; b++) {
+        rms(h + b * D, post_ff_norm, tmp, D, eps);
+        for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
+    }
+    rc = 0;
+done:
+    free(h); free(qkv); free(attn); free(big); free(m); free(scores); free(tmp);
+    return rc;
+}
 """
 
 _LOCK = threading.Lock()
@@ -247,15 +362,27 @@ def _load():
     lib.tunix_i8mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.tunix_qlinear.restype = ctypes.c_int
     lib.tunix_qlinear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.tunix_gemma_layer.restype = ctypes.c_int
+    lib.tunix_gemma_layer.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 18
+                                      + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3
+                                      + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int])
     return lib
+
+
+SUM_ROWS = 4096
+"""Rows summed at a time by `row_sums` (a sum with dtype=int32 widens its input first: the whole
+of Gemma 3's int8 head at once would be a 671 MB temporary)."""
 
 
 def row_sums(w: "torch.Tensor") -> "torch.Tensor":
     """Σ_k w[n, k] as int32 [N]: what the kernel needs with a weight (compute it once per
-    weight)."""
+    weight), a block of rows at a time."""
     import torch
 
-    return w.sum(dim=1, dtype=torch.int32)
+    out = torch.empty(w.shape[0], dtype=torch.int32, device=w.device)
+    for i in range(0, w.shape[0], SUM_ROWS):
+        torch.sum(w[i: i + SUM_ROWS], dim=1, dtype=torch.int32, out=out[i: i + SUM_ROWS])
+    return out
 
 
 def _takes(x: "torch.Tensor", w: "torch.Tensor", dtype) -> bool:

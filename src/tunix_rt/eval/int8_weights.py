@@ -25,7 +25,9 @@ How a projection multiplies (`int8_linear`), chosen per process by `pick_kernel`
   else torch._int_mm) gives both levels' exact int32 sums, combined in fp32. Where our kernel
   runs, all of it is one call (`int8_kernel.qlinear`: the quantisation, both levels' sums and
   the combination, the same bits as the torch ops), which took a single-stream decode step of
-  Gemma 3 270M from ~22 to ~13 ms (benchmarks/bench_generate.py --weights int8 --batch 1).
+  Gemma 3 270M from ~22 to ~13 ms (benchmarks/bench_generate.py --weights int8 --batch 1),
+  and with each decoder layer one call of the same library (`Int8Gemma.fused`, the layer's
+  ~70 small torch ops gone) to ~10 ms.
   Only where the int8 kernel sums exactly at that shape (`int8_matmul_is_exact`) and is faster
   than fp32 (`int8_matmul_is_fast`); else
 - "dequant": the weight rows are dequantised a block at a time (the block stays in cache) and
@@ -212,6 +214,11 @@ class Int8Gemma(LeanGemma):
             lyr.wo, lyr.w_down = quant[id(lyr.wo)], quant[id(lyr.w_down)]
         self.qhead = quant[id(self.head)]
         self._last: tuple = (None, None, None)  # (input, fused weight, its output): see linear
+        self.fused = self.kernel == "int_mm" and fused_layers_apply(self)
+        """Each layer one call of the kernel library (`tunix_gemma_layer`) instead of ~70 torch
+        ops: where the library loaded, the model is fp32 and every projection's input width
+        is a multiple of 64 (see `_hidden`)."""
+        self._layer_args = [self._pointers(lyr) for lyr in self.layers] if self.fused else []
 
     @classmethod
     def for_model(cls, model, kernel: str | None = None) -> "Int8Gemma":
@@ -236,6 +243,49 @@ class Int8Gemma(LeanGemma):
     def screen(self):
         return None  # the screen bounds fp32 head logits; here the head itself is int8
 
+    def _pointers(self, lyr) -> tuple:
+        """A layer's weights as the kernel library's layer call takes them (the tensors stay
+        alive: the layer holds them)."""
+        qkv, gu = lyr.wq.fused, lyr.w_gate.fused
+        norms = (lyr.in_norm, lyr.post_attn_norm, lyr.pre_ff_norm, lyr.post_ff_norm)
+        ptrs = [t.data_ptr() for t in norms]
+        ptrs += [lyr.q_norm.data_ptr() if lyr.q_norm is not None else None,
+                 lyr.k_norm.data_ptr() if lyr.k_norm is not None else None]
+        for w in (qkv, lyr.wo, gu, lyr.w_down):
+            ptrs += [w.q.data_ptr(), w.sums.data_ptr(), w.scale.data_ptr()]
+        return (*ptrs, self.n_heads, self.n_kv, self.head_dim, lyr.w_down.q.shape[1])
+
+    def _hidden(self, tokens: "torch.Tensor", st) -> "torch.Tensor":
+        """The layers on one token per row, each layer one call of the kernel library where it
+        applies (`fused`); else LeanGemma's torch ops on the int8 projections. The same
+        operations (RMSNorm, q/k norms, RoPE, the cache write, attention with the window, the
+        mask and Gemma 2's softcap, GELU-tanh MLP); sums in another order, so logits equal the
+        torch ops' to float rounding, not to the bit (tests/eval/test_int8_weights.py)."""
+        import torch
+        import torch.nn.functional as F
+
+        from tunix_rt.eval.int8_kernel import library
+
+        if not (self.fused and st.mask.is_contiguous() and all(k.is_contiguous() for k in st.keys)
+                and all(v.is_contiguous() for v in st.values)):
+            return super()._hidden(tokens, st)
+        x = (F.embedding(tokens, self.embed) * self.embed_scale).contiguous()  # [B, D]
+        rope = {kind: (c[st.pos].contiguous(), s[st.pos].contiguous()) for kind, (c, s) in self._tables.items()}
+        lib, threads = library(), torch.get_num_threads()
+        b, d = x.shape
+        total = st.mask.shape[-1]
+        softcap = float(self.attn_softcap or 0.0)
+        for i, lyr in enumerate(self.layers):
+            lo = max(0, st.cur + 1 - lyr.window) if lyr.window else 0
+            cos, sin = rope[lyr.rope]
+            if lib.tunix_gemma_layer(x.data_ptr(), b, d, *self._layer_args[i], st.keys[i].data_ptr(),
+                                     st.values[i].data_ptr(), total, st.cur, lo, st.mask.data_ptr(), cos.data_ptr(),
+                                     sin.data_ptr(), self.scaling, softcap, self.eps, threads) != 0:
+                raise MemoryError("int8 kernel: out of memory in a decoder layer")
+        st.cur += 1
+        st.pos = st.pos + 1
+        return self._rms(x, self.final_norm)
+
     def _head(self, x: "torch.Tensor") -> "torch.Tensor":
         """x @ dequantised(head).T: one int8 matmul over the whole vocabulary (measured
         fastest here: 27 ms against 55 ms in 16K-row chunks for Gemma 3's head at batch 1,
@@ -252,6 +302,22 @@ class Int8Gemma(LeanGemma):
                                self.qhead.sums[i: i + HEAD_CHUNK])
             out[:, i: i + HEAD_CHUNK] = int8_linear(x, part, self.kernel)
         return out
+
+
+def fused_layers_apply(step: "Int8Gemma") -> bool:
+    """Whether the kernel library can run `step`'s layers whole: loaded here, fp32 weights
+    and norms, every projection's input width (hidden, heads x head_dim, MLP) a multiple of 64."""
+    import torch
+
+    from tunix_rt.eval.int8_kernel import ALIGN_K, library
+
+    lyr = step.layers[0] if step.layers else None
+    if lyr is None or step.embed.dtype != torch.float32 or step.embed.device.type != "cpu":
+        return False
+    widths = (step.embed.shape[1], step.n_heads * step.head_dim, lyr.w_down.q.shape[1])
+    if any(w % ALIGN_K for w in widths) or step.head_dim % 2:
+        return False
+    return library() is not None
 
 
 def use_int8(gen) -> object:
