@@ -194,24 +194,70 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
    layer is one call instead of ~70 torch ops. Not bit-equal to the torch ops (sums in
    another order): int8 weights are not an exact option. */
 
-static void rms(const float *x, const float *w, float *out, long n, float eps) {
-    double ss = 0.0;
-    for (long i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
-    float r = 1.0f / sqrtf((float)(ss / (double)n) + eps);
+/* a . b in fp32, 16 lanes at a time (a plain float loop would not vectorise: its sum order
+   is fixed without -ffast-math) */
+static inline KERNEL float dotf(const float *a, const float *b, long n) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    long i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+        acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16)));
+    }
+    for (; i + 16 <= n; i += 16)
+        acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static KERNEL void rms(const float *x, const float *w, float *out, long n, float eps) {
+    float r = 1.0f / sqrtf(dotf(x, x, n) / (float)n + eps);
     for (long i = 0; i < n; i++) out[i] = (x[i] * r) * w[i];
 }
 
-static void rope(float *v, const float *cos, const float *sin, long hd, float *tmp) {
+/* e^x, 16 lanes (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, 2^k by
+   scalef; relative error ~1e-7; x clamped to +-88.38) */
+static inline KERNEL __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
+    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f)));
+    x = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(y, x), x), x), _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(y, k);
+}
+
+/* out[i] = gelu_tanh(g[i]) * u[i]; gelu_tanh(x) = 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
+   = x / (1 + e^(-2 c (x + 0.044715 x^3))), c = sqrt(2 / pi) */
+static KERNEL void gelu_mul(const float *g, const float *u, float *out, long n) {
+    long i = 0;
+    const __m512 c2 = _mm512_set1_ps(-2.0f * 0.7978845608028654f), a = _mm512_set1_ps(0.044715f);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(g + i);
+        __m512 inner = _mm512_add_ps(x, _mm512_mul_ps(a, _mm512_mul_ps(x, _mm512_mul_ps(x, x))));
+        __m512 gl = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_mul_ps(c2, inner))));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(gl, _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        float x = g[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+static KERNEL void rope(float *v, const float *cos, const float *sin, long hd, float *tmp) {
     long half = hd / 2;
     for (long i = 0; i < hd; i++) tmp[i] = v[i];
     for (long i = 0; i < hd; i++) {
         float rot = i < half ? -tmp[i + half] : tmp[i - half];
         v[i] = tmp[i] * cos[i] + rot * sin[i];
     }
-}
-
-static inline float gelu_tanh(float x) {
-    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
 KERNEL int tunix_gemma_layer(
@@ -259,9 +305,7 @@ KERNEL int tunix_gemma_layer(
             float *sc = scores + (b * H + j) * span, top = -INFINITY;
             for (long t = 0; t < span; t++) {
                 const float *kt = keys + (lo + t) * hd;
-                float s = 0.0f;
-                for (long i = 0; i < hd; i++) s += q[i] * kt[i];
-                s *= scaling;
+                float s = dotf(q, kt, hd) * scaling;
                 if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
                 s += mask[b * T + lo + t];
                 sc[t] = s;
@@ -285,8 +329,7 @@ KERNEL int tunix_gemma_layer(
         rms(x + b * D, pre_ff_norm, h + b * D, D, eps);
     }
     if (tunix_qlinear(h, wgu, sgu, cgu, big, B, 2 * F, D, threads)) goto done;
-    for (long b = 0; b < B; b++)
-        for (long i = 0; i < F; i++) m[b * F + i] = gelu_tanh(big[b * 2 * F + i]) * big[b * 2 * F + F + i];
+    for (long b = 0; b < B; b++) gelu_mul(big + b * 2 * F, big + b * 2 * F + F, m + b * F, F);
     if (tunix_qlinear(m, wd, sd, cd, h, B, D, F, threads)) goto done;
     for (long b = 0; b < B; b++) {
         rms(h + b * D, post_ff_norm, tmp, D, eps);
