@@ -249,3 +249,29 @@ def test_fused_layers_equal_the_torch_ops_to_rounding(tiny):
             n += want.shape[0]
             tokens = want.argmax(-1)
     assert agree >= 0.95 * n, (agree, n)
+
+
+def test_a_state_the_layer_call_cannot_hold_takes_the_torch_ops(tiny_dirs):
+    """The layer call writes the cache in place: a full cache (the index past its last entry)
+    or a state of another shape goes to the torch ops, which refuse it, never to C code writing
+    past the buffers."""
+    from transformers import DynamicCache
+
+    d = tiny_dirs["tiny-gemma3"]
+    tok = ChatTokenizer.from_file(d)
+    step = Int8Gemma.for_model(load_model(d, None, "cpu"))
+    ids, mask = left_pad([prompt_ids(QUESTIONS[0], tok)], tok.pad_id, "cpu")
+    pos = position_ids(mask)
+    with torch.inference_mode():
+        cache = DynamicCache(config=step.model.config)
+        step.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)
+        st = step.start(cache, mask, pos[:, -1] + 1, 2)
+        assert step._fits(1, st) == step.fused or not step.fused
+        tokens = torch.tensor([5])
+        step.step(tokens, st)
+        step.step(tokens, st)  # the two entries made room for
+        assert not step._fits(1, st) and st.cur == st.mask.shape[-1]
+        with pytest.raises(RuntimeError, match="decode state full"):
+            step.step(tokens, st)
+        assert not step._fits(2, st)  # two tokens for a one-row state

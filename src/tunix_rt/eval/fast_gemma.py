@@ -257,6 +257,9 @@ class LeanGemma:
         hidden state [B, D]."""
         import torch.nn.functional as F
 
+        if st.cur >= st.mask.shape[-1]:  # a write past the buffers' end would be dropped silently
+            raise RuntimeError(f"decode state full: all {st.mask.shape[-1]} cache entries written (start() "
+                               "allots max_new entries after the prompt)")
         x = F.embedding(tokens[:, None], self.embed) * self.embed_scale  # [B, 1, D]
         rope = {kind: (c[st.pos][:, None, None, :].to(x.dtype), s[st.pos][:, None, None, :].to(x.dtype))
                 for kind, (c, s) in self._tables.items()}  # fp32 tables, cast as transformers does

@@ -156,8 +156,10 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
         for (long k = 0; k < K; k++) {
             float q1 = rintf(xm[k] / s);
             float q2 = rintf((xm[k] - s * q1) * r);
-            a[m * K + k] = q1 == q1 ? (int8_t)q1 : 0; /* a non-finite x: the output is NaN anyway */
-            a[(M + m) * K + k] = q2 == q2 ? (int8_t)q2 : 0;
+            /* outside int8 only where x is not finite (the output is NaN or inf then) or where
+               s is so small that 127 / s overflows (rows below ~1e-35: the output ~1e-40) */
+            a[m * K + k] = fabsf(q1) <= 127.0f ? (int8_t)q1 : 0;
+            a[(M + m) * K + k] = fabsf(q2) <= 127.0f ? (int8_t)q2 : 0;
         }
         step[m] = s / 127.0f;
     }
@@ -356,6 +358,14 @@ def _cache_dir() -> Path:
     return Path(base) / "tunix-rt" / "kernels"
 
 
+FLAGS = ["-O3", "-fno-fast-math", "-ffp-contract=off", "-fPIC", "-shared", "-fopenmp"]
+"""No fused multiply-adds and no fast-math reassociation: `qlinear` gives the torch ops' bits."""
+
+
+def _compiler() -> list[str]:
+    return [os.environ.get("CC", "cc"), *FLAGS]
+
+
 def _build(path: Path) -> None:
     """Compile SOURCE into `path`, atomically (a concurrent build of the same source writes the
     same file; whichever rename lands last wins, and both are complete)."""
@@ -364,8 +374,7 @@ def _build(path: Path) -> None:
         src = Path(tmp) / "int8_mm.c"
         src.write_text(SOURCE)
         out = Path(tmp) / path.name
-        cc = os.environ.get("CC", "cc")
-        cmd = [cc, "-O3", "-ffp-contract=off", "-fPIC", "-shared", "-fopenmp", "-o", str(out), str(src), "-lm"]
+        cmd = _compiler() + ["-o", str(out), str(src), "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise OSError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
@@ -389,7 +398,7 @@ def _load():
     if os.environ.get("TUNIX_RT_INT8_KERNEL", "vnni") == "torch":
         WHY.append("TUNIX_RT_INT8_KERNEL=torch")
         return None
-    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    digest = hashlib.sha256("\0".join([SOURCE, *_compiler()]).encode()).hexdigest()[:16]  # a new compiler or flag: a new build
     path = _cache_dir() / f"int8_mm-{digest}.so"
     try:
         if not path.exists():

@@ -255,6 +255,19 @@ class Int8Gemma(LeanGemma):
             ptrs += [w.q.data_ptr(), w.sums.data_ptr(), w.scale.data_ptr()]
         return (*ptrs, self.n_heads, self.n_kv, self.head_dim, lyr.w_down.q.shape[1])
 
+    def _fits(self, b: int, st) -> bool:
+        """The state is what the layer call reads and writes in place: the cache index inside
+        the buffers, every buffer contiguous fp32 [b, kv_heads, T, head_dim], the mask
+        [b, 1, 1, T] (anything else takes the torch ops, which raise where a write would not fit)."""
+        import torch
+
+        total = st.mask.shape[-1]
+        shape = (b, self.n_kv, total, self.head_dim)
+        return (0 <= st.cur < total and tuple(st.mask.shape) == (b, 1, 1, total) and st.mask.is_contiguous()
+                and st.mask.dtype == torch.float32 and st.pos.shape == (b,)
+                and all(tuple(t.shape) == shape and t.is_contiguous() and t.dtype == torch.float32
+                        for t in (*st.keys, *st.values)))
+
     def _hidden(self, tokens: "torch.Tensor", st) -> "torch.Tensor":
         """The layers on one token per row, each layer one call of the kernel library where it
         applies (`fused`); else LeanGemma's torch ops on the int8 projections. The same
@@ -266,8 +279,7 @@ class Int8Gemma(LeanGemma):
 
         from tunix_rt.eval.int8_kernel import library
 
-        if not (self.fused and st.mask.is_contiguous() and all(k.is_contiguous() for k in st.keys)
-                and all(v.is_contiguous() for v in st.values)):
+        if not (self.fused and self._fits(tokens.shape[0], st)):
             return super()._hidden(tokens, st)
         x = (F.embedding(tokens, self.embed) * self.embed_scale).contiguous()  # [B, D]
         rope = {kind: (c[st.pos].contiguous(), s[st.pos].contiguous()) for kind, (c, s) in self._tables.items()}
@@ -309,13 +321,13 @@ def fused_layers_apply(step: "Int8Gemma") -> bool:
     and norms, every projection's input width (hidden, heads x head_dim, MLP) a multiple of 64."""
     import torch
 
-    from tunix_rt.eval.int8_kernel import ALIGN_K, library
+    from tunix_rt.eval.int8_kernel import ALIGN_K, MAX_K, library
 
     lyr = step.layers[0] if step.layers else None
     if lyr is None or step.embed.dtype != torch.float32 or step.embed.device.type != "cpu":
         return False
     widths = (step.embed.shape[1], step.n_heads * step.head_dim, lyr.w_down.q.shape[1])
-    if any(w % ALIGN_K for w in widths) or step.head_dim % 2:
+    if any(w % ALIGN_K or w >= MAX_K for w in widths) or step.head_dim % 2:
         return False
     return library() is not None
 
