@@ -1,0 +1,191 @@
+"""Issue 26.8 on a CPU: from one SFT run of the real Gemma 3 270M, GRPO, RFT, SimPO on on-policy
+pairs, and SimPO then GRPO, each given the same CPU time; greedy accuracy on all 405 GSM8K dev
+items, the reasoning's arithmetic validity (`arith`), and McNemar against the SFT run. Every step
+is the real CLI, one process at a time (the CPU is shared by nothing else), each command printed
+to the log.
+
+    TUNIX_RT_HOME=/tmp/methods-home .venv/bin/python benchmarks/methods_cpu.py \
+        [--budget-s 600] [--sft RUN] [--out DIR] [--eval-batch 32] [--tiny]
+
+1. setup   `model import gemma3-270m` (the GGUF package, dequantised), `data import gsm8k` (the
+           vendored train split: 405 dev items held out).
+2. sft     `train --config cpu-demo` (the demo's recipe: LoRA r16, 60 steps of 4 x 256), unless
+           --sft names a run of the home.
+3. probe   each method's preset (`cpu-grpo`, `cpu-rft`, `cpu-simpo`) for 2 steps from the SFT run:
+           its seconds a step, so that max_steps = budget / that (RFT: whole rounds of 2 steps)
+           gives each method --budget-s of training steps. Probes are not counted.
+4. methods one after the other from the SFT run; SimPO then GRPO spends half the budget on each
+           (the GRPO half starts from the SimPO run, `init=`). The wall time of each training
+           (load and export included) is recorded beside its budget.
+5. greedy  `eval --split dev` on all 405 dev items for the SFT run and each method; `compare`
+           (exact McNemar) of each against the SFT run.
+
+Writes DIR/methods_cpu.json (every figure), DIR/methods_cpu.log (every command and its output)
+and prints a table. Last line: RESULT sft_acc=... grpo_acc=... grpo_p=... rft_acc=... rft_p=...
+simpo_acc=... simpo_p=... simpo_grpo_acc=... simpo_grpo_p=... best=<method or none>
+(best: the method whose gain over SFT has McNemar p < 0.05, the largest gain first; none else).
+--tiny runs the same pipeline on tiny-gemma3 with a few steps and items: a check of the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import CLI, ROOT, metrics, run_dir, sh  # noqa: E402
+
+#: method: [(preset, share of the budget)], run in order, each from the run before it
+PLANS = {
+    "grpo": [("cpu-grpo", 1.0)],
+    "rft": [("cpu-rft", 1.0)],
+    "simpo": [("cpu-simpo", 1.0)],
+    "simpo_grpo": [("cpu-simpo", 0.5), ("cpu-grpo", 0.5)],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/methods-cpu"))
+    ap.add_argument("--budget-s", type=float, default=600.0, help="training seconds each method gets")
+    ap.add_argument("--sft", default=None, help="an SFT run of the home to start from (default: train one)")
+    ap.add_argument("--eval-batch", type=int, default=32)
+    ap.add_argument("--methods", default=",".join(PLANS))
+    ap.add_argument("--tiny", action="store_true", help="tiny-gemma3, a few steps and items: checks the script")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "methods_cpu.log"
+    home = Path(os.environ.setdefault("TUNIX_RT_HOME", "/tmp/methods-home"))
+    work = home / "_evals"
+    t_start = time.time()
+    res: dict = {"args": vars(args), "stages": {}, "cpus": os.cpu_count()}
+
+    def save() -> None:
+        (out / "methods_cpu.json").write_text(json.dumps(res, indent=1, default=str))
+
+    def cli(name: str, argv: list[str], cap: float = 7200) -> tuple[int, str]:
+        t0 = time.time()
+        rc, text = sh(CLI + argv, cap, log)
+        res["stages"][name] = {"rc": rc, "wall_s": round(time.time() - t0, 1), "cmd": "tunix-rt " + " ".join(argv),
+                               **({"tail": text[-1500:]} if rc else {})}
+        print(f"[{time.time() - t_start:6.0f}s] {name}: rc={rc} {time.time() - t0:.0f}s", flush=True)
+        save()
+        if rc:
+            raise SystemExit(f"{name} failed (rc {rc}); its output is in {log}:\n{text[-1500:]}")
+        return rc, text
+
+    tiny = args.tiny
+    model = "tiny-gemma3" if tiny else "gemma3-270m"
+    over = [f"model={model}", "device=cpu", "dtype=fp32", "save_interval=0", "eval_interval=0", "log_interval=1"]
+    if tiny:
+        over += ["lora_rank=8", "max_seq_len=256", "rollout_max_new_tokens=16", "warmup_steps=0"]
+    limit = ["--limit", "8", "--max-new-tokens", "24"] if tiny else []
+
+    # 1. setup
+    gsm = str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl")
+    cli("model_import", ["model", "import", model])
+    cli("data_import", ["data", "import", "gsm8k", gsm, "--name", "gsm8k"])
+
+    def train(name: str, argv: list[str]) -> tuple[Path, float]:
+        t0 = time.time()
+        _, text = cli(name, ["train", "--engine", "torch"] + argv)
+        run = run_dir(text)
+        if run is None:
+            raise SystemExit(f"{name}: no run directory in its output")
+        return run, time.time() - t0
+
+    def ev(name: str, run: Path) -> dict:
+        dest = work / name
+        cli(name, ["eval", "--adapter", str(run), "--engine", "torch", "--device", "cpu", "--dataset", "gsm8k",
+                   "--split", "dev", "--batch-size", str(args.eval_batch), "--json", "--out", str(dest)] + limit)
+        m = json.loads((dest / "eval_summary.json").read_text())["metrics"]
+        res[name] = {k: m.get(k) for k in ("accuracy", "n", "format_rate", "arith_accuracy", "arith_reward",
+                                            "arith_claims_per_item", "mean_completion_tokens", "truncated_rate")}
+        save()
+        return res[name]
+
+    def compare(a: str, b: str) -> dict:
+        _, text = cli(f"compare_{b}", ["compare", str(work / a), str(work / b), "--json"])
+        c = json.loads(text[text.index("{"):])
+        r = {"mcnemar_p": c["mcnemar_p"], "shared": c["shared"], "right_to_wrong": len(c["right_to_wrong"]),
+             "wrong_to_right": len(c["wrong_to_right"])}
+        res[f"compare_{b}"] = r
+        save()
+        return r
+
+    # 2. SFT
+    if args.sft:
+        sft = home / "runs" / args.sft
+        if not (sft / "final").exists():
+            raise SystemExit(f"--sft {args.sft}: no finished run of that name in {home / 'runs'}")
+    else:
+        sft, wall = train("sft", ["--config", "cpu-demo"] + over + (["max_steps=3", "batch_size=2"] if tiny else []))
+        res["sft_train_wall_s"] = round(wall, 1)
+    res["sft_run"] = sft.name
+    ev("greedy_sft", sft)
+
+    # 3. the presets' seconds a step, from 2 steps each
+    methods = args.methods.split(",")
+    presets = sorted({p for m in methods for p, _ in PLANS[m]})
+    step_s: dict[str, float] = {}
+    for preset in presets:
+        run, _ = train(f"probe_{preset}", ["--config", preset, f"init={sft.name}", "max_steps=2"] + over)
+        rows = [r for r in metrics(run) if "step_s" in r]
+        step_s[preset] = sum(r["step_s"] for r in rows) / len(rows)
+    res["probe_step_s"] = {k: round(v, 2) for k, v in step_s.items()}
+    save()
+
+    def steps_for(preset: str, seconds: float) -> int:
+        n = max(1, round(seconds / step_s[preset]))
+        if preset == "cpu-rft":  # whole rounds (rft_round_steps: 2)
+            n = max(2, 2 * round(n / 2))
+        return 2 if tiny else n
+
+    # 4.-5. each method, its greedy eval and McNemar against the SFT run
+    for name in methods:
+        frm, wall, steps, done = sft, 0.0, [], []
+        for i, (preset, share) in enumerate(PLANS[name]):
+            n = steps_for(preset, args.budget_s * share)
+            run, w = train(f"method_{name}_{i}", ["--config", preset, f"init={frm.name}", f"max_steps={n}"] + over)
+            rows = [r for r in metrics(run) if "step_s" in r]
+            frm, wall = run, wall + w
+            steps.append(n)
+            done.append(round(sum(r["step_s"] for r in rows), 1))
+        res[f"method_{name}"] = {"run": frm.name, "presets": [p for p, _ in PLANS[name]], "steps": steps,
+                                 "step_seconds": done, "train_wall_s": round(wall, 1)}
+        save()
+        ev(f"greedy_{name}", frm)
+        compare("greedy_sft", f"greedy_{name}")
+
+    res["wall_s"] = round(time.time() - t_start, 1)
+    save()
+
+    s = res["greedy_sft"]
+    print(f"\n{'run':<12} {'steps':>9} {'train s':>9} {'step s':>8} {'greedy':>14} {'format':>7} {'arith':>6} "
+          f"{'flips r->w / w->r':>18} {'McNemar p':>10}")
+    print(f"{'sft':<12} {'':>9} {res.get('sft_train_wall_s', ''):>9} {'':>8} "
+          f"{s['accuracy']:>7.2%} ({round(s['accuracy'] * s['n']):>3}) {s['format_rate']:>7.1%} "
+          f"{(s['arith_accuracy'] or 0):>6.1%} {'':>18} {'':>10}")
+    best, gains = "none", []
+    for name in methods:
+        m, e, c = res[f"method_{name}"], res[f"greedy_{name}"], res[f"compare_greedy_{name}"]
+        print(f"{name:<12} {'+'.join(map(str, m['steps'])):>9} {m['train_wall_s']:>9} {sum(m['step_seconds']):>8.0f} "
+              f"{e['accuracy']:>7.2%} ({round(e['accuracy'] * e['n']):>3}) {e['format_rate']:>7.1%} "
+              f"{(e['arith_accuracy'] or 0):>6.1%} {c['right_to_wrong']:>8} / {c['wrong_to_right']:<7} "
+              f"{c['mcnemar_p']:>10.4g}")
+        if e["accuracy"] > s["accuracy"] and c["mcnemar_p"] < 0.05:
+            gains.append((e["accuracy"] - s["accuracy"], name))
+    if gains:
+        best = max(gains)[1]
+    print("RESULT " + f"sft_acc={s['accuracy']} " + " ".join(
+        f"{n}_acc={res[f'greedy_{n}']['accuracy']} {n}_p={res[f'compare_greedy_{n}']['mcnemar_p']:.4g}"
+        for n in methods) + f" best={best}")
+
+
+if __name__ == "__main__":
+    main()
