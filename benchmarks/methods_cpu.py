@@ -179,7 +179,14 @@ def main() -> None:
     print(f"{'sft':<12} {'':>9} {res.get('sft_train_wall_s', ''):>9} {'':>8} "
           f"{s['accuracy']:>7.2%} ({round(s['accuracy'] * s['n']):>3}) {s['format_rate']:>7.1%} "
           f"{(s['arith_accuracy'] or 0):>6.1%} {'':>18} {'':>10}")
-    best, gains = "none", []
+
+    def winner(base: str, prefix: str) -> str:
+        """The most accurate method above `base`'s greedy accuracy whose McNemar p against it
+        (res[prefix + method]) is < 0.05; "none" when there is none."""
+        b = res.get(f"greedy_{base}")
+        ok = [n for n in methods if b and prefix + n in res and res[f"greedy_{n}"]["accuracy"] > b["accuracy"]
+              and res[prefix + n]["mcnemar_p"] < 0.05]
+        return max(ok, key=lambda n: (res[f"greedy_{n}"]["accuracy"], n)) if ok else "none"
 
     def vs_grpo(name: str) -> str:
         c = res.get(f"vs_grpo_{name}")
@@ -190,14 +197,7 @@ def main() -> None:
               f"{e['accuracy']:>7.2%} ({round(e['accuracy'] * e['n']):>3}) {e['format_rate']:>7.1%} "
               f"{(e['arith_accuracy'] or 0):>6.1%} {c['right_to_wrong']:>8} / {c['wrong_to_right']:<7} "
               f"{c['mcnemar_p']:>10.4g} {vs_grpo(name):>10}")
-        if e["accuracy"] > s["accuracy"] and c["mcnemar_p"] < 0.05:
-            gains.append((e["accuracy"] - s["accuracy"], name))
-    if gains:
-        best = max(gains)[1]
-    g = res.get("greedy_grpo")
-    over_grpo = [n for n in methods if n != "grpo" and g and res[f"greedy_{n}"]["accuracy"] > g["accuracy"]
-                 and res[f"vs_grpo_{n}"]["mcnemar_p"] < 0.05]
-    beats = max(over_grpo, key=lambda n: res[f"greedy_{n}"]["accuracy"]) if over_grpo else "none"
+    best, beats = winner("sft", "compare_greedy_"), winner("grpo", "vs_grpo_")
     print("RESULT " + f"sft_acc={s['accuracy']} " + " ".join(
         f"{n}_acc={res[f'greedy_{n}']['accuracy']} {n}_p={res[f'compare_greedy_{n}']['mcnemar_p']:.4g}"
         for n in methods) + f" best={best} beats_grpo={beats}")
