@@ -1,0 +1,197 @@
+"""Issue 25.5 on a CPU: GRPO of the real Gemma 3 270M on a reasoning-gym mixture, with the
+curriculum and with the dataset's fixed difficulty, the same steps from one SFT run; greedy
+accuracy on the mixture's held-out test split (seeds never trained on) by each task's own
+scorer, beside each task's constant-answer floor, and exact McNemar per task: each run against
+the SFT run, and the curriculum run against the fixed one. Every step is the real CLI, one
+process at a time (the CPU is shared by nothing else), each command printed to the log.
+
+    TUNIX_RT_HOME=/tmp/rgrl-home .venv/bin/python benchmarks/rg_rl_cpu.py \
+        [--budget-s 720] [--tasks gcd,letter_counting,products,basic_arithmetic] [--n 1024]
+        [--test-per-task 64] [--curriculum YAML] [--sft RUN] [--out DIR] [--eval-batch 32] [--tiny]
+
+1. setup   `model import gemma3-270m` (the GGUF package, dequantised), `data import gsm8k`
+           (the vendored train split), `data import reasoning-gym TASKS --n N --seed 1
+           --test-n (per task x tasks) --name rg-rl` (train/dev/test from disjoint seeds).
+2. sft     `train --config cpu-demo` on GSM8K (the format: reasoning-gym records have no
+           reasoning steps to learn from), unless --sft names a run of the home.
+3. probe   `--config cpu-grpo dataset=rg-rl` for 2 steps from the SFT run: its seconds a step,
+           so that both runs get max_steps = budget / that. The probe is not counted.
+4. grpo    from the SFT run, one after the other: `curriculum=YAML` (each task's level moves
+           with its rolling rollout accuracy, starting at level 0) and without (the dataset's
+           records at the task's default difficulty). The seconds each took are recorded.
+5. greedy  `eval --split test` of the SFT run and both GRPO runs on the mixture's test split;
+           per task: accuracy, the constant-answer floor, McNemar of each GRPO run against the
+           SFT run and of the curriculum run against the fixed one; `compare` on all items.
+
+Writes DIR/rg_rl_cpu.json (every figure), DIR/rg_rl_cpu.log (every command and its output) and
+prints a table. Last line: RESULT sft_acc=... fixed_acc=... curriculum_acc=... fixed_p=...
+curriculum_p=... curriculum_vs_fixed_p=... gains_p01=<tasks where the curriculum run gained over
+SFT with p < 0.01, or none> ahead=<curriculum|fixed|tie> (ahead: the more accurate GRPO run on
+all test items).
+--tiny runs the same pipeline on tiny-gemma3 with a few steps and items: a check of the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import CLI, ROOT, metrics, run_dir, sh  # noqa: E402
+from real_270m import per_task_mcnemar, rollout_figures  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/rg-rl-cpu"))
+    ap.add_argument("--budget-s", type=float, default=720.0, help="training seconds each GRPO run gets (from the probe)")
+    ap.add_argument("--tasks", default="gcd,letter_counting,products,basic_arithmetic",
+                    help="reasoning-gym tasks of the mixture (default: four whose pass@8 after SFT was 5-60%%, README)")
+    ap.add_argument("--n", type=int, default=1024, help="training records of the mixture")
+    ap.add_argument("--test-per-task", type=int, default=64)
+    ap.add_argument("--curriculum", default="{window: 16, raise_at: 0.6, lower_below: 0.2}")
+    ap.add_argument("--sft", default=None, help="an SFT run of the home to start from (default: train one)")
+    ap.add_argument("--eval-batch", type=int, default=32)
+    ap.add_argument("--tiny", action="store_true", help="tiny-gemma3, a few steps and items: checks the script")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "rg_rl_cpu.log"
+    home = Path(os.environ.setdefault("TUNIX_RT_HOME", "/tmp/rgrl-home"))
+    work = home / "_evals"
+    t_start = time.time()
+    res: dict = {"args": vars(args), "stages": {}, "cpus": os.cpu_count()}
+
+    def save() -> None:
+        (out / "rg_rl_cpu.json").write_text(json.dumps(res, indent=1, default=str))
+
+    def cli(name: str, argv: list[str], cap: float = 7200) -> str:
+        t0 = time.time()
+        rc, text = sh(CLI + argv, cap, log)
+        res["stages"][name] = {"rc": rc, "wall_s": round(time.time() - t0, 1), "cmd": "tunix-rt " + " ".join(argv),
+                               **({"tail": text[-1500:]} if rc else {})}
+        print(f"[{time.time() - t_start:6.0f}s] {name}: rc={rc} {time.time() - t0:.0f}s", flush=True)
+        save()
+        if rc:
+            raise SystemExit(f"{name} failed (rc {rc}); its output is in {log}:\n{text[-1500:]}")
+        return text
+
+    tiny = args.tiny
+    tasks = args.tasks.split(",")
+    model = "tiny-gemma3" if tiny else "gemma3-270m"
+    over = [f"model={model}", "device=cpu", "dtype=fp32", "save_interval=0", "eval_interval=0", "log_interval=1"]
+    if tiny:
+        over += ["lora_rank=8", "max_seq_len=256", "rollout_max_new_tokens=16", "warmup_steps=0"]
+    per_task = 2 if tiny else args.test_per_task
+
+    # 1. setup
+    gsm = str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl")
+    cli("model_import", ["model", "import", model])
+    cli("data_import", ["data", "import", "gsm8k", gsm, "--name", "gsm8k"])
+    cli("data_import_rg", ["data", "import", "reasoning-gym", args.tasks, "--n", str(16 if tiny else args.n),
+                           "--seed", "1", "--test-n", str(per_task * len(tasks)), "--name", "rg-rl"])
+
+    def train(name: str, argv: list[str]) -> tuple[Path, float]:
+        t0 = time.time()
+        run = run_dir(cli(name, ["train", "--engine", "torch"] + argv))
+        if run is None:
+            raise SystemExit(f"{name}: no run directory in its output")
+        return run, time.time() - t0
+
+    def ev(name: str, run: Path) -> dict:
+        dest = work / name
+        cli(name, ["eval", "--adapter", str(run), "--engine", "torch", "--device", "cpu", "--dataset", "rg-rl",
+                   "--split", "test", "--batch-size", str(args.eval_batch), "--json", "--out", str(dest)]
+            + (["--max-new-tokens", "24"] if tiny else []))
+        s = json.loads((dest / "eval_summary.json").read_text())
+        m = s["metrics"]
+        res[name] = {**{k: m.get(k) for k in ("accuracy", "n", "format_rate", "mean_completion_tokens", "truncated_rate")},
+                     "by_category": {t: {k: c.get(k) for k in ("accuracy", "n", "format_rate")}
+                                     for t, c in (s.get("by_category") or {}).items()},
+                     "constant_baseline": s.get("constant_baseline")}
+        save()
+        return res[name]
+
+    def compare(a: str, b: str, key: str) -> dict:
+        text = cli(key, ["compare", str(work / a), str(work / b), "--json"])
+        c = json.loads(text[text.index("{"):])
+        res[key] = {"mcnemar_p": c["mcnemar_p"], "shared": c["shared"], "right_to_wrong": len(c["right_to_wrong"]),
+                    "wrong_to_right": len(c["wrong_to_right"]), "per_task": per_task_mcnemar(work / a, work / b)}
+        save()
+        return res[key]
+
+    # 2. SFT on GSM8K (the format)
+    if args.sft:
+        sft = home / "runs" / args.sft
+        if not (sft / "final").exists():
+            raise SystemExit(f"--sft {args.sft}: no finished run of that name in {home / 'runs'}")
+    else:
+        sft, wall = train("sft", ["--config", "cpu-demo"] + over + (["max_steps=3", "batch_size=2"] if tiny else []))
+        res["sft_train_wall_s"] = round(wall, 1)
+    res["sft_run"] = sft.name
+    ev("greedy_sft", sft)
+
+    # 3. seconds a step on the mixture, from 2 steps
+    grpo = ["--config", "cpu-grpo", "dataset=rg-rl", f"init={sft.name}"] + over
+    probe, _ = train("probe", grpo + ["max_steps=2"])
+    rows = [r for r in metrics(probe) if "step_s" in r]
+    res["probe_step_s"] = round(sum(r["step_s"] for r in rows) / len(rows), 2)
+    steps = 2 if tiny else max(1, round(args.budget_s / res["probe_step_s"]))
+    res["steps"] = steps
+    save()
+
+    # 4.-5. both GRPO runs, their greedy evals, McNemar per task
+    for tag, extra in (("fixed", []), ("curriculum", [f"curriculum={args.curriculum}"])):
+        run, wall = train(f"grpo_{tag}", grpo + [f"max_steps={steps}"] + extra)
+        stepped = [r for r in metrics(run) if "curriculum_moves" in r]
+        res[f"grpo_{tag}"] = {"run": run.name, "train_wall_s": round(wall, 1),
+                              "step_seconds": round(sum(r["step_s"] for r in metrics(run) if "step_s" in r), 1),
+                              **rollout_figures(run),
+                              **({"levels": {k.removeprefix("curriculum_level_"): v for k, v in stepped[-1].items()
+                                             if k.startswith("curriculum_level_")},
+                                  "moves": sum(r["curriculum_moves"] for r in stepped)} if stepped else {})}
+        save()
+        ev(f"greedy_{tag}", run)
+        compare("greedy_sft", f"greedy_{tag}", f"{tag}_vs_sft")
+    compare("greedy_fixed", "greedy_curriculum", "curriculum_vs_fixed")
+    res["wall_s"] = round(time.time() - t_start, 1)
+    save()
+
+    # the table: per task, then all items
+    floor = (res["greedy_sft"].get("constant_baseline") or {})
+    print(f"\n{'task':<18} {'n':>4} {'floor':>7} {'SFT':>7} {'fixed':>7} {'curric.':>7} "
+          f"{'p fixed':>9} {'p curr.':>9} {'p c vs f':>9}")
+    gains = []
+    for t in sorted(res["greedy_sft"]["by_category"]):
+        acc = {k: res[f"greedy_{k}"]["by_category"].get(t, {}).get("accuracy") or 0.0 for k in ("sft", "fixed", "curriculum")}
+        pf, pc, pcf = (res[k]["per_task"].get(t, {}).get("mcnemar_p", 1.0)
+                       for k in ("fixed_vs_sft", "curriculum_vs_sft", "curriculum_vs_fixed"))
+        fl = ((floor.get("by_category") or {}).get(t) or {}).get("accuracy")
+        if acc["curriculum"] > acc["sft"] and pc < 0.01:
+            gains.append(t)
+        fls = "" if fl is None else f"{fl:.1%}"
+        print(f"{t:<18} {res['greedy_sft']['by_category'][t]['n']:>4} {fls:>7} "
+              f"{acc['sft']:>7.1%} {acc['fixed']:>7.1%} {acc['curriculum']:>7.1%} {pf:>9.4g} {pc:>9.4g} {pcf:>9.4g}")
+    s, f, c = (res[f"greedy_{k}"]["accuracy"] for k in ("sft", "fixed", "curriculum"))
+    fall = "" if floor.get("accuracy") is None else f"{floor['accuracy']:.1%}"
+    print(f"{'all':<18} {res['greedy_sft']['n']:>4} {fall:>7} "
+          f"{s:>7.1%} {f:>7.1%} {c:>7.1%} {res['fixed_vs_sft']['mcnemar_p']:>9.4g} "
+          f"{res['curriculum_vs_sft']['mcnemar_p']:>9.4g} {res['curriculum_vs_fixed']['mcnemar_p']:>9.4g}")
+    for tag in ("fixed", "curriculum"):
+        g = res[f"grpo_{tag}"]
+        print(f"grpo {tag}: {steps} steps, {g['step_seconds']} s of steps ({g['train_wall_s']} s wall), rollout accuracy "
+              f"{g.get('rollout_accuracy')}, zero-variance share {g.get('zero_variance_share')}"
+              + (f", levels {g['levels']} after {g['moves']} moves" if "levels" in g else ""))
+    ahead = "curriculum" if c > f else "fixed" if f > c else "tie"
+    print(f"RESULT sft_acc={s:.4f} fixed_acc={f:.4f} curriculum_acc={c:.4f} "
+          f"fixed_p={res['fixed_vs_sft']['mcnemar_p']:.4g} curriculum_p={res['curriculum_vs_sft']['mcnemar_p']:.4g} "
+          f"curriculum_vs_fixed_p={res['curriculum_vs_fixed']['mcnemar_p']:.4g} "
+          f"gains_p01={','.join(gains) or 'none'} ahead={ahead}")
+
+
+if __name__ == "__main__":
+    main()
