@@ -59,6 +59,24 @@ def sh(cmd: list[str], timeout: float, log: Path, env: dict[str, str] | None = N
     return rc, text
 
 
+def stage_cli(res: dict, log: Path, save, t_start: float):
+    """The CPU benchmarks' stage runner: cli(name, argv, cap) runs `tunix-rt argv` (sh, its
+    output in log), records rc, wall seconds and the command under res["stages"][name], saves,
+    prints a progress line, and exits with the output's tail when the command failed; else it
+    returns the output."""
+    def cli(name: str, argv: list[str], cap: float = 7200) -> str:
+        t0 = time.time()
+        rc, text = sh(CLI + argv, cap, log)
+        res["stages"][name] = {"rc": rc, "wall_s": round(time.time() - t0, 1), "cmd": "tunix-rt " + " ".join(argv),
+                               **({"tail": text[-1500:]} if rc else {})}
+        print(f"[{time.time() - t_start:6.0f}s] {name}: rc={rc} {time.time() - t0:.0f}s", flush=True)
+        save()
+        if rc:
+            raise SystemExit(f"{name} failed (rc {rc}); its output is in {log}:\n{text[-1500:]}")
+        return text
+    return cli
+
+
 def run_dir(text: str) -> Path | None:
     m = re.findall(r"(/\S+/runs/[\w.-]+)", text)
     if m:

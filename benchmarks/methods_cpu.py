@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import CLI, ROOT, metrics, run_dir, sh  # noqa: E402
+from gpu_check import ROOT, metrics, run_dir, stage_cli  # noqa: E402
 
 #: method: [(preset, share of the budget)], run in order, each from the run before it
 PLANS = {
@@ -70,16 +70,7 @@ def main() -> None:
     def save() -> None:
         (out / "methods_cpu.json").write_text(json.dumps(res, indent=1, default=str))
 
-    def cli(name: str, argv: list[str], cap: float = 7200) -> tuple[int, str]:
-        t0 = time.time()
-        rc, text = sh(CLI + argv, cap, log)
-        res["stages"][name] = {"rc": rc, "wall_s": round(time.time() - t0, 1), "cmd": "tunix-rt " + " ".join(argv),
-                               **({"tail": text[-1500:]} if rc else {})}
-        print(f"[{time.time() - t_start:6.0f}s] {name}: rc={rc} {time.time() - t0:.0f}s", flush=True)
-        save()
-        if rc:
-            raise SystemExit(f"{name} failed (rc {rc}); its output is in {log}:\n{text[-1500:]}")
-        return rc, text
+    cli = stage_cli(res, log, save, t_start)
 
     tiny = args.tiny
     model = "tiny-gemma3" if tiny else "gemma3-270m"
@@ -95,7 +86,7 @@ def main() -> None:
 
     def train(name: str, argv: list[str]) -> tuple[Path, float]:
         t0 = time.time()
-        _, text = cli(name, ["train", "--engine", "torch"] + argv)
+        text = cli(name, ["train", "--engine", "torch"] + argv)
         run = run_dir(text)
         if run is None:
             raise SystemExit(f"{name}: no run directory in its output")
@@ -113,7 +104,7 @@ def main() -> None:
 
     def compare(a: str, b: str, key: str | None = None) -> dict:
         key = key or f"compare_{b}"
-        _, text = cli(key, ["compare", str(work / a), str(work / b), "--json"])
+        text = cli(key, ["compare", str(work / a), str(work / b), "--json"])
         c = json.loads(text[text.index("{"):])
         r = {"mcnemar_p": c["mcnemar_p"], "shared": c["shared"], "right_to_wrong": len(c["right_to_wrong"]),
              "wrong_to_right": len(c["wrong_to_right"])}

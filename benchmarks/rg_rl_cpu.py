@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import CLI, ROOT, metrics, run_dir, sh  # noqa: E402
+from gpu_check import ROOT, metrics, run_dir, stage_cli  # noqa: E402
 from real_270m import per_task_mcnemar, rollout_figures  # noqa: E402
 
 
@@ -69,16 +69,7 @@ def main() -> None:
     def save() -> None:
         (out / "rg_rl_cpu.json").write_text(json.dumps(res, indent=1, default=str))
 
-    def cli(name: str, argv: list[str], cap: float = 7200) -> str:
-        t0 = time.time()
-        rc, text = sh(CLI + argv, cap, log)
-        res["stages"][name] = {"rc": rc, "wall_s": round(time.time() - t0, 1), "cmd": "tunix-rt " + " ".join(argv),
-                               **({"tail": text[-1500:]} if rc else {})}
-        print(f"[{time.time() - t_start:6.0f}s] {name}: rc={rc} {time.time() - t0:.0f}s", flush=True)
-        save()
-        if rc:
-            raise SystemExit(f"{name} failed (rc {rc}); its output is in {log}:\n{text[-1500:]}")
-        return text
+    cli = stage_cli(res, log, save, t_start)
 
     tiny = args.tiny
     tasks = args.tasks.split(",")
