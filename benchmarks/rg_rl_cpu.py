@@ -7,14 +7,15 @@ process at a time (the CPU is shared by nothing else), each command printed to t
 
     TUNIX_RT_HOME=/tmp/rgrl-home .venv/bin/python benchmarks/rg_rl_cpu.py \
         [--budget-s 720] [--tasks gcd,letter_counting,products,basic_arithmetic] [--n 1024]
-        [--test-per-task 64] [--curriculum YAML] [--sft RUN] [--out DIR] [--eval-batch 32] [--tiny]
+        [--test-per-task 64] [--curriculum YAML] [--grpo-over KEY=VALUE ...] [--sft RUN] [--out DIR]
+        [--eval-batch 32] [--tiny]
 
 1. setup   `model import gemma3-270m` (the GGUF package, dequantised), `data import gsm8k`
            (the vendored train split), `data import reasoning-gym TASKS --n N --seed 1
            --test-n (per task x tasks) --name rg-rl` (train/dev/test from disjoint seeds).
 2. sft     `train --config cpu-demo` on GSM8K (the format: reasoning-gym records have no
            reasoning steps to learn from), unless --sft names a run of the home.
-3. probe   `--config cpu-grpo dataset=rg-rl` for 2 steps from the SFT run: its seconds a step,
+3. probe   `--config cpu-grpo dataset=rg-rl` (and each --grpo-over) for 2 steps from the SFT run: its seconds a step,
            so that both runs get max_steps = budget / that. The probe is not counted.
 4. grpo    from the SFT run, one after the other: `curriculum=YAML` (each task's level moves
            with its rolling rollout accuracy, starting at level 0) and without (the dataset's
@@ -54,6 +55,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1024, help="training records of the mixture")
     ap.add_argument("--test-per-task", type=int, default=64)
     ap.add_argument("--curriculum", default="{window: 16, raise_at: 0.6, lower_below: 0.2}")
+    ap.add_argument("--grpo-over", action="append", default=[], metavar="KEY=VALUE",
+                    help="an override of --config cpu-grpo for the probe and both GRPO runs (repeatable), e.g. lr=1e-4")
     ap.add_argument("--sft", default=None, help="an SFT run of the home to start from (default: train one)")
     ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--tiny", action="store_true", help="tiny-gemma3, a few steps and items: checks the script")
@@ -127,7 +130,7 @@ def main() -> None:
     ev("greedy_sft", sft)
 
     # 3. seconds a step on the mixture, from 2 steps
-    grpo = ["--config", "cpu-grpo", "dataset=rg-rl", f"init={sft.name}"] + over
+    grpo = ["--config", "cpu-grpo", "dataset=rg-rl", f"init={sft.name}"] + over + args.grpo_over
     probe, _ = train("probe", grpo + ["max_steps=2"])
     rows = [r for r in metrics(probe) if "step_s" in r]
     res["probe_step_s"] = round(sum(r["step_s"] for r in rows) / len(rows), 2)
