@@ -32,14 +32,12 @@ GRPO on the same items, the issue's bar for `demo --rl`'s default; none else).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import ROOT, metrics, run_dir, stage_cli  # noqa: E402
+from gpu_check import metrics  # noqa: E402
+from stages import Bench  # noqa: E402
 
 #: method: [(preset, share of the budget)], run in order, each from the run before it
 PLANS = {
@@ -52,75 +50,28 @@ PLANS = {
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/methods-cpu"))
     ap.add_argument("--budget-s", type=float, default=600.0, help="training seconds each method gets")
-    ap.add_argument("--sft", default=None, help="an SFT run of the home to start from (default: train one)")
-    ap.add_argument("--eval-batch", type=int, default=32)
     ap.add_argument("--methods", default=",".join(PLANS))
-    ap.add_argument("--tiny", action="store_true", help="tiny-gemma3, a few steps and items: checks the script")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "methods_cpu.log"
-    home = Path(os.environ.setdefault("TUNIX_RT_HOME", "/tmp/methods-home"))
-    work = home / "_evals"
-    t_start = time.time()
-    res: dict = {"args": vars(args), "stages": {}, "cpus": os.cpu_count()}
-
-    def save() -> None:
-        (out / "methods_cpu.json").write_text(json.dumps(res, indent=1, default=str))
-
-    cli = stage_cli(res, log, save, t_start)
-
-    tiny = args.tiny
-    model = "tiny-gemma3" if tiny else "gemma3-270m"
-    over = [f"model={model}", "device=cpu", "dtype=fp32", "save_interval=0", "eval_interval=0", "log_interval=1"]
-    if tiny:
-        over += ["lora_rank=8", "max_seq_len=256", "rollout_max_new_tokens=16", "warmup_steps=0"]
+    bench = Bench(ap, "methods_cpu", "/tmp/methods-home")
+    args, res, over, tiny = bench.args, bench.res, bench.over, bench.tiny
     limit = ["--limit", "8", "--max-new-tokens", "24"] if tiny else []
 
     # 1. setup
-    gsm = str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl")
-    cli("model_import", ["model", "import", model])
-    cli("data_import", ["data", "import", "gsm8k", gsm, "--name", "gsm8k"])
-
-    def train(name: str, argv: list[str]) -> tuple[Path, float]:
-        t0 = time.time()
-        text = cli(name, ["train", "--engine", "torch"] + argv)
-        run = run_dir(text)
-        if run is None:
-            raise SystemExit(f"{name}: no run directory in its output")
-        return run, time.time() - t0
+    bench.setup()
+    train = bench.train
 
     def ev(name: str, run: Path) -> dict:
-        dest = work / name
-        cli(name, ["eval", "--adapter", str(run), "--engine", "torch", "--device", "cpu", "--dataset", "gsm8k",
-                   "--split", "dev", "--batch-size", str(args.eval_batch), "--json", "--out", str(dest)] + limit)
-        m = json.loads((dest / "eval_summary.json").read_text())["metrics"]
+        m = bench.eval(name, run, "gsm8k", "dev", limit)["metrics"]
         res[name] = {k: m.get(k) for k in ("accuracy", "n", "format_rate", "arith_accuracy", "arith_reward",
                                             "arith_claims_per_item", "mean_completion_tokens", "truncated_rate")}
-        save()
+        bench.save()
         return res[name]
 
     def compare(a: str, b: str, key: str | None = None) -> dict:
-        key = key or f"compare_{b}"
-        text = cli(key, ["compare", str(work / a), str(work / b), "--json"])
-        c = json.loads(text[text.index("{"):])
-        r = {"mcnemar_p": c["mcnemar_p"], "shared": c["shared"], "right_to_wrong": len(c["right_to_wrong"]),
-             "wrong_to_right": len(c["wrong_to_right"])}
-        res[key] = r
-        save()
-        return r
+        return bench.compare(a, b, key or f"compare_{b}")
 
     # 2. SFT
-    if args.sft:
-        sft = home / "runs" / args.sft
-        if not (sft / "final").exists():
-            raise SystemExit(f"--sft {args.sft}: no finished run of that name in {home / 'runs'}")
-    else:
-        sft, wall = train("sft", ["--config", "cpu-demo"] + over + (["max_steps=3", "batch_size=2"] if tiny else []))
-        res["sft_train_wall_s"] = round(wall, 1)
-    res["sft_run"] = sft.name
+    sft = bench.sft()
     ev("greedy_sft", sft)
 
     # 3. the presets' seconds a step, from 2 steps each
@@ -129,10 +80,9 @@ def main() -> None:
     step_s: dict[str, float] = {}
     for preset in presets:
         run, _ = train(f"probe_{preset}", ["--config", preset, f"init={sft.name}", "max_steps=2"] + over)
-        rows = [r for r in metrics(run) if "step_s" in r]
-        step_s[preset] = sum(r["step_s"] for r in rows) / len(rows)
+        step_s[preset] = bench.step_s(run)
     res["probe_step_s"] = {k: round(v, 2) for k, v in step_s.items()}
-    save()
+    bench.save()
 
     def steps_for(preset: str, seconds: float) -> int:
         n = max(1, round(seconds / step_s[preset]))
@@ -152,7 +102,7 @@ def main() -> None:
             done.append(round(sum(r["step_s"] for r in rows), 1))
         res[f"method_{name}"] = {"run": frm.name, "presets": [p for p, _ in PLANS[name]], "steps": steps,
                                  "step_seconds": done, "train_wall_s": round(wall, 1)}
-        save()
+        bench.save()
         ev(f"greedy_{name}", frm)
         compare("greedy_sft", f"greedy_{name}")
 
@@ -161,8 +111,7 @@ def main() -> None:
         for name in methods:
             if name != "grpo":
                 compare("greedy_grpo", f"greedy_{name}", f"vs_grpo_{name}")
-    res["wall_s"] = round(time.time() - t_start, 1)
-    save()
+    bench.done()
 
     s = res["greedy_sft"]
     print(f"\n{'run':<12} {'steps':>9} {'train s':>9} {'step s':>8} {'greedy':>14} {'format':>7} {'arith':>6} "

