@@ -6,17 +6,24 @@ the SFT run, and the curriculum run against the fixed one. Every step is the rea
 process at a time (the CPU is shared by nothing else), each command printed to the log.
 
     TUNIX_RT_HOME=/tmp/rgrl-home .venv/bin/python benchmarks/rg_rl_cpu.py \
-        [--budget-s 720] [--tasks gcd,letter_counting,products,basic_arithmetic] [--n 1024]
+        [--budget-s 720] [--tasks gcd,letter_counting,products,basic_arithmetic | auto] [--n 1024]
         [--test-per-task 64] [--curriculum YAML] [--grpo-over KEY=VALUE ...] [--calc] [--sft RUN]
-        [--out DIR] [--eval-batch 32] [--tiny]
+        [--survey] [--survey-only] [--survey-n 16] [--band 0.05,0.6] [--out DIR] [--eval-batch 32] [--tiny]
 
 1. setup   `model import gemma3-270m` (the GGUF package, dequantised), `data import gsm8k`
-           (the vendored train split), `data import reasoning-gym TASKS --n N --seed 1
-           --test-n (per task x tasks) --name rg-rl` (train/dev/test from disjoint seeds).
+           (the vendored train split).
 2. sft     `train --config cpu-demo` on GSM8K (the format: reasoning-gym records have no
            reasoning steps to learn from), unless --sft names a run of the home. --calc: on
            GSM8K's calculator traces (`data import gsm8k --tools calculator`, `dataset=gsm8k-calc
            tools=[calculator]`), and the GRPO runs and evals below call the calculator too.
+   survey  (--survey, --survey-only, --tasks auto) the SFT run's pass@8 on a dozen reasoning-gym
+           tasks at their default difficulty (`data import reasoning-gym DOZEN --seed 7 --name
+           rg-dozen`; `eval --split test --samples 8 --temperature 0.7`, --survey-n items a
+           task, the run's own tools): the issue's pick is the tasks whose pass@8 lies in --band
+           (5-60%). --tasks auto trains on exactly those; an explicit --tasks outside the band
+           is named in the output. --survey-only stops here.
+   data    `data import reasoning-gym TASKS --n N --seed 1 --test-n (per task x tasks) --name
+           rg-rl` (train/dev/test from disjoint seeds).
 3. probe   `--config cpu-grpo dataset=rg-rl` (and each --grpo-over) for 2 steps from the SFT
            run: its seconds a step, so that both runs get max_steps = budget / that. The probe
            is not counted.
@@ -43,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import ROOT, metrics  # noqa: E402
-from real_270m import per_task_mcnemar, rollout_figures  # noqa: E402
+from real_270m import RG_TASKS, per_task_mcnemar, rollout_figures  # noqa: E402
 from stages import Bench  # noqa: E402
 
 
@@ -51,7 +58,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget-s", type=float, default=720.0, help="training seconds each GRPO run gets (from the probe)")
     ap.add_argument("--tasks", default="gcd,letter_counting,products,basic_arithmetic",
-                    help="reasoning-gym tasks of the mixture (default: four whose pass@8 after SFT was 5-60%%, README)")
+                    help="reasoning-gym tasks of the mixture (default: four whose pass@8 after SFT was 5-60%%, README), "
+                         "or auto: the survey's pick")
+    ap.add_argument("--survey", action="store_true", help="the SFT run's pass@8 on the reasoning-gym dozen first")
+    ap.add_argument("--survey-only", action="store_true", help="setup, SFT (or --sft) and the survey, then stop")
+    ap.add_argument("--survey-n", type=int, default=16, help="test items a task in the survey")
+    ap.add_argument("--band", default="0.05,0.6", help="the survey's pick: pass@8 within LOW,HIGH")
     ap.add_argument("--n", type=int, default=1024, help="training records of the mixture")
     ap.add_argument("--test-per-task", type=int, default=64)
     ap.add_argument("--curriculum", default="{window: 16, raise_at: 0.6, lower_below: 0.2}")
@@ -61,13 +73,11 @@ def main() -> None:
                     help="SFT on GSM8K's calculator traces (gsm8k-calc) and GRPO and eval with tools=[calculator]")
     bench = Bench(ap, "rg_rl_cpu", "/tmp/rgrl-home")
     args, res, over, tiny, work = bench.args, bench.res, bench.over, bench.tiny, bench.work
-    tasks = args.tasks.split(",")
+    tasks = [] if args.tasks == "auto" else args.tasks.split(",")
     per_task = 2 if tiny else args.test_per_task
 
     # 1. setup
     bench.setup()
-    bench.cli("data_import_rg", ["data", "import", "reasoning-gym", args.tasks, "--n", str(16 if tiny else args.n),
-                                 "--seed", "1", "--test-n", str(per_task * len(tasks)), "--name", "rg-rl"])
     calc = ["tools=[calculator]"] if args.calc else []
     if args.calc:
         bench.cli("data_import_calc", ["data", "import", "gsm8k", str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl"),
@@ -89,6 +99,39 @@ def main() -> None:
 
     # 2. SFT on GSM8K (the format)
     sft = bench.sft(["dataset=gsm8k-calc"] + calc if args.calc else [])
+
+    # the survey: pass@8 on the dozen, the pick in the band
+    if args.survey or args.survey_only or not tasks:
+        lo, hi = (float(x) for x in args.band.split(","))
+        n = 1 if tiny else args.survey_n
+        bench.cli("data_import_dozen", ["data", "import", "reasoning-gym", ",".join(RG_TASKS), "--n", str(len(RG_TASKS)),
+                                        "--seed", "7", "--dev-n", str(len(RG_TASKS)), "--test-n", str(n * len(RG_TASKS)),
+                                        "--name", "rg-dozen"])
+        s = bench.eval("survey_sft", sft, "rg-dozen", "test", ["--samples", "8", "--temperature", "0.7"]
+                       + (["--max-new-tokens", "24"] if tiny else []))
+        table = {t: {k: c.get(k) for k in ("n", "pass@1", "pass@8", "maj@8", "format_rate")}
+                 for t, c in sorted((s.get("by_category") or {}).items())}
+        band = [t for t, c in table.items() if lo <= (c["pass@8"] or 0.0) <= hi]
+        res["survey"] = {"table": table, "band": [lo, hi], "in_band": band}
+        print(f"\n{'task':<24} {'n':>4} {'pass@1':>7} {'pass@8':>7} {'maj@8':>7}")
+        for t, c in table.items():
+            print(f"{t:<24} {c['n']:>4} {c['pass@1'] or 0:>7.1%} {c['pass@8'] or 0:>7.1%} {c['maj@8'] or 0:>7.1%}"
+                  + ("  in band" if t in band else ""))
+        if not tasks:
+            if not band:
+                raise SystemExit(f"--tasks auto: no task's pass@8 lies in {lo}-{hi}")
+            tasks = band
+        elif outside := [t for t in tasks if t not in band]:
+            print(f"--tasks outside the band {lo}-{hi}: {','.join(outside)}")
+            res["survey"]["picked_outside_band"] = outside
+        bench.save()
+        if args.survey_only:
+            bench.done()
+            print(f"RESULT in_band={','.join(band) or 'none'} n_per_task={n}")
+            return
+    res["tasks"] = tasks
+    bench.cli("data_import_rg", ["data", "import", "reasoning-gym", ",".join(tasks), "--n", str(16 if tiny else args.n),
+                                 "--seed", "1", "--test-n", str(per_task * len(tasks)), "--name", "rg-rl"])
     ev("greedy_sft", sft)
 
     # 3. seconds a step on the mixture, from 2 steps
