@@ -12,6 +12,8 @@ are refined as the demo measures this machine (generation tokens/s from the base
 `--model tiny-gemma3` runs the same path in seconds (the tests do).
 
 `--rl` adds GRPO from the SFT run and its evaluation on the same items (base → SFT → SFT+RL).
+Without --task it runs on RL_TASK with RL_TOOLS (reasoning-gym chain_sum, the calculator),
+where GRPO shows a gain within the demo's time; GRPO on GSM8K did not (README).
 
 `--task TASK` runs the pipeline on a reasoning-gym task (traces.reasoning_gym) and implies --rl:
     task       import TASK (fixed seed and sizes: TASK_SEED, TASK_COUNTS; offline, reused)
@@ -23,6 +25,11 @@ are refined as the demo measures this machine (generation tokens/s from the base
                has one (train.curriculum)
 The RL run's REPORT.md and demo.json carry the result (which task, each stage's time); the
 shared SFT run's own REPORT.md (GSM8K, written by a plain demo) is left as it is.
+
+`--tools calculator` gives the model GSM8K's calculator (tunix_rt.tools) throughout: SFT on
+the vendored split's calculator traces (dataset gsm8k-calc, `tools: [calculator]`), and GRPO
+and every evaluation (the base model's too) decode with it. On a reasoning-gym task GRPO runs
+at TASK_RL_LR.
 """
 
 from __future__ import annotations
@@ -67,6 +74,19 @@ TASK_COUNTS = {"train": 128, "dev": 32, "test": 64}
 generates its own prompts anyway); test holds the default 32 eval items twice over (a larger
 --eval-n raises it, which imports another version)."""
 TASK_IMPORT_S = 5.0  # the estimate for drawing and checking the task's records
+TASK_RL_LR = 1e-4
+"""GRPO's lr on a reasoning-gym task (cpu-grpo's own 2e-5 is GSM8K's): at 2e-5, 19 steps on a
+four-task mixture moved no task; at 1e-4 with the calculator, 14 steps took chain_sum and
+products from under 7% to over 96% of held-out items (README, issue 25.5)."""
+RL_TASK, RL_TOOLS = "chain_sum", ("calculator",)
+"""What `demo --rl` trains and evaluates on when no --task is given: GRPO on GSM8K moved
+nothing within the demo's time (6.2% → 6.2% of 32 dev items, README), while with the
+calculator it took chain_sum from 0% to 96.9% of held-out items in 14 steps (issue 25.5)."""
+TOOLS = ("calculator",)
+"""What --tools takes: the tools GSM8K's traces call (the SFT data of a tools demo)."""
+TOOLS_DATASET = "gsm8k-calc"
+"""The SFT dataset of a tools demo: the vendored GSM8K split with its calculator notes as
+tool calls (traces.dataset.VENDORED_NAMES imports it on first use)."""
 
 
 @dataclass(frozen=True)
@@ -97,8 +117,14 @@ class DemoOptions:
     """GRPO steps; default 20 (4 for a tiny model)."""
     task: str | None = None
     """A reasoning-gym task: GRPO trains on it and the evals use its test split (implies rl)."""
+    tools: tuple[str, ...] = ()
+    """("calculator",): SFT on GSM8K's calculator traces; GRPO and every eval call the tool."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tools", tuple(self.tools))
+        if any(t not in TOOLS for t in self.tools) or len(set(self.tools)) != len(self.tools):
+            raise BadInput(f"--tools takes {', '.join(TOOLS)} (the tools GSM8K's traces call), "
+                           f"got {','.join(map(str, self.tools))!r}")
         if self.engine not in engines.CHOICES:
             raise BadInput(f"--engine must be one of {'|'.join(engines.CHOICES)}, got {self.engine!r}")
         for name in ("steps", "eval_n", "rl_steps"):
@@ -125,6 +151,8 @@ class DemoPlan:
     tiny: bool
     rl: bool = False
     """The RL stages run: --rl, or --task."""
+    task: str | None = None
+    """The reasoning-gym task of the evals and GRPO: --task, or RL_TASK for --rl."""
 
 
 def resolve(opts: DemoOptions) -> DemoPlan:
@@ -139,11 +167,16 @@ def resolve(opts: DemoOptions) -> DemoPlan:
     preset = opts.config or ("smoke" if tiny else "cpu-demo")
     if opts.steps:
         overrides += [f"max_steps={opts.steps}", "epochs=", capped_warmup(preset, opts.steps)]
+    task, tools = opts.task, opts.tools
+    if opts.rl and task is None:  # GRPO where it shows a gain within the demo's time
+        task, tools = RL_TASK, tools or RL_TOOLS
+    if tools:
+        overrides += [f"dataset={TOOLS_DATASET}", f"tools=[{','.join(tools)}]"]
     cfg = TrainConfig.load(preset, overrides)
     tiny = tiny or bool(cfg.model in PRESETS and get_preset(cfg.model).tiny)
     cost = COST["tiny"] if tiny else COST["gemma3-270m"]
     return DemoPlan(cfg=cfg, eval_n=opts.eval_n or (8 if tiny else 32), cost=cost, tiny=tiny,
-                    rl=opts.rl or opts.task is not None)
+                    rl=opts.rl or task is not None, task=task)
 
 
 def capped_warmup(preset: str, steps: int) -> str:
@@ -248,20 +281,20 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
     plan = resolve(opts)
     cfg = plan.cfg
     import_s, step_s, tok_s, load_s = plan.cost
-    decode = DecodeConfig(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size)
-    stages = Stages(console, total=6 + 2 * plan.rl + (opts.task is not None))
-    console.print(_plan_line(cfg, plan, opts.task))
+    decode = DecodeConfig(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size, tools=tuple(cfg.tools))
+    stages = Stages(console, total=6 + 2 * plan.rl + (plan.task is not None))
+    console.print(_plan_line(cfg, plan, plan.task))
 
     with stages.stage("model", cfg.model, 0.0 if _model_installed(cfg.model, home) else import_s):
         model_dir = _ensure_model(cfg.model, home)
     with stages.stage("dataset", cfg.dataset, 0.0 if _dataset_installed(cfg.dataset, home) else 10.0):
         ds, sample = _sample(cfg.dataset, home, plan.eval_n)
     task, split = None, "dev"
-    if opts.task is not None:
+    if plan.task is not None:
         counts = task_counts(plan.eval_n)
-        with stages.stage("task", f"reasoning-gym {opts.task}: {counts['train']} train / {counts['dev']} dev / "
+        with stages.stage("task", f"reasoning-gym {plan.task}: {counts['train']} train / {counts['dev']} dev / "
                           f"{counts['test']} test records, seed {TASK_SEED}", TASK_IMPORT_S):
-            task = import_task(opts.task, plan.eval_n, home)
+            task = import_task(plan.task, plan.eval_n, home)
             split = "test"
             ds, sample = _sample(task.ds.ref, home, plan.eval_n, split)
             task = task.with_baseline(ds, sample)
@@ -352,8 +385,12 @@ def rl_stages(opts: DemoOptions, plan: DemoPlan, home: Home, stages: Stages, sft
     over = [*extra, f"init={sft_dir.name}", f"engine={plan.cfg.engine}", f"model={plan.cfg.model}"]
     if opts.rl_steps or not plan.tiny:
         over += [f"max_steps={opts.rl_steps or 20}", capped_warmup(preset, opts.rl_steps or 20)]
+    if plan.cfg.tools:
+        over.append(f"tools=[{','.join(plan.cfg.tools)}]")
     if task is not None:
         over += [f"dataset={task.ds.ref}", "split=train", f"curriculum={'true' if task.curriculum else 'false'}"]
+        if not plan.tiny:
+            over.append(f"lr={TASK_RL_LR}")
     cfg = resolve_init(TrainConfig.load(preset, over), home)
     run_dir = None if opts.fresh else find_finished_run(cfg, home)
     est = 0.0 if run_dir else cfg.max_steps * RL_STEP_S[kind] * slowdown
@@ -400,6 +437,8 @@ def task_section(task: TaskData, sft_cfg: Any, rl_dir: Path, eval_n: int) -> str
            "learned, not the task"] if task.baseline else []),
         f"- SFT on `{sft_cfg.dataset}` (this run's `init`): the task has no worked solutions, and SFT "
         "teaches the <reasoning>/<answer> format",
+        *([f"- tools: {', '.join(sft_cfg.tools)}, called in SFT's traces, GRPO's rollouts and every "
+           "evaluation (the base model's too)"] if sft_cfg.tools else []),
         "- RL: GRPO on the task's `train` split"
         + (f" with reasoning-gym's curriculum{level}" if task.curriculum else " at the task's default difficulty"),
         "",
@@ -454,9 +493,13 @@ def _plan_line(cfg: Any, plan: DemoPlan, task: str | None = None) -> str:
     if task is not None:
         return (f"[bold]tunix-rt demo --task {task}[/bold]: {cfg.model}, {cfg.method} {cfg.finetune} on "
                 f"{cfg.dataset} {cfg.max_steps} steps ({cfg.engine}), then GRPO on reasoning-gym {task}; "
-                f"eval on {plan.eval_n} of its test items before and after each")
+                f"eval on {plan.eval_n} of its test items before and after each" + _tools_text(cfg))
     return (f"[bold]tunix-rt demo[/bold]: {cfg.model} on {cfg.dataset}, {cfg.method} {cfg.finetune} "
-            f"{cfg.max_steps} steps ({cfg.engine}), eval on {plan.eval_n} dev items before and after")
+            f"{cfg.max_steps} steps ({cfg.engine}), eval on {plan.eval_n} dev items before and after" + _tools_text(cfg))
+
+
+def _tools_text(cfg: Any) -> str:
+    return f"; tools: {', '.join(cfg.tools)} (SFT, RL and every eval)" if cfg.tools else ""
 
 
 # --------------------------------------------------------------------------- stage bodies
@@ -544,7 +587,7 @@ def evaluate(cfg: Any, home: Home, run_dir: Path | None, ds: Any, n: int, decode
     from tunix_rt.eval.runner import EvalRequest, run_eval
 
     req = EvalRequest(dataset=ds.ref, model=cfg.model, adapter=str(run_dir) if run_dir else None,
-                      split=split, limit=n, engine=cfg.engine, decode=decode, out=out_dir)
+                      split=split, limit=n, engine=cfg.engine, decode=decode, tools=decode.tools, out=out_dir)
     with GenerationProgress() as progress:
         return run_eval(req, home, on_tokens=progress.advance, on_start=progress.start)
 
@@ -580,9 +623,10 @@ def demo_command(
     config: Annotated[Optional[str], typer.Option("--config", help="Training config file or preset (default: cpu-demo; smoke for a tiny model).")] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="Generation budget per item.")] = DecodeConfig.max_new_tokens,
     fresh: Annotated[bool, typer.Option("--fresh", help="Train again even if a finished run with the same config exists.")] = False,
-    rl: Annotated[bool, typer.Option("--rl", help="After SFT, GRPO from the SFT run (cpu-grpo preset) and a third evaluation.")] = False,
+    rl: Annotated[bool, typer.Option("--rl", help="After SFT, GRPO from the SFT run (cpu-grpo preset) and a third evaluation; without --task on reasoning-gym chain_sum with the calculator (where GRPO gains within the demo's time; on GSM8K it did not).")] = False,
     rl_steps: Annotated[Optional[int], typer.Option("--rl-steps", help="GRPO steps with --rl (default 20; 4 for a tiny model).")] = None,
     task: Annotated[Optional[str], typer.Option("--task", help="A reasoning-gym task (e.g. basic_arithmetic): SFT on GSM8K for the format, GRPO on the task (its curriculum when it has one), evals on its held-out test split by its own scorer. Implies --rl.")] = None,
+    tools: Annotated[Optional[str], typer.Option("--tools", help="calculator: SFT on GSM8K's calculator traces (dataset gsm8k-calc); GRPO and every eval call the calculator.")] = None,
     home: Annotated[Optional[str], typer.Option("--home", help="Home directory (same as the global --home).")] = None,
 ) -> None:
     """Fine-tune Gemma 3 270M on GSM8K on this CPU, offline (~20 min), before/after eval.
@@ -595,5 +639,5 @@ def demo_command(
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(os.path.expanduser(home))
     opts = DemoOptions(model=model, config=config, steps=steps, eval_n=eval_n,
                        max_new_tokens=max_new_tokens, engine=engine, fresh=fresh, rl=rl, rl_steps=rl_steps,
-                       task=task)
+                       task=task, tools=tuple(t for t in (tools or "").split(",") if t))
     run_demo(opts, Home.resolve().ensure(), Console())

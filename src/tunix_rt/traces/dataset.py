@@ -53,6 +53,9 @@ RECORD_SPLIT_METHOD = "meta.split of each record (train | dev | test)"
 RECORD_SPLITS = ("train", "dev", "test")
 DATA, MANIFEST, REJECTS = "data.jsonl", "manifest.json", "rejects.jsonl"
 VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parent / "assets" / "gsm8k" / "train.jsonl"
+VENDORED_NAMES = {"gsm8k": (), "gsm8k-calc": ("calculator",)}
+"""Names load_dataset imports from the vendored GSM8K split on first use, and the tools the
+import keeps (gsm8k-calc: the calculator notes as tool calls, `data import gsm8k --tools calculator`)."""
 """GSM8K's train split (MIT), shipped inside the package so a wheel install has it too."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _FILE_NAME = re.compile(r"[^/\\\x00]{1,255}")
@@ -182,14 +185,15 @@ def _next_version(existing: list[dict[str, Any]]) -> str:
 
 def load_dataset(ref: str, home: Home | None = None) -> Dataset:
     """NAME (latest version), NAME@VERSION, or a path to a JSONL file (any known format,
-    read strictly). The name "gsm8k" imports the vendored GSM8K train split on first use."""
+    read strictly). The names of VENDORED_NAMES (gsm8k, gsm8k-calc) import the vendored GSM8K
+    train split on first use."""
     home = home or Home.resolve()
     if ref.endswith(".jsonl") or os.sep in ref:
         return _from_file(Path(ref))
     name, _, version = ref.partition("@")
     versions = list_versions(home, name)
-    if not versions and name == "gsm8k" and version in ("", "v1"):
-        return _import_vendored_gsm8k(home)
+    if not versions and name in VENDORED_NAMES and version in ("", "v1"):
+        return _import_vendored_gsm8k(home, name)
     if not versions:
         known = ", ".join(sorted({m["name"] for m in list_datasets(home)})) or "none"
         raise BadInput(f"no dataset {name!r} under {home.datasets} (known: {known}); run `tunix-rt data import`")
@@ -200,11 +204,13 @@ def load_dataset(ref: str, home: Home | None = None) -> Dataset:
     return open_version(home.datasets / name / version)
 
 
-def _import_vendored_gsm8k(home: Home) -> Dataset:
+def _import_vendored_gsm8k(home: Home, name: str = "gsm8k") -> Dataset:
     if not VENDORED_GSM8K.is_file():
-        raise BadInput(f"dataset gsm8k is not imported and the vendored copy is missing ({VENDORED_GSM8K})")
-    print(f"importing the vendored GSM8K train split from {VENDORED_GSM8K} as gsm8k@v1", file=sys.stderr)
-    return import_dataset(ImportRequest("gsm8k", str(VENDORED_GSM8K), "gsm8k", version="v1"), home).dataset
+        raise BadInput(f"dataset {name} is not imported and the vendored copy is missing ({VENDORED_GSM8K})")
+    tools = VENDORED_NAMES[name]
+    print(f"importing the vendored GSM8K train split from {VENDORED_GSM8K} as {name}@v1"
+          + (f" (--tools {','.join(tools)})" if tools else ""), file=sys.stderr)
+    return import_dataset(ImportRequest("gsm8k", str(VENDORED_GSM8K), name, version="v1", tools=tools), home).dataset
 
 
 # ---------------------------------------------------------------------------------------
