@@ -64,6 +64,7 @@ def test_grpo_and_every_eval_call_the_calculator(demo):
         assert summary["dataset"]["split"] == "test" and summary["metrics"]["n"] == 8, key
         preds = [json.loads(x) for x in (d / "predictions.jsonl").read_text().splitlines()]
         assert len(preds) == 8 and all("tool_calls" in p for p in preds), key
+    assert f"tunix-rt demo --rl (reasoning-gym {TASK})" in out
     assert "tools: calculator (SFT, RL and every eval)" in " ".join(out.split())
     report = (runs["grpo"] / "REPORT.md").read_text()
     assert "- tools: calculator, called in SFT's traces, GRPO's rollouts and every evaluation" in report

@@ -283,7 +283,7 @@ def run_demo(opts: DemoOptions, home: Home, console: Console) -> dict[str, Any]:
     import_s, step_s, tok_s, load_s = plan.cost
     decode = DecodeConfig(max_new_tokens=opts.max_new_tokens, batch_size=opts.batch_size, tools=tuple(cfg.tools))
     stages = Stages(console, total=6 + 2 * plan.rl + (plan.task is not None))
-    console.print(_plan_line(cfg, plan, plan.task))
+    console.print(_plan_line(cfg, plan, plan.task, "--task" if opts.task else "--rl"))
 
     with stages.stage("model", cfg.model, 0.0 if _model_installed(cfg.model, home) else import_s):
         model_dir = _ensure_model(cfg.model, home)
@@ -489,9 +489,10 @@ def _seconds_between(start: str, end: str) -> float:
     return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
 
 
-def _plan_line(cfg: Any, plan: DemoPlan, task: str | None = None) -> str:
+def _plan_line(cfg: Any, plan: DemoPlan, task: str | None = None, flag: str = "--task") -> str:
     if task is not None:
-        return (f"[bold]tunix-rt demo --task {task}[/bold]: {cfg.model}, {cfg.method} {cfg.finetune} on "
+        named = f"--task {task}" if flag == "--task" else f"--rl (reasoning-gym {task})"
+        return (f"[bold]tunix-rt demo {named}[/bold]: {cfg.model}, {cfg.method} {cfg.finetune} on "
                 f"{cfg.dataset} {cfg.max_steps} steps ({cfg.engine}), then GRPO on reasoning-gym {task}; "
                 f"eval on {plan.eval_n} of its test items before and after each" + _tools_text(cfg))
     return (f"[bold]tunix-rt demo[/bold]: {cfg.model} on {cfg.dataset}, {cfg.method} {cfg.finetune} "
