@@ -89,3 +89,24 @@ def test_chunk_padding_and_weights():
         g_got = jax.grad(lambda a, b: chunked_ce_sum(a, b, t, w, 4, cap), argnums=(0, 1))(h, emb)
         for a, b in zip(g_got, g_ref):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+def test_one_logits_buffer_per_chunk():
+    """With the head frozen (LoRA), a chunk's gradient takes one [chunk, V] buffer, written
+    over its logits: XLA's temporary memory stays under two such buffers (before the target's
+    term was kept apart from the dense part, a scatter into it made XLA keep two). Gemma 3 has
+    no final softcap; with one (Gemma 2) tanh's output takes a second buffer."""
+    import jax.numpy as jnp
+
+    from tunix_rt.train.jax_loss import chunked_ce_sum
+
+    n, d, v, chunk = 512, 64, 32768, 128
+    rng = np.random.default_rng(1)
+    h = jnp.asarray(rng.normal(size=(n, d)), jnp.float32)
+    emb = jnp.asarray(rng.normal(size=(v, d)), jnp.float32)
+    t = jnp.asarray(rng.integers(0, v, size=n), jnp.int32)
+    w = jnp.ones(n, jnp.float32)
+    one = chunk * v * 4
+    fn = jax.jit(jax.grad(lambda a: chunked_ce_sum(a, emb, t, w, chunk)))
+    temp = fn.lower(h).compile().memory_analysis().temp_size_in_bytes
+    assert one <= temp < 1.5 * one, temp / one

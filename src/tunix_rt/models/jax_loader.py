@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from tunix_rt.errors import BadInput
+from tunix_rt.models import tunix_lean
+
+tunix_lean.install()  # before any tunix module: tunix/__init__.py imports every trainer (and torch)
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 FAMILIES = {"gemma3_text": "gemma3", "gemma3": "gemma3", "gemma2": "gemma2", "gemma": "gemma"}

@@ -78,6 +78,10 @@ def _force_activation_sharding(mesh) -> None:
     the constraints (batch on fsdp). Make the fake CPU devices behave like the TPU."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
+
+    from tunix_rt.models import tunix_lean
+
+    tunix_lean.install()
     from tunix.models.gemma import model as gemma
     from tunix.utils import sharding_utils
 

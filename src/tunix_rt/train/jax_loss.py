@@ -25,8 +25,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from tunix_rt.models import tunix_lean
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
 from tunix_rt.train.engine import NLL, Objective
+
+tunix_lean.install()  # before any tunix module: tunix/__init__.py imports every trainer (and torch)
 
 #: objective statistics summed over labelled tokens (train.loss.STAT_NAMES)
 STAT_NAMES = ("clipped", "kl", "ratio", "tokens")
@@ -92,7 +95,12 @@ def phi(objective: Objective, logp, aux):
 
 
 def _chunk_terms(h, emb, t, c, m, a, softcap, objective, want_grad: bool):
-    """One chunk: sum of c * phi, the summed statistics and (want_grad) dloss/dz."""
+    """One chunk: sum of c * phi, the summed statistics and (want_grad) dloss/dz as two parts,
+    the dense one [n, V] and the target's own coefficient [n]: dloss/dz = dense + onehot(t) *
+    own. Kept apart, no [n, V] scatter follows the dense part, so XLA writes it over the
+    logits' buffer (one [n, V] buffer a chunk, not two; the callers add the target term
+    through a gather of emb's rows). With a final softcap (Gemma 2) tanh's output takes a
+    second one."""
     z = _logits(h, emb, None)
     s = None
     if softcap is not None:
@@ -106,11 +114,14 @@ def _chunk_terms(h, emb, t, c, m, a, softcap, objective, want_grad: bool):
     if not want_grad:
         return loss, stats, None
     g = c * dphi  # dloss/dlogp per row
-    dz = -jnp.exp(z - lse[:, None]) * g[:, None]
-    dz = dz.at[jnp.arange(t.shape[0]), t].add(g)
-    if s is not None:
-        dz = dz * (1.0 - s * s)
-    return loss, stats, dz
+    own = g
+    if s is None:
+        dense = -jnp.exp(z - lse[:, None]) * g[:, None]
+    else:
+        st_ = jnp.take_along_axis(s, t[:, None], axis=-1)[:, 0]
+        own = g * (1.0 - st_ * st_)
+        dense = -jnp.exp(z - lse[:, None]) * g[:, None] * (1.0 - s * s)
+    return loss, stats, (dense, own)
 
 
 def _chunks(h, targets, coef, mask, aux, chunk):
@@ -165,9 +176,11 @@ def _fused_fwd(hc, emb, tc, cc, mc, ac, softcap, objective):
     """With gradients: each chunk's dloss/dh (and dloss/demb, accumulated) computed right
     away. When the head is frozen (LoRA) the emb gradient is dead code and XLA drops it."""
     def grads(gw, h, t, c, m, a):
-        loss, stats, dz = _chunk_terms(h, emb, t, c, m, a, softcap, objective, True)
-        gh = jnp.dot(dz, emb, preferred_element_type=jnp.float32).astype(h.dtype)
-        return gw + jnp.dot(dz.T, h, preferred_element_type=jnp.float32), loss, stats, gh
+        loss, stats, (dense, own) = _chunk_terms(h, emb, t, c, m, a, softcap, objective, True)
+        gh = jnp.dot(dense, emb, preferred_element_type=jnp.float32) + own[:, None] * emb[t].astype(jnp.float32)
+        gw = gw + jnp.dot(dense.T, h, preferred_element_type=jnp.float32)
+        gw = gw.at[t].add(own[:, None] * h.astype(jnp.float32))
+        return gw, loss, stats, gh.astype(h.dtype)
 
     def skip(gw, h, t, c, m, a):  # a chunk without labelled tokens: no loss, no gradient
         return gw, jnp.zeros((), jnp.float32), jnp.zeros(len(STAT_NAMES), jnp.float32), jnp.zeros_like(h)
