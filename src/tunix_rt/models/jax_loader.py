@@ -411,6 +411,8 @@ def stream_load(model_dir: str, model_class, cfg, table: WeightTable, mesh, dtyp
     the whole file and keeps every tensor until all are on device peaks at about twice the
     model (measured with Tunix's on Gemma 3 270M fp32: 3.07 GiB peak RSS after loading 1.0 GiB
     of weights); here it is the model plus the largest tensor."""
+    import gc
+
     import jax
     import numpy as np
     from flax import nnx
@@ -447,7 +449,12 @@ def stream_load(model_dir: str, model_class, cfg, table: WeightTable, mesh, dtyp
         return value
 
     state = jax.tree_util.tree_map_with_path(pick, shapes)
-    return nnx.merge(graph_def, state)
+    model = nnx.merge(graph_def, state)
+    # the load leaves cyclic garbage as large as the biggest tensor: 0.6 GB of RSS on Gemma 3
+    # 270M (its embedding) until a collection, which the next allocations would not wait for
+    del state, loaded
+    gc.collect()
+    return model
 
 
 def _check_loaded(model, model_dir: str) -> None:

@@ -238,6 +238,9 @@ class JaxEngine:
             model, tcfg = load_model(model_dir, self.mesh, cfg.dtype, remat=cfg.gradient_checkpointing)
             if cfg.finetune == "lora":
                 model = apply_lora(model, cfg, tcfg)
+                # qwix creates the LoRA weights in one eager call of the model: the executables
+                # of its eager ops stay cached (0.2 GB of RSS on Gemma 3 270M) and are not used again
+                jax.clear_caches()
             counts = param_counts(model, cfg.finetune)
             kind = nnx.LoRAParam if cfg.finetune == "lora" else nnx.Param
             self.graph, self.params, self.rngs, self.rest = nnx.split(model, kind, nnx.RngState, ...)
