@@ -14,6 +14,25 @@ REPO = Path(__file__).resolve().parents[1]
 pytest_plugins = ["pytester"]  # tests/test_requires.py runs pytest inside pytest
 
 
+def pytest_configure(config) -> None:
+    """JAX's persistent compilation cache (jax_devices.compilation_cache_dir) of this run only,
+    for the CLI processes the tests start too: what one test compiles may serve a later one,
+    never another run, and the user's own cache is not touched."""
+    import os
+    import tempfile
+
+    if "TUNIX_RT_JAX_CACHE" not in os.environ:
+        os.environ["TUNIX_RT_JAX_CACHE"] = tempfile.mkdtemp(prefix="tunix-rt-jax-cache-")
+        config._tunix_rt_jax_cache = os.environ["TUNIX_RT_JAX_CACHE"]
+
+
+def pytest_unconfigure(config) -> None:
+    import shutil
+
+    if path := getattr(config, "_tunix_rt_jax_cache", None):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def pytest_report_header(config) -> list[str]:
     import shutil
     import tempfile

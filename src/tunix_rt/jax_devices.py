@@ -38,10 +38,44 @@ def maybe_init_distributed() -> bool:
     return True
 
 
-def select_devices(device: str) -> list:
-    """The devices of the asked platform; a clear error saying what exists when it is absent."""
+CACHE_ENV = "TUNIX_RT_JAX_CACHE"
+"""Where compiled XLA programs are kept between processes: a directory, or "off"."""
+CACHE_MAX_BYTES = 2 << 30
+
+
+def compilation_cache_dir() -> str | None:
+    """JAX's persistent compilation cache for this process, set before anything compiles:
+    JAX_COMPILATION_CACHE_DIR where the user set it (JAX reads it itself), else
+    $TUNIX_RT_JAX_CACHE, else $XDG_CACHE_HOME/tunix-rt/jax (~/.cache/tunix-rt/jax); None
+    when TUNIX_RT_JAX_CACHE is "off". The train step, the rollouts and the evals of a model
+    then compile once per machine and shapes, not once per process (a TPU compile of a 2B
+    step takes minutes; Gemma 3 270M's LoRA step takes 20 s on a 2-core CPU). JAX keys each
+    entry by the program, the compile options, the backend and the jaxlib version, keeps
+    the programs that took >= 1 s to compile (its default: on the notebook's tiny-model
+    pipeline, whose compiles are many and short, 231 -> 226 s with it and 196 s with 0, a
+    2-core EPYC), and drops the least recently used beyond CACHE_MAX_BYTES."""
     import jax
 
+    if jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    path = os.environ.get(CACHE_ENV, "").strip()
+    if path.lower() == "off":
+        return None
+    if not path:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(base, "tunix-rt", "jax")
+    jax.config.update("jax_compilation_cache_dir", path)
+    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ:
+        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+    return path
+
+
+def select_devices(device: str) -> list:
+    """The devices of the asked platform; a clear error saying what exists when it is absent.
+    Also turns on the persistent compilation cache (compilation_cache_dir)."""
+    import jax
+
+    compilation_cache_dir()
     want = PLATFORMS[device]
     if want is None:
         return jax.devices()
