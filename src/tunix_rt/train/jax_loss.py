@@ -114,13 +114,10 @@ def _chunk_terms(h, emb, t, c, m, a, softcap, objective, want_grad: bool):
     if not want_grad:
         return loss, stats, None
     g = c * dphi  # dloss/dlogp per row
-    own = g
-    if s is None:
-        dense = -jnp.exp(z - lse[:, None]) * g[:, None]
-    else:
-        st_ = jnp.take_along_axis(s, t[:, None], axis=-1)[:, 0]
-        own = g * (1.0 - st_ * st_)
-        dense = -jnp.exp(z - lse[:, None]) * g[:, None] * (1.0 - s * s)
+    dense, own = -jnp.exp(z - lse[:, None]) * g[:, None], g
+    if s is not None:  # through the softcap: d tanh = 1 - s^2, the target's own entry too
+        s_t = jnp.take_along_axis(s, t[:, None], axis=-1)[:, 0]
+        dense, own = dense * (1.0 - s * s), g * (1.0 - s_t * s_t)
     return loss, stats, (dense, own)
 
 
