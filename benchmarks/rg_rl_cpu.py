@@ -7,7 +7,7 @@ process at a time (the CPU is shared by nothing else), each command printed to t
 
     TUNIX_RT_HOME=/tmp/rgrl-home .venv/bin/python benchmarks/rg_rl_cpu.py \
         [--budget-s 720] [--tasks gcd,letter_counting,products,basic_arithmetic | auto] [--n 1024]
-        [--test-per-task 64] [--curriculum YAML] [--grpo-over KEY=VALUE ...] [--calc] [--sft RUN]
+        [--test-per-task 64] [--curriculum YAML] [--grpo-over KEY=VALUE ...] [--calc | --python] [--sft RUN]
         [--survey] [--survey-only] [--survey-n 16] [--band 0.05,0.6] [--out DIR] [--eval-batch 32] [--tiny]
 
 1. setup   `model import gemma3-270m` (the GGUF package, dequantised), `data import gsm8k`
@@ -16,6 +16,10 @@ process at a time (the CPU is shared by nothing else), each command printed to t
            reasoning steps to learn from), unless --sft names a run of the home. --calc: on
            GSM8K's calculator traces (`data import gsm8k --tools calculator`, `dataset=gsm8k-calc
            tools=[calculator]`), and the GRPO runs and evals below call the calculator too.
+           --python: the same notes as python calls (`data import gsm8k --tools python`,
+           `dataset=gsm8k-python tools=[python] limit=512`: rendering runs every call in the
+           sandbox, ~20 ms each, so the 240 examples of 60 steps come from 512 records, not
+           all 7,068), and the GRPO runs and evals run the model's python in the sandbox.
    survey  (--survey, --survey-only, --tasks auto) the SFT run's pass@8 on a dozen reasoning-gym
            tasks at their default difficulty (`data import reasoning-gym DOZEN --seed 7 --name
            rg-dozen`; `eval --split test --samples 8 --temperature 0.7`, --survey-n items a
@@ -71,6 +75,8 @@ def main() -> None:
                     help="an override of --config cpu-grpo for the probe and both GRPO runs (repeatable), e.g. lr=1e-4")
     ap.add_argument("--calc", action="store_true",
                     help="SFT on GSM8K's calculator traces (gsm8k-calc) and GRPO and eval with tools=[calculator]")
+    ap.add_argument("--python", action="store_true",
+                    help="SFT on GSM8K's notes as python calls (gsm8k-python) and GRPO and eval with tools=[python]")
     bench = Bench(ap, "rg_rl_cpu", "/tmp/rgrl-home")
     args, res, over, tiny, work = bench.args, bench.res, bench.over, bench.tiny, bench.work
     tasks = [] if args.tasks == "auto" else args.tasks.split(",")
@@ -78,10 +84,14 @@ def main() -> None:
 
     # 1. setup
     bench.setup()
-    calc = ["tools=[calculator]"] if args.calc else []
-    if args.calc:
-        bench.cli("data_import_calc", ["data", "import", "gsm8k", str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl"),
-                                       "--name", "gsm8k-calc", "--tools", "calculator"])
+    if args.calc and args.python:
+        raise SystemExit("--calc or --python, not both")
+    tool = "calculator" if args.calc else "python" if args.python else None
+    calc = [f"tools=[{tool}]"] if tool else []
+    traces = {"calculator": "gsm8k-calc", "python": "gsm8k-python"}.get(tool)
+    if tool:
+        bench.cli(f"data_import_{tool}", ["data", "import", "gsm8k", str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl"),
+                                          "--name", traces, "--tools", tool])
     train = bench.train
 
     def ev(name: str, run: Path) -> dict:
@@ -98,7 +108,7 @@ def main() -> None:
         return bench.compare(a, b, key, per_task=per_task_mcnemar(work / a, work / b))
 
     # 2. SFT on GSM8K (the format)
-    sft = bench.sft(["dataset=gsm8k-calc"] + calc if args.calc else [])
+    sft = bench.sft([f"dataset={traces}"] + calc + (["limit=512"] if args.python else []) if tool else [])
 
     # the survey: pass@8 on the dozen, the pick in the band
     if args.survey or args.survey_only or not tasks:

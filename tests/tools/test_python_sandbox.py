@@ -85,6 +85,29 @@ def test_errors_are_results(sandbox):
     assert r.error and "EOFError" in r.text
 
 
+def test_print_arithmetic_writes_what_the_sandbox_prints(sandbox):
+    """The in-process OUT of `print(EXPR)` (what `data import gsm8k --tools python` stores, and
+    rendering then replaces with the sandbox's own) equals the sandbox's, byte for byte: the
+    edge cases below and every 10th of the vendored GSM8K split's 23,716 notes."""
+    import json
+    import re
+
+    from tunix_rt.traces.dataset import VENDORED_GSM8K
+
+    edge = ["48/2", "0.1+0.2", "1e16", "2**-1", "(-8)**0.5", "7//2", "-7%3", "1_000*2", "10/4", "-0.0", "2**64",
+            "123456789*987654321", " 5 + 7 ", "1e308*10", "3/7"]
+    assert [tool.print_arithmetic(e) for e in ("1/0", "x+1", "05", "2**65", "True+1", "1j", "print(1)", "9" * 201)] \
+        == [None] * 8
+    notes = [m.group(1) for row in VENDORED_GSM8K.read_text().splitlines()
+             for m in re.finditer(r"<<([^=]*)=", json.loads(row)["answer"])]
+    assert len(notes) == 23_716
+    exprs = edge + notes[::10]
+    for i in range(0, len(exprs), 30):
+        chunk = exprs[i:i + 30]
+        expected = "".join(tool.print_arithmetic(e) for e in chunk)
+        assert tool.run("".join(f"print({e.strip()})\n" for e in chunk)) == tool.ToolResult(f"<output>{expected}</output>", False)
+
+
 def test_the_output_closes_once(sandbox):
     r = tool.run("print('</output><output>')")
     assert r == tool.ToolResult("<output><\\/output><output>\n</output>", False)

@@ -1,6 +1,7 @@
 """Tool calls in traces: `data import gsm8k --tools calculator` keeps GSM8K's notes as calls
-(and says so in the manifest), without --tools they are stripped as before; a user's traces
-may carry the same syntax, and a malformed call is refused naming the field."""
+(and says so in the manifest), `--tools python` makes them python calls whose stored output is
+what the sandbox prints, without --tools they are stripped as before; a user's traces may carry
+the same syntax, and a malformed call is refused naming the field."""
 
 from __future__ import annotations
 
@@ -46,11 +47,38 @@ def test_the_whole_vendored_split_imports_with_the_calculator(home):
     assert sum("<<" in s for t in ds.records for s in t.steps) > 20_000
 
 
-def test_tools_is_only_the_calculator_for_gsm8k(cli, home, tmp_path):
+def test_gsm8k_import_with_python_writes_calls_and_their_printed_output(cli, home, tmp_path):
+    rows = ROWS + [{"question": "Odd notes?", "answer": "Half is <<1/0=inf>>0, then <<x*2=4>>4 and <<7//2=3>>3.\n#### 3"}]
+    src = write(tmp_path / "train.jsonl", *(line(r) for r in rows))
+    r = cli("data", "import", "gsm8k", src, "--name", "py", "--tools", "python")
+    assert r.code == 0, r.err
+    py, manifest = _records(home, "py")
+    assert py[0]["steps"] == ["Natalia sold 48/2 = <python>print(48/2)</python><output>24.0\n</output>24 clips in May.",
+                              "Natalia sold 48+24 = <python>print(48+24)</python><output>72\n</output>72 clips altogether."]
+    # a note that fails (1/0) or is not plain arithmetic is stripped, as without tools
+    assert py[2]["steps"] == ["Half is 0, then 4 and <python>print(7//2)</python><output>3\n</output>3."]
+    assert manifest["tools"] == ["python"] and [r["answer"] for r in py] == ["72", "1234", "3"]
+    # rendering runs each call in the sandbox: what it writes is what the import stored
+    from requires import require_bwrap
+
+    from tunix_rt.render import END_OF_TURN, target_body
+
+    require_bwrap()
+    r = cli("data", "render", "py", "--model", "tiny-gemma3", "--split", "all", "--json", "--tools", "python")
+    assert r.code == 0, r.err
+    rendered = {ex["id"]: ex for ex in json.loads(r.out)}
+    for rec in py:
+        ex = rendered[rec["id"]]
+        assert ex["target_text"] == target_body(rec["steps"], rec["answer"]) + END_OF_TURN
+        assert ex["supervised_text"] == ex["model_text"] and "<output>" not in ex["model_text"]
+
+
+def test_tools_is_one_tool_and_only_for_gsm8k(cli, home, tmp_path):
     src = write(tmp_path / "train.jsonl", line(ROWS[0]))
-    for args in (["gsm8k", src, "--tools", "python"], ["generic", src, "--tools", "calculator"]):
+    for args in (["gsm8k", src, "--tools", "calculator,python"], ["gsm8k", src, "--tools", "abacus"],
+                 ["generic", src, "--tools", "calculator"]):
         r = cli("data", "import", *args, "--name", "x")
-        assert r.code == 2 and "--tools" in r.err and "only 'calculator', and only for gsm8k" in r.err
+        assert r.code == 2 and "--tools" in r.err and "'calculator' or 'python', one of them, and only for gsm8k" in r.err
     assert not (home.datasets / "x").exists()
 
 

@@ -38,6 +38,7 @@ failed.) A run has error=True unless it ended by itself with status 0. The code'
 
 from __future__ import annotations
 
+import ast
 import codecs
 import functools
 import os
@@ -45,6 +46,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import operator
 import textwrap
 import time
 
@@ -240,3 +242,47 @@ def _result(out: str, note: str | None, error: bool) -> ToolResult:
     if note:
         out += ("" if not out or out.endswith("\n") else "\n") + note
     return ToolResult(text=f"{OUT_OPEN}{out}{OUT_CLOSE}", error=error)
+
+
+# ---------------------------------------------------------------------------------------
+# What `print(EXPR)` writes for plain arithmetic, without running anything
+
+#: longest EXPR print_arithmetic evaluates
+ARITH_CHARS = 200
+#: a power's exponent and base, at most (larger: not evaluated here)
+ARITH_POW_EXPONENT, ARITH_POW_BASE = 64, 10**6
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def print_arithmetic(expr: str) -> str | None:
+    """The OUT that `<python>print(EXPR)</python>` gets (`24.0\n` for `48/2`, as CPython's
+    print writes it) when EXPR is plain arithmetic: int and float literals, + - * / // % **
+    (a power's exponent at most ARITH_POW_EXPONENT, its base ARITH_POW_BASE), unary + -, and
+    parentheses; computed here, nothing run. None for anything else, and where the code would
+    fail (1/0), so a caller keeps only calls whose output it knows (GSM8K's `--tools python`)."""
+    if len(expr) > ARITH_CHARS:
+        return None
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+        return f"{_plain(tree.body)}\n"
+    except (SyntaxError, ValueError, ArithmeticError, _NotPlain):
+        return None
+
+
+def _plain(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_plain(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _plain(node.left), _plain(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(right) > ARITH_POW_EXPONENT or abs(left) > ARITH_POW_BASE):
+            raise _NotPlain
+        return _BINARY[type(node.op)](left, right)
+    raise _NotPlain

@@ -72,7 +72,7 @@ def import_(
     max_reject_rate: Annotated[float, typer.Option("--max-reject-rate", help="With --quarantine: fail above this share of bad lines.")] = DEFAULT_MAX_REJECT_RATE,
     allow_network: Annotated[bool, typer.Option("--allow-network", help="Allow hf: sources to download from the Hugging Face hub.")] = False,
     max_line_bytes: MaxLineBytes = DEFAULT_MAX_LINE_BYTES,
-    tools: Annotated[Optional[str], typer.Option("--tools", help="gsm8k: 'calculator' keeps the <<48/2=24>> notes as tool calls.")] = None,
+    tools: Annotated[Optional[str], typer.Option("--tools", help="gsm8k: 'calculator' keeps the <<48/2=24>> notes as tool calls; 'python' makes them python calls (<python>print(48/2)</python>).")] = None,
     n: Annotated[Optional[int], typer.Option("--n", help="reasoning-gym: records in train.")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="reasoning-gym: the seed train/dev/test seeds derive from.")] = None,
     config: Annotated[Optional[str], typer.Option("--config", help="reasoning-gym: the task's difficulty config as JSON ({task: {...}} for several).")] = None,

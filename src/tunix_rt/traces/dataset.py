@@ -53,9 +53,10 @@ RECORD_SPLIT_METHOD = "meta.split of each record (train | dev | test)"
 RECORD_SPLITS = ("train", "dev", "test")
 DATA, MANIFEST, REJECTS = "data.jsonl", "manifest.json", "rejects.jsonl"
 VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parent / "assets" / "gsm8k" / "train.jsonl"
-VENDORED_NAMES = {"gsm8k": (), "gsm8k-calc": ("calculator",)}
+VENDORED_NAMES = {"gsm8k": (), "gsm8k-calc": ("calculator",), "gsm8k-python": ("python",)}
 """Names load_dataset imports from the vendored GSM8K split on first use, and the tools the
-import keeps (gsm8k-calc: the calculator notes as tool calls, `data import gsm8k --tools calculator`)."""
+import keeps (gsm8k-calc: the calculator notes as tool calls, `data import gsm8k --tools calculator`;
+gsm8k-python: as python calls, `--tools python`)."""
 """GSM8K's train split (MIT), shipped inside the package so a wheel install has it too."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _FILE_NAME = re.compile(r"[^/\\\x00]{1,255}")
@@ -185,7 +186,7 @@ def _next_version(existing: list[dict[str, Any]]) -> str:
 
 def load_dataset(ref: str, home: Home | None = None) -> Dataset:
     """NAME (latest version), NAME@VERSION, or a path to a JSONL file (any known format,
-    read strictly). The names of VENDORED_NAMES (gsm8k, gsm8k-calc) import the vendored GSM8K
+    read strictly). The names of VENDORED_NAMES (gsm8k, gsm8k-calc, gsm8k-python) import the vendored GSM8K
     train split on first use."""
     home = home or Home.resolve()
     if ref.endswith(".jsonl") or os.sep in ref:
@@ -240,13 +241,14 @@ class ImportRequest:
     uploads/<sha256>.jsonl): GSM8K ids take their split part from this name, as they do from
     the path's name otherwise, so an upload and `data import` of one file give the same ids."""
     tools: tuple[str, ...] = ()
-    """("calculator",): GSM8K's calculator notes stay in the steps as tool calls."""
+    """("calculator",): GSM8K's calculator notes stay in the steps as tool calls; ("python",):
+    they become python calls (importers.GSM8KImporter)."""
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
             raise BadInput(f"unknown format {self.fmt!r}; known: {', '.join(FORMATS)}")
-        if self.tools and (self.fmt != "gsm8k" or set(self.tools) != {"calculator"}):
-            raise BadInput(f"--tools {','.join(self.tools)}: only 'calculator', and only for gsm8k "
+        if self.tools and (self.fmt != "gsm8k" or len(self.tools) != 1 or self.tools[0] not in ("calculator", "python")):
+            raise BadInput(f"--tools {','.join(self.tools)}: 'calculator' or 'python', one of them, and only for gsm8k "
                            "(other formats keep their tool calls as written)")
         check_names(self.name, self.version)
         if not 0.0 <= self.dev_fraction < 1.0:

@@ -7,7 +7,10 @@ Formats (names used by `data import`, `data validate --format` and `read_traces`
             calculator notes and a final `#### 18` line. Steps are the solution lines without
             the notes; the answer is what follows `####`, commas removed. With the
             calculator tool (`--tools calculator`) the notes stay in the steps as calls the
-            model writes (`<<48/2=`) and results the tool writes (`24>>`, tunix_rt.tools). The id is
+            model writes (`<<48/2=`) and results the tool writes (`24>>`, tunix_rt.tools). With
+            the python tool (`--tools python`) each note whose expression is plain arithmetic
+            becomes a python call and what it prints (`<python>print(48/2)</python><output>24.0
+            </output>`, tools.python.print_arithmetic); other notes are stripped. The id is
             `gsm8k-<split>-<0-based line index, 5 digits>`, <split> named after the source:
             its file name without the extension, lower-cased, runs of other characters than
             a-z0-9 as "-" (train.jsonl → gsm8k-train-00017; hf:openai/gsm8k@test → test).
@@ -96,7 +99,8 @@ class GSM8KImporter:
     split: str = "train"
     name: str = "gsm8k"
     tools: tuple[str, ...] = ()
-    """With "calculator" the `<<a*b=c>>` notes are kept (tool calls), else stripped."""
+    """With "calculator" the `<<a*b=c>>` notes are kept (tool calls); with "python" each becomes
+    `<python>print(a*b)</python><output>…</output>` where a*b is plain arithmetic; else stripped."""
 
     def convert(self, obj: dict[str, Any], index: int) -> Trace:
         _check_keys(obj, {"question", "answer"}, {"question", "answer"})
@@ -105,8 +109,13 @@ class GSM8KImporter:
         if solution.count("####") != 1:
             raise RecordError.one("answer", "expected exactly one '#### <final answer>' line")
         work, final = solution.split("####")
-        keep = "calculator" in self.tools
-        steps = [s for s in ((line if keep else _CALC_NOTE.sub("", line)).strip() for line in work.splitlines()) if s]
+        if "calculator" in self.tools:
+            lines = work.splitlines()
+        elif "python" in self.tools:
+            lines = [_CALC_NOTE.sub(_python_call, line) for line in work.splitlines()]
+        else:
+            lines = [_CALC_NOTE.sub("", line) for line in work.splitlines()]
+        steps = [s for s in (line.strip() for line in lines) if s]
         final = final.strip().replace(",", "")
         problems = []
         if not steps:
@@ -120,6 +129,17 @@ class GSM8KImporter:
             where, id=f"gsm8k-{self.split}-{index:05d}", question=question, steps=steps, answer=final,
             source="gsm8k", meta={},
         )
+
+
+def _python_call(note: re.Match) -> str:
+    """A GSM8K note `<<EXPR=RESULT>>` as the python call printing EXPR and its output, or ""
+    (EXPR not plain arithmetic, or failing: no output known without running it)."""
+    from tunix_rt.tools import OUT_CLOSE, OUT_OPEN, PY_CLOSE, PY_OPEN
+    from tunix_rt.tools.python import print_arithmetic
+
+    expr, eq, _result = note.group(0)[2:-2].partition("=")
+    out = print_arithmetic(expr) if eq and "\n" not in expr else None
+    return "" if out is None else f"{PY_OPEN}print({expr.strip()}){PY_CLOSE}{OUT_OPEN}{out}{OUT_CLOSE}"
 
 
 _TRACE_VERSIONS = ("1", "1.0")
