@@ -13,12 +13,13 @@ import pytest
 from requires import require_module
 
 from demo_support import DEMO_ARGS, tunix
-from tunix_rt.demo import RL_TASK, TOOLS_DATASET, DemoOptions, resolve
+from tunix_rt.demo import PYTHON_SFT_LIMIT, RL_TASK, TOOLS_DATASETS, DemoOptions, resolve
 from tunix_rt.errors import BadInput
 
 require_module("reasoning_gym")
 
 TASK = RL_TASK  # what `demo --rl` runs
+TOOLS_DATASET = TOOLS_DATASETS["calculator"]
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +81,18 @@ def test_tools_option():
     assert (rl.rl, rl.task, rl.cfg.dataset, rl.cfg.tools) == (True, RL_TASK, TOOLS_DATASET, ["calculator"])
     picked = resolve(DemoOptions(model="tiny-gemma3", rl=True, task="basic_arithmetic"))  # --task wins, no tools
     assert (picked.task, picked.cfg.dataset, picked.cfg.tools) == ("basic_arithmetic", "gsm8k", [])
-    for bad in (("python",), ("calculator", "calculator")):
-        with pytest.raises(BadInput, match="--tools takes calculator"):
+    py = resolve(DemoOptions(model="tiny-gemma3", task="gcd", tools=("python",)))  # the sandboxed python instead
+    assert (py.task, py.cfg.dataset, py.cfg.tools, py.cfg.limit) == ("gcd", "gsm8k-python", ["python"], 64)  # smoke's
+    demo_size = resolve(DemoOptions(model="tiny-gemma3", config="cpu-demo", tools=("python",))).cfg
+    assert demo_size.limit == PYTHON_SFT_LIMIT  # rendering runs every call in the sandbox
+    assert resolve(DemoOptions(model="tiny-gemma3", config="cpu-demo", tools=("calculator",))).cfg.limit is None
+    for bad in (("abacus",), ("calculator", "python"), ("calculator", "calculator")):
+        with pytest.raises(BadInput, match="--tools takes one of calculator, python"):
             DemoOptions(tools=bad)
 
 
 def test_unknown_tool_exits_2(tmp_path):
-    done = tunix(tmp_path / "home", "demo", "--model", "tiny-gemma3", "--tools", "python", check=False)
+    done = tunix(tmp_path / "home", "demo", "--model", "tiny-gemma3", "--tools", "abacus", check=False)
     assert done.returncode == 2, done.stderr
-    assert "--tools takes calculator" in done.stderr
+    assert "--tools takes one of calculator, python" in done.stderr
     assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())

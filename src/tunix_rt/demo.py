@@ -28,8 +28,10 @@ shared SFT run's own REPORT.md (GSM8K, written by a plain demo) is left as it is
 
 `--tools calculator` gives the model GSM8K's calculator (tunix_rt.tools) throughout: SFT on
 the vendored split's calculator traces (dataset gsm8k-calc, `tools: [calculator]`), and GRPO
-and every evaluation (the base model's too) decode with it. On a reasoning-gym task GRPO runs
-at TASK_RL_LR.
+and every evaluation (the base model's too) decode with it. `--tools python` does the same with
+the sandboxed python tool: SFT on the notes as python calls (gsm8k-python, PYTHON_SFT_LIMIT
+records, since rendering runs each call in the sandbox). On a reasoning-gym task GRPO runs at
+TASK_RL_LR.
 """
 
 from __future__ import annotations
@@ -82,11 +84,13 @@ RL_TASK, RL_TOOLS = "chain_sum", ("calculator",)
 """What `demo --rl` trains and evaluates on when no --task is given: GRPO on GSM8K moved
 nothing within the demo's time (6.2% → 6.2% of 32 dev items, README), while with the
 calculator it took chain_sum from 0% to 96.9% of held-out items in 14 steps (issue 25.5)."""
-TOOLS = ("calculator",)
-"""What --tools takes: the tools GSM8K's traces call (the SFT data of a tools demo)."""
-TOOLS_DATASET = "gsm8k-calc"
-"""The SFT dataset of a tools demo: the vendored GSM8K split with its calculator notes as
-tool calls (traces.dataset.VENDORED_NAMES imports it on first use)."""
+TOOLS_DATASETS = {"calculator": "gsm8k-calc", "python": "gsm8k-python"}
+"""What --tools takes (one tool), and the SFT dataset of each: the vendored GSM8K split with
+its notes as calls of that tool (traces.dataset.VENDORED_NAMES imports it on first use)."""
+PYTHON_SFT_LIMIT = 512
+"""Records of gsm8k-python a python demo's SFT run renders at most (`limit`, unless the config's
+is lower): rendering runs every call in the sandbox, ~20 ms each here, ~3 a record; cpu-demo's
+60 steps of 4 use 240."""
 
 
 @dataclass(frozen=True)
@@ -118,12 +122,13 @@ class DemoOptions:
     task: str | None = None
     """A reasoning-gym task: GRPO trains on it and the evals use its test split (implies rl)."""
     tools: tuple[str, ...] = ()
-    """("calculator",): SFT on GSM8K's calculator traces; GRPO and every eval call the tool."""
+    """("calculator",) or ("python",): SFT on GSM8K's traces with that tool's calls; GRPO and
+    every eval call the tool."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tools", tuple(self.tools))
-        if any(t not in TOOLS for t in self.tools) or len(set(self.tools)) != len(self.tools):
-            raise BadInput(f"--tools takes {', '.join(TOOLS)} (the tools GSM8K's traces call), "
+        if any(t not in TOOLS_DATASETS for t in self.tools) or len(self.tools) > 1:
+            raise BadInput(f"--tools takes one of {', '.join(TOOLS_DATASETS)} (the tools GSM8K's traces call), "
                            f"got {','.join(map(str, self.tools))!r}")
         if self.engine not in engines.CHOICES:
             raise BadInput(f"--engine must be one of {'|'.join(engines.CHOICES)}, got {self.engine!r}")
@@ -171,8 +176,10 @@ def resolve(opts: DemoOptions) -> DemoPlan:
     if opts.rl and task is None:  # GRPO where it shows a gain within the demo's time
         task, tools = RL_TASK, tools or RL_TOOLS
     if tools:
-        overrides += [f"dataset={TOOLS_DATASET}", f"tools=[{','.join(tools)}]"]
+        overrides += [f"dataset={TOOLS_DATASETS[tools[0]]}", f"tools=[{tools[0]}]"]
     cfg = TrainConfig.load(preset, overrides)
+    if "python" in tools and (cfg.limit is None or cfg.limit > PYTHON_SFT_LIMIT):
+        cfg = TrainConfig.load(preset, overrides + [f"limit={PYTHON_SFT_LIMIT}"])
     tiny = tiny or bool(cfg.model in PRESETS and get_preset(cfg.model).tiny)
     cost = COST["tiny"] if tiny else COST["gemma3-270m"]
     return DemoPlan(cfg=cfg, eval_n=opts.eval_n or (8 if tiny else 32), cost=cost, tiny=tiny,
@@ -627,7 +634,7 @@ def demo_command(
     rl: Annotated[bool, typer.Option("--rl", help="After SFT, GRPO from the SFT run (cpu-grpo preset) and a third evaluation; without --task on reasoning-gym chain_sum with the calculator (where GRPO gains within the demo's time; on GSM8K it did not).")] = False,
     rl_steps: Annotated[Optional[int], typer.Option("--rl-steps", help="GRPO steps with --rl (default 20; 4 for a tiny model).")] = None,
     task: Annotated[Optional[str], typer.Option("--task", help="A reasoning-gym task (e.g. basic_arithmetic): SFT on GSM8K for the format, GRPO on the task (its curriculum when it has one), evals on its held-out test split by its own scorer. Implies --rl.")] = None,
-    tools: Annotated[Optional[str], typer.Option("--tools", help="calculator: SFT on GSM8K's calculator traces (dataset gsm8k-calc); GRPO and every eval call the calculator.")] = None,
+    tools: Annotated[Optional[str], typer.Option("--tools", help="calculator: SFT on GSM8K's calculator traces (dataset gsm8k-calc); GRPO and every eval call the calculator. python: the same with the sandboxed python tool (gsm8k-python).")] = None,
     home: Annotated[Optional[str], typer.Option("--home", help="Home directory (same as the global --home).")] = None,
 ) -> None:
     """Fine-tune Gemma 3 270M on GSM8K on this CPU, offline (~20 min), before/after eval.

@@ -7,7 +7,9 @@
   nor the gradient, while without the tool mask the same change moves the gradient;
 - `arith` ignores a claim whose result a tool wrote; `tool_error` counts failed calls;
 - a completion's ToolUse locates the tool-written text from its tool_mask;
-- `tunix-rt train --config smoke tools=[calculator] method=grpo` completes on both engines.
+- `tunix-rt train --config smoke tools=[calculator] method=grpo` completes on both engines;
+- SFT on gsm8k-python (`data import gsm8k --tools python`) with `tools=[python]`, then GRPO
+  from it with the python tool, complete on the torch engine (every call in the sandbox).
 """
 
 from __future__ import annotations
@@ -210,3 +212,30 @@ def test_smoke_grpo_with_the_calculator_completes(home, engine):
     for key in ("tool_calls", "tool_errors", "tool_tokens", "reward_tool_error", "reward_arith"):
         assert all(key in r for r in rows), key
     assert "calculator" in (run / "config.yaml").read_text()
+
+
+def test_sft_then_grpo_with_the_python_tool_complete(home):
+    """The vendored split's notes as python calls (gsm8k-python, imported on first use): the SFT
+    run renders each call in the sandbox (so the tool-written pieces are what it prints, loss
+    mask 0), then GRPO from that run samples with the python tool."""
+    from requires import require_bwrap
+    from typer.testing import CliRunner
+
+    from tunix_rt.cli import app
+
+    require_bwrap()
+    common = ["--config", "smoke", "--device", "cpu", "--engine", "torch", "tools=[python]", "max_steps=2",
+              "eval_limit=2", "save_interval=2"]
+    result = CliRunner().invoke(app, ["train", *common, "dataset=gsm8k-python", "limit=4", "batch_size=2"])
+    assert result.exit_code == 0, result.output
+    (sft,) = list(home.runs.iterdir())
+    manifest = json.loads((sft / "run_manifest.json").read_text())
+    assert manifest["status"] == "succeeded" and manifest["config"]["tools"] == ["python"]
+    result = CliRunner().invoke(app, ["train", *common, "dataset=gsm8k-python", f"init={sft.name}", "method=grpo",
+                                      "limit=4", "rl_prompts=2", "group_size=2", "batch_size=4",
+                                      "rollout_max_new_tokens=8", "rewards={format: 0.5, answer: 1.0, tool_error: 0.1}"])
+    assert result.exit_code == 0, result.output
+    (rl,) = [r for r in home.runs.iterdir() if r != sft]
+    assert json.loads((rl / "run_manifest.json").read_text())["status"] == "succeeded"
+    rows = [r for r in read_jsonl(rl / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2] and all("tool_calls" in r for r in rows)
