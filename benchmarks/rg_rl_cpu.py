@@ -57,6 +57,8 @@ from gpu_check import ROOT, metrics  # noqa: E402
 from real_270m import RG_TASKS, per_task_mcnemar, rollout_figures  # noqa: E402
 from stages import Bench  # noqa: E402
 
+from tunix_rt.demo import TOOLS_DATASETS  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -88,7 +90,7 @@ def main() -> None:
         raise SystemExit("--calc or --python, not both")
     tool = "calculator" if args.calc else "python" if args.python else None
     calc = [f"tools=[{tool}]"] if tool else []
-    traces = {"calculator": "gsm8k-calc", "python": "gsm8k-python"}.get(tool)
+    traces = TOOLS_DATASETS.get(tool)
     if tool:
         bench.cli(f"data_import_{tool}", ["data", "import", "gsm8k", str(ROOT / "src/tunix_rt/assets/gsm8k/train.jsonl"),
                                           "--name", traces, "--tools", tool])

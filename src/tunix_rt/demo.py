@@ -54,6 +54,7 @@ from tunix_rt import evidence, files, rundir
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
+from tunix_rt.traces.dataset import VENDORED_NAMES
 from tunix_rt.train import engines, report
 
 DEMO_STATE = "demo.json"  # in the run dir: which evaluations the demo compared, stage timings
@@ -84,9 +85,9 @@ RL_TASK, RL_TOOLS = "chain_sum", ("calculator",)
 """What `demo --rl` trains and evaluates on when no --task is given: GRPO on GSM8K moved
 nothing within the demo's time (6.2% → 6.2% of 32 dev items, README), while with the
 calculator it took chain_sum from 0% to 96.9% of held-out items in 14 steps (issue 25.5)."""
-TOOLS_DATASETS = {"calculator": "gsm8k-calc", "python": "gsm8k-python"}
-"""What --tools takes (one tool), and the SFT dataset of each: the vendored GSM8K split with
-its notes as calls of that tool (traces.dataset.VENDORED_NAMES imports it on first use)."""
+TOOLS_DATASETS = {tools[0]: name for name, tools in VENDORED_NAMES.items() if len(tools) == 1}
+"""What --tools takes (one tool), and the SFT dataset of each (gsm8k-calc, gsm8k-python): the
+vendored GSM8K split with its notes as calls of that tool, imported on first use."""
 PYTHON_SFT_LIMIT = 512
 """Records of gsm8k-python a python demo's SFT run renders at most (`limit`, unless the config's
 is lower): rendering runs every call in the sandbox, ~20 ms each here, ~3 a record; cpu-demo's

@@ -41,12 +41,12 @@ from __future__ import annotations
 import ast
 import codecs
 import functools
+import operator
 import os
 import selectors
 import shutil
 import signal
 import subprocess
-import operator
 import textwrap
 import time
 
