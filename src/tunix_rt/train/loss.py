@@ -91,12 +91,12 @@ def _normaliser(maxes: list[torch.Tensor], sums: list[torch.Tensor]):
     m = torch.stack(maxes).amax(dim=0)
     scale = torch.exp(torch.stack(maxes) - m)  # exactly 1 for the slice that holds the max
     total = (torch.stack(sums) * scale).sum(dim=0)
-    return m, scale / total, total.log()
+    return m, scale / total, total.log(), total
 
 
 def _slice_stats(zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A vocabulary slice's row max m and sum of exp(zs - m), exp(zs - m) left in zs: the one
-    rule of both chunked paths, so their log-probs agree to the bit."""
+    rule of both chunked paths, so their log-probs agree (to the bit where the logits do)."""
     m = zs.amax(dim=-1, keepdim=True)
     return m.squeeze(1), zs.sub_(m).exp_().sum(dim=-1)
 
@@ -104,8 +104,9 @@ def _slice_stats(zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int = VOCAB_PARTS):
     """log softmax(z)[y] of a chunk's whole-vocabulary fp32 logits (the head trains, or a
     no-gradient objective), and (want_p) the softmax itself, left in z's own buffer (no second
-    [c, V] buffer): (rows, logp, p). The sums go slice by slice as in frozen_head_rows, so
-    every chunked log-prob agrees with every other to the bit."""
+    [c, V] buffer): (rows, logp, p). The sums go slice by slice as in frozen_head_rows (the
+    two agree to rounding: one [c, V] matmul's bits and its slices' may differ with the
+    threads' split); a trained head's no-gradient log-probs come from here too (chunked_logprobs)."""
     c, v = z.shape
     width = -(-v // parts)
     rows = torch.arange(c, device=z.device)
@@ -115,7 +116,7 @@ def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int = VO
         m, total = _slice_stats(z[:, v0:v0 + width])  # in place in z's buffer
         maxes.append(m)
         sums.append(total)
-    m, factor, log_total = _normaliser(maxes, sums)
+    m, factor, log_total, _ = _normaliser(maxes, sums)
     if want_p:
         for v0, f in zip(range(0, v, width), factor):
             z[:, v0:v0 + width].mul_(f[:, None])
@@ -128,16 +129,20 @@ def frozen_head_rows(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, sof
     G = ((onehot_y - softmax) * cap') @ W [c, H], with the vocabulary in `parts` slices, one
     [c, V / parts] block of logits at a time (in `buf`: logits_buffer with these parts). An
     online softmax: each slice's exp(z - its max) @ W_slice and row sums are rescaled
-    (_normaliser) once every slice is seen, so the matmuls are the whole vocabulary's
-    two, the logits a `parts`-th as large. Gemma 3 270M: 128 MiB a 256-row chunk, not 256.
-    The no-gradient log-probs (chunked_logprobs: a reference, old or evaluation pass) come from
-    here too, so they equal the training pass's to the bit."""
+    as they come (to the running row max: one [c, H] sum held, whatever the parts) and divided
+    by the softmax's sum once every slice is seen (_normaliser), so the matmuls are the whole
+    vocabulary's two, the logits a `parts`-th as large. Gemma 3 270M: 8 MiB a 128-row chunk
+    in 16 parts, not 128.
+    A frozen head's no-gradient log-probs (chunked_logprobs: a reference, old or evaluation
+    pass; token_objective without autograd) come from here too, in the same chunks, so they
+    equal the training pass's to the bit."""
     c, v = h.shape[0], weight.shape[0]
     width = -(-v // parts)
     rows = torch.arange(c, device=h.device)
     target = torch.zeros(c, dtype=torch.float32, device=h.device)  # the logits are fp32 (_chunk_logits)
     cap_y = torch.ones(c, dtype=torch.float32, device=h.device)
-    maxes, sums, accs = [], [], []
+    maxes, sums = [], []
+    acc = top = None  # sum over the slices so far of exp(m_k - top) * (p_k @ W_k), top their row max
     for v0 in range(0, v, width):
         w = weight[v0:v0 + width]
         z, t = _chunk_logits(h, w, softcap, buf)
@@ -153,14 +158,19 @@ def frozen_head_rows(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, sof
             cap_y = torch.where(inside, d[rows, idx], cap_y)
             p.mul_(d)
         if want_grad:
-            accs.append(p.to(weight.dtype) @ w)
-    m, factor, log_total = _normaliser(maxes, sums)
+            a = (p.to(weight.dtype) @ w).float()
+            if acc is None:
+                acc, top = a, m
+            else:
+                new = torch.maximum(top, m)
+                acc.mul_(torch.exp(top - new)[:, None]).add_(a.mul_(torch.exp(m - new)[:, None]))
+                top = new
+    m, _, log_total, total = _normaliser(maxes, sums)
     logp = target - m - log_total
     if not want_grad:
         return logp, None
     grad = weight[y].to(logp.dtype) * cap_y[:, None]
-    for f, acc in zip(factor, accs):
-        grad -= acc.to(logp.dtype) * f[:, None]
+    grad -= acc.div_(total[:, None])  # top is the row max over every slice: the normaliser's own
     return logp, grad.to(h.dtype)
 
 
@@ -231,17 +241,23 @@ def token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     if hidden.shape[0] == 0:
         return hidden.sum() * 0.0, torch.zeros(len(STAT_NAMES), device=hidden.device)
     coef = coef.float()
-    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0])
+    frozen = not weight.requires_grad
+    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0], frozen)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return FusedTokenObjective.apply(hidden, weight, targets, coef, aux, chunk, softcap, objective)
-    with torch.no_grad():
+    with torch.no_grad():  # the training pass's chunks and log-probs, to the bit
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         stats = torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=hidden.device)
-        buf = logits_buffer(hidden.shape[0], chunk, weight)
+        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS if frozen else 1)
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, s + chunk)
-            loss, st, _ = _chunk(hidden[sl], weight, targets[sl], coef[sl], None if aux is None else aux[sl],
-                                 objective, softcap, False, buf)
+            a = None if aux is None else aux[sl]
+            if frozen:
+                value, _, st = phi(objective, frozen_head_rows(hidden[sl], weight, targets[sl], softcap, buf,
+                                                               want_grad=False)[0], a)
+                loss = (coef[sl] * value).sum()
+            else:
+                loss, st, _ = _chunk(hidden[sl], weight, targets[sl], coef[sl], a, objective, softcap, False, buf)
             total += loss
             if st is not None:
                 stats += st
@@ -252,12 +268,14 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
                      chunk_bytes: int = DEFAULT_CHUNK_BYTES, softcap: float | None = None) -> torch.Tensor:
     """log p(target) of each row [T], chunk by chunk, no gradient (RL's old/reference logp)."""
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0])
-    with torch.no_grad():
-        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS)
+    frozen = not weight.requires_grad
+    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0], frozen)
+    with torch.no_grad():  # the training pass's chunks and rule (a frozen or a trained head's): its log-probs to the bit
+        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS if frozen else 1)
         for s in range(0, hidden.shape[0], chunk):
-            out[s:s + chunk] = frozen_head_rows(hidden[s:s + chunk], weight, targets[s:s + chunk], softcap, buf,
-                                                want_grad=False)[0]
+            h, y = hidden[s:s + chunk], targets[s:s + chunk]
+            out[s:s + chunk] = frozen_head_rows(h, weight, y, softcap, buf, want_grad=False)[0] if frozen \
+                else _target_logp(_chunk_logits(h, weight, softcap, buf)[0], y, False)[1]
     return out
 
 
@@ -268,7 +286,7 @@ class FusedSequenceLogprobs(torch.autograd.Function):
     dL/d log p_t. A sequence objective (engine.SequenceObjective) learns its coefficients from
     these log-probs after the forward, so the head runs once (two matmuls a chunk) where a
     no-gradient pass and the fused objective took three. The vocabulary goes through in
-    halves (frozen_head_rows)."""
+    slices (frozen_head_rows)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk: int, softcap: float | None):
@@ -295,7 +313,7 @@ def sequence_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch
         raise ValueError("sequence_logprobs: the head trains; its gradient needs the coefficients first")
     if not (torch.is_grad_enabled() and hidden.requires_grad) or hidden.shape[0] == 0:
         return chunked_logprobs(hidden, weight, targets, chunk_bytes, softcap)
-    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0])
+    chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0], frozen=True)
     return FusedSequenceLogprobs.apply(hidden, weight, targets, chunk, softcap)
 
 
