@@ -56,3 +56,13 @@ def require_bwrap() -> str:
     if path is None:
         missing("bubblewrap is not installed (apt-get install bubblewrap; .ci/run does)")
     return path
+
+
+def require_jemalloc() -> str:
+    """Debian's jemalloc, which the compute commands preload (tunix_rt.heap)."""
+    from tunix_rt.heap import jemalloc_path
+
+    path = jemalloc_path()
+    if path is None:
+        missing("jemalloc is not installed (apt-get install libjemalloc2; .ci/run does)")
+    return path

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+from requires import require_jemalloc
+from tunix_rt import heap
 
 PRELUDE = """
 import ctypes, ctypes.util
@@ -59,3 +63,77 @@ print(full - rss())
     freed = float(out)
     total = 400 * size_kib / 1024
     assert (freed > 0.9 * total) if returned else (freed < 0.1 * total), (freed, total)
+
+
+def test_preload_env_puts_jemalloc_first_once_and_glibc_opts_out():
+    """preload_env: jemalloc ahead of what LD_PRELOAD already names, never twice, and nothing
+    when TUNIX_RT_ALLOCATOR=glibc (or where jemalloc is not installed)."""
+    lib = heap.jemalloc_path()
+    base = {"PATH": "/usr/bin", "LD_PRELOAD": "/x/libfoo.so"}
+    env = heap.preload_env(base)
+    assert base == {"PATH": "/usr/bin", "LD_PRELOAD": "/x/libfoo.so"}  # a copy
+    if lib is None:
+        assert env == base
+    else:
+        assert env["LD_PRELOAD"] == f"{lib} /x/libfoo.so" and env["TUNIX_RT_ALLOCATOR"] == "jemalloc"
+        assert heap.preload_env(env)["LD_PRELOAD"] == env["LD_PRELOAD"]
+    assert heap.preload_env({**base, "TUNIX_RT_ALLOCATOR": "glibc"}) == {**base, "TUNIX_RT_ALLOCATOR": "glibc"}
+
+
+def test_a_process_started_with_preload_env_runs_on_jemalloc():
+    """The child names jemalloc as its allocator and leaves glibc's tuning alone; a plain
+    child runs on glibc."""
+    require_jemalloc()
+    code = "from tunix_rt import heap; print(heap.allocator(), heap.tune_cpu_allocator())"
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TUNIX_RT_ALLOCATOR")}
+    on = subprocess.run([sys.executable, "-c", code], env=heap.preload_env(env), capture_output=True, text=True,
+                        timeout=120)
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert on.stdout.split() == ["jemalloc", "False"], on.stderr
+    assert off.stdout.split() == ["glibc", "True"], off.stderr
+
+
+@pytest.mark.parametrize("command, chosen, expect", [
+    (["train", "--help"], None, "jemalloc"),           # a compute command runs itself again on jemalloc
+    (["--home", "/tmp/x", "eval", "--help"], None, "jemalloc"),
+    (["runs", "--help"], None, "glibc"),               # a registry listing does not
+    (["train", "--help"], "glibc", "glibc"),           # the user's choice stands
+])
+def test_the_cli_reexecutes_compute_commands_with_jemalloc(tmp_path, command, chosen, expect):
+    """`python -m tunix_rt.cli COMMAND`: the process that runs the command (same pid: exec)
+    reports its allocator at exit, through a sitecustomize hook."""
+    require_jemalloc()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import atexit, os\n"
+        "def _report():\n"
+        "    from tunix_rt import heap\n"
+        "    print('ALLOCATOR', heap.allocator(), os.getpid(), flush=True)\n"
+        "atexit.register(_report)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TUNIX_RT_ALLOCATOR")}
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), *filter(None, [os.environ.get("PYTHONPATH")])])
+    if chosen:
+        env["TUNIX_RT_ALLOCATOR"] = chosen
+    p = subprocess.Popen([sys.executable, "-m", "tunix_rt.cli", *command], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    lines = [x.split() for x in out.splitlines() if x.startswith("ALLOCATOR ")]
+    assert lines == [["ALLOCATOR", expect, str(p.pid)]], (out[-2000:], err[-2000:])
+
+
+@pytest.mark.parametrize("orig, own", [
+    (["/v/bin/python", "/v/bin/tunix-rt", "train"], True),
+    (["python", "-m", "tunix_rt.cli", "train"], True),
+    (["python", "-u", "/v/bin/tunix-rt", "train"], True),           # torchrun's launch
+    (["python", "-X", "dev", "/v/lib/tunix_rt/cli.py", "eval"], True),
+    (["python", "-m", "pytest", "tests"], False),                     # a test calling cli.main() in-process
+    (["python", "-c", "from tunix_rt.cli import main; main()"], False),
+    (["python", "/v/bin/other-tool", "train"], False),
+])
+def test_only_the_programs_own_command_line_is_run_again(orig, own):
+    from tunix_rt.cli import _command, _own_command_line
+
+    assert _own_command_line(orig) is own
+    assert _command(["--home", "/h", "train", "--config", "smoke"]) == "train" and _command(["--version"]) is None

@@ -79,7 +79,41 @@ def _mount() -> None:
 _mount()
 
 
+#: the commands that train, sample or serve a model: run with jemalloc (heap.reexec_with_jemalloc)
+COMPUTE_COMMANDS = frozenset({"train", "demo", "eval", "chat", "serve", "worker"})
+
+
+def _command(args: list[str]) -> str | None:
+    """The command of `tunix-rt ARGS` (the first word after the root options)."""
+    it = iter(args)
+    for a in it:
+        if a == "--home":
+            next(it, None)
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def _own_command_line(orig: list[str]) -> bool:
+    """`orig` (sys.orig_argv) runs this program: the tunix-rt script or `-m tunix_rt.cli`,
+    behind any interpreter options (torchrun's -u); not a test runner that calls main()."""
+    it = iter(orig[1:])
+    for a in it:
+        if a == "-m":
+            return next(it, None) == "tunix_rt.cli"
+        if a in ("-X", "-W", "-Q"):
+            next(it, None)
+        elif not a.startswith("-"):
+            return os.path.basename(a) == "tunix-rt" or a.replace(os.sep, "/").endswith("tunix_rt/cli.py")
+    return False
+
+
 def main() -> None:
+    orig = list(getattr(sys, "orig_argv", []))
+    if _command(sys.argv[1:]) in COMPUTE_COMMANDS and _own_command_line(orig):
+        from tunix_rt.heap import reexec_with_jemalloc
+
+        reexec_with_jemalloc(orig)
     try:
         app()
     except TunixRtError as e:

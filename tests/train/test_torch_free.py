@@ -32,6 +32,7 @@ require_module("jax")
 
 from train_testlib import write_traces as _traces  # noqa: E402 (tests/train is on sys.path)
 
+from tunix_rt.heap import jemalloc_path  # noqa: E402
 from tunix_rt.models.catalog import PRESETS  # noqa: E402
 
 BLOCKER = textwrap.dedent('''
@@ -96,7 +97,7 @@ def no_torch(tmp_path, home):
     (block / "sitecustomize.py").write_text(BLOCKER)
     env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "JAX_PLATFORMS": "cpu", "COLUMNS": "200",
            "PYTHONPATH": os.pathsep.join([str(block), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    for key in ("TUNIX_RT_FAULT", "DATABASE_URL"):
+    for key in ("TUNIX_RT_FAULT", "DATABASE_URL", "TUNIX_RT_ALLOCATOR", "LD_PRELOAD"):
         env.pop(key, None)
     return env
 
@@ -171,6 +172,8 @@ def test_import_train_eval_with_the_jax_engine_without_torch(no_torch, home, tmp
     assert run.parent == home.runs
     m = json.loads((run / "run_manifest.json").read_text())
     assert m["status"] == "succeeded" and m["engine"] == "jax"
+    # the train command ran itself again with jemalloc preloaded where it is installed (tunix_rt.heap)
+    assert m["device"]["allocator"] == ("jemalloc" if jemalloc_path() else "glibc")
     assert m["model"]["sha256"] == manifest["files"]["model.safetensors"]
     rows = [x for x in read_jsonl(run / "metrics.jsonl") if "loss" in x]
     assert [x["step"] for x in rows] == [1, 2] and all(x["loss"] > 0 for x in rows)

@@ -198,7 +198,7 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ devices
     def devices(self) -> dict[str, Any]:
-        from tunix_rt.heap import tune_cpu_allocator
+        from tunix_rt.heap import allocator, tune_cpu_allocator
         from tunix_rt.train.common import check_dtype
 
         maybe_init_distributed()
@@ -213,6 +213,7 @@ class JaxEngine:
         check_dtype(self.cfg, facts["platform"])
         if facts["platform"] == "cpu":
             tune_cpu_allocator()  # before the weights are loaded
+            facts["allocator"] = allocator()
         return facts
 
     # ------------------------------------------------------------------ setup

@@ -61,7 +61,7 @@ class TorchEngine:
         import torch
 
         from tunix_rt.evidence import cpu_facts
-        from tunix_rt.heap import tune_cpu_allocator
+        from tunix_rt.heap import allocator, tune_cpu_allocator
         from tunix_rt.train.common import check_dtype
 
         self.device = torch_device(self.cfg.device, dist.local_rank())  # torchrun: one GPU per process
@@ -72,7 +72,7 @@ class TorchEngine:
 
             return {"platform": "cpu", "count": 1, "names": [cpu_facts()["model"]],
                     "memory_bytes": [int(psutil.virtual_memory().total)], "threads": torch.get_num_threads(),
-                    "processes": dist.world()}
+                    "processes": dist.world(), "allocator": allocator()}
         props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
         return {"platform": "cuda", "count": len(props), "names": [p.name for p in props],
                 "memory_bytes": [int(p.total_memory) for p in props], "used_index": self.device.index or 0,
