@@ -78,7 +78,7 @@ def test_tools_is_one_tool_and_only_for_gsm8k(cli, home, tmp_path):
     for args in (["gsm8k", src, "--tools", "calculator,python"], ["gsm8k", src, "--tools", "abacus"],
                  ["generic", src, "--tools", "calculator"]):
         r = cli("data", "import", *args, "--name", "x")
-        assert r.code == 2 and "--tools" in r.err and "'calculator' or 'python', one of them, and only for gsm8k" in r.err
+        assert r.code == 2 and "--tools" in r.err and "one of 'calculator', 'python', and only for gsm8k" in r.err
     assert not (home.datasets / "x").exists()
 
 

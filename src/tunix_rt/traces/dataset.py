@@ -40,6 +40,7 @@ import tunix_rt
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.files import atomic_dir
 from tunix_rt.home import Home
+from tunix_rt.tools import NAMES as TOOL_NAMES
 from tunix_rt.traces.importers import FORMATS, get_importer, gsm8k_split_name
 from tunix_rt.traces.reader import DEFAULT_MAX_LINE_BYTES, Scan, scan
 from tunix_rt.traces.schema import Trace
@@ -53,11 +54,13 @@ RECORD_SPLIT_METHOD = "meta.split of each record (train | dev | test)"
 RECORD_SPLITS = ("train", "dev", "test")
 DATA, MANIFEST, REJECTS = "data.jsonl", "manifest.json", "rejects.jsonl"
 VENDORED_GSM8K = Path(tunix_rt.__file__).resolve().parent / "assets" / "gsm8k" / "train.jsonl"
+"""GSM8K's train split (MIT), shipped inside the package so a wheel install has it too."""
 VENDORED_NAMES = {"gsm8k": (), "gsm8k-calc": ("calculator",), "gsm8k-python": ("python",)}
 """Names load_dataset imports from the vendored GSM8K split on first use, and the tools the
 import keeps (gsm8k-calc: the calculator notes as tool calls, `data import gsm8k --tools calculator`;
 gsm8k-python: as python calls, `--tools python`)."""
-"""GSM8K's train split (MIT), shipped inside the package so a wheel install has it too."""
+GSM8K_TOOLS = tuple(t for tools in VENDORED_NAMES.values() for t in tools)
+"""The tools `data import gsm8k --tools` writes GSM8K's notes as (one of them): VENDORED_NAMES' own."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _FILE_NAME = re.compile(r"[^/\\\x00]{1,255}")
 
@@ -247,9 +250,9 @@ class ImportRequest:
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
             raise BadInput(f"unknown format {self.fmt!r}; known: {', '.join(FORMATS)}")
-        if self.tools and (self.fmt != "gsm8k" or len(self.tools) != 1 or self.tools[0] not in ("calculator", "python")):
-            raise BadInput(f"--tools {','.join(self.tools)}: 'calculator' or 'python', one of them, and only for gsm8k "
-                           "(other formats keep their tool calls as written)")
+        if self.tools and (self.fmt != "gsm8k" or len(self.tools) != 1 or self.tools[0] not in GSM8K_TOOLS):
+            raise BadInput(f"--tools {','.join(self.tools)}: one of {', '.join(map(repr, GSM8K_TOOLS))}, and only for "
+                           "gsm8k (other formats keep their tool calls as written)")
         check_names(self.name, self.version)
         if not 0.0 <= self.dev_fraction < 1.0:
             raise BadInput(f"--dev-fraction {self.dev_fraction}: must be in [0, 1)")
@@ -446,8 +449,7 @@ def _store(req: ImportRequest, home: Home, result: Scan, staging: Path) -> Impor
 
     def manifest_of(version: str, digest: str, created: str) -> dict[str, Any]:
         manifest = _manifest(req.name, version, source, result, digest, req.dev_fraction, created)
-        if tools := [t for t in ("calculator", "python") if any(t in r.tools() for r in result.records
-                                                                    if isinstance(r, Trace))]:
+        if tools := [t for t in TOOL_NAMES if any(t in r.tools() for r in result.records if isinstance(r, Trace))]:
             manifest["tools"] = tools  # the records carry calls of these tools (tunix_rt.tools)
         return {**manifest, "rejects": REJECTS} if rejects else manifest
 
