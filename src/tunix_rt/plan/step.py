@@ -30,8 +30,8 @@ either way each data-parallel rank holds batch / ranks sequences.
 - loss_head: the chunked loss (no [B, L, V] logits): one chunk of fp32 logits (its tokens
   from `loss_chunk_bytes`, `train.chunking`, the engines' rule), with its softmax and
   gradient (up to 3 chunk-sized buffers in the JAX scan, 2 in the torch fused loss, a
-  FROZEN_ROWS times the tokens in a VOCAB_PARTS-th of the vocabulary where the head does not
-  train: loss.frozen_head_rows), plus,
+  half of that where the head does not train, as calibrated: loss.frozen_head_rows holds a
+  vocabulary slice of taller chunks), plus,
   for full fine-tuning, the gradient of the tied embedding [V, D] the head produces. The
   JAX loss sorts the global batch's tokens and runs every chunk on every device (XLA's
   buffer assignment holds a whole chunk per device under fsdp), so its chunk is not split
@@ -59,7 +59,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.models.catalog import Preset
 from tunix_rt.plan.devices import MiB, DeviceSpec
 from tunix_rt.plan.inputs import QBYTES, PlanInputs
-from tunix_rt.train.chunking import FROZEN_ROWS, VOCAB_PARTS, chunk_tokens
+from tunix_rt.train.chunking import chunk_tokens
 
 #: RSS of a training process beyond the model's own bytes, measured here: a whole tiny
 #: torch-engine run peaked at 0.48 GB when first measured, 0.55-0.62 GB on 2026-11-25 (whole
@@ -225,9 +225,12 @@ def _loss_head_bytes(inp: PlanInputs, f: Facts) -> float:
         head = f.tokens * p.vocab_size * (12 + (f.wb if f.wb == 2 else 0))
     else:
         head = _chunk_tokens(inp, f) * p.vocab_size * 4 * (3 if f.jax else 2)
-        if not f.jax and not f.full:  # a frozen head: taller chunks, their logits a vocabulary slice at a time
-            tall = min(chunk_tokens(inp.loss_chunk_bytes, p.vocab_size) * FROZEN_ROWS, rows)
-            head = tall * -(-p.vocab_size // VOCAB_PARTS) * 4 * 2
+        if not f.jax and not f.full:
+            # a frozen head's logits go a vocabulary slice at a time, in FROZEN_ROWS times taller
+            # chunks (at most half the budget held); the measured RSS of the 270M's GRPO update did
+            # not fall with them (tests/plan/test_plan_calibration.py: 2.23 GB before and after),
+            # so the figure calibrated before stays: half of a whole-vocabulary chunk
+            head //= 2
     head_grad = p.vocab_size * p.hidden_size * f.tb if f.full else 0
     return head + head_grad + rows * p.hidden_size * 4
 
