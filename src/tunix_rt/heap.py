@@ -13,7 +13,8 @@ million faults, 2.16-2.17 GiB. jemalloc reuses freed memory without glibc's frag
 as Intel's PyTorch CPU launcher (torch.backends.xeon.run_cpu) preloads it too.
 
 jemalloc must replace malloc before the process starts (LD_PRELOAD): the compute commands
-re-execute themselves with it (reexec_with_jemalloc, called by the CLI: cli.COMPUTE_COMMANDS), and processes the tools start get it through preload_env.
+re-execute themselves with it (reexec_with_jemalloc, called by the CLI for
+cli.COMPUTE_COMMANDS), and the benchmarks start our sides with it (preload_env).
 TUNIX_RT_ALLOCATOR=glibc keeps glibc's.
 
 Nothing here imports torch or JAX; both engines, the tokenizer and the model loader use it.
