@@ -12,6 +12,7 @@ from tunix_rt.eval.fast_gemma import LeanGemma
 from tunix_rt.eval.generate import DecodeConfig, TorchGenerator, left_pad, position_ids
 from tunix_rt.eval.runner import load_model
 from tunix_rt.render import prompt_ids
+from tunix_rt.train.torch_engine import decode_model
 
 
 @pytest.fixture(scope="module", params=["tiny-gemma3", "tiny-gemma2"])
@@ -29,15 +30,18 @@ def _prompts(tok):
 def test_lean_step_logits_match_transformers(model_and_tok):
     """Feed the same tokens to both for 30 steps (past the window of 16): the lean logits
     equal transformers' to float rounding, and the argmax is the same everywhere."""
-    from transformers import DynamicCache
-
     model, tok = model_and_tok
     lean = LeanGemma.for_model(model)
-    assert lean is not None
+    assert lean is not None and not lean.lora
+    _match_transformers(model, lean, tok)
+
+
+def _match_transformers(model, lean, tok, steps: int = 30) -> None:
+    from transformers import DynamicCache
+
     prompts = _prompts(tok)
     ids, mask = left_pad(prompts, tok.pad_id, "cpu")
     pos = position_ids(mask)
-    steps = 30
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
         model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -55,6 +59,61 @@ def test_lean_step_logits_match_transformers(model_and_tok):
             nxt_pos = nxt_pos + 1
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
             assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+def _with_lora(model, **extra):
+    """A copy of `model` with PEFT LoRA on all seven projections, every B factor random (a
+    trained adapter: with B = 0 it would change nothing)."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    from tunix_rt.train.config import ALL_LORA_TARGETS
+
+    peft_model = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, target_modules=list(ALL_LORA_TARGETS), lora_dropout=0.0, **extra))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return peft_model.eval()
+
+
+def test_lean_step_applies_live_lora_adapters_as_peft_does(model_and_tok):
+    """A training run's rollouts decode the PEFT model's base model with its LoRA layers in
+    place (torch_engine.decode_model): the lean step applies every adapter as PEFT's forward
+    does (no merged copy of any weight), and its logits equal PEFT's forward through
+    transformers step by step, the adapters visibly moving them; with the adapters disabled
+    the base weights alone are used."""
+    from tunix_rt.eval.fast_gemma import LoraWeight
+
+    model, tok = model_and_tok
+    peft_model = _with_lora(model)
+    base = decode_model(peft_model)
+    lean = LeanGemma.for_model(base)
+    assert lean is not None and lean.lora
+    lyr = lean.layers[0]
+    assert isinstance(lyr.wq, LoraWeight) and lyr.wq.base is base.model.layers[0].self_attn.q_proj.base_layer.weight
+    _match_transformers(base, lean, tok)
+    x = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        assert not torch.allclose(lean.linear(x, lyr.wq), torch.nn.functional.linear(x, lyr.wq.base), atol=1e-4)
+    with peft_model.disable_adapter():
+        plain = LeanGemma.for_model(base)
+        assert plain is not None and not plain.lora
+        assert plain.layers[0].wq is base.model.layers[0].self_attn.q_proj.base_layer.weight
+        _match_transformers(base, plain, tok, steps=4)
+
+
+def test_other_adapter_kinds_keep_the_transformers_path(model_and_tok):
+    """DoRA (a LoRA variant the lean step does not apply) and an adapter merged in place are
+    not served by the lean step: None, so the generator decodes through PEFT's forward."""
+    model, _ = model_and_tok
+    assert LeanGemma.for_model(decode_model(_with_lora(model, use_dora=True))) is None
+    merged = _with_lora(model)
+    merged.get_base_model().model.layers[0].self_attn.q_proj.merge()
+    assert LeanGemma.for_model(decode_model(merged)) is None
 
 
 def test_lean_and_transformers_paths_decode_the_same(model_and_tok):

@@ -114,12 +114,12 @@ def main() -> None:
         if "held-out eval" in d["decodes"]:
             compare["held-out eval"] = (d["decodes"]["held-out eval"]["peak"], m["eval"])
         # what the rollout phase adds to what is resident when it starts: the decode's cache and
-        # workspace and the merged view, with the allocator's slack (plan.rl's rule), measured
-        # as the phase's peak over its starting RSS (free of the process baseline)
+        # workspace, with the allocator's slack (plan.rl's rule), measured as the phase's peak
+        # over its starting RSS (free of the process baseline)
         from tunix_rt.plan import SLACK
 
         roll = d["decodes"]["rollouts"]
-        grows = (roll["cache"] + roll["workspace"] + plan.items["merged_view"]) * (1 + SLACK["cpu"])
+        grows = (roll["cache"] + roll["workspace"]) * (1 + SLACK["cpu"])
         out.update(measured_peak_rss=max(m.values()), measured_phases=m, phase_start_rss=phases.starts,
                    details=d, compare=compare,
                    rollout_growth=(int(grows), m["rollout"] - phases.starts["rollout"]))

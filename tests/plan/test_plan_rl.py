@@ -25,9 +25,8 @@ KV_TOKEN = 512
 def test_torch_lora_rollout_items_by_hand():
     plan = make_plan(PlanInputs(**TINY_RL))
     i, d = plan.items, plan.details
-    # merged view: W + scale B@A of every adapted projection, per layer q 128x128, k and v
-    # 128x32, o 128x128, gate and up 128x256, down 256x128 = 139,264 weights, 2 layers, fp32
-    assert i["merged_view"] == 2 * 139_264 * 4 == 1_114_112
+    # LoRA is applied live in the decode (eval.fast_gemma.LoraWeight): no merged copy
+    assert "merged_view" not in i
     roll = d["decodes"]["rollouts"]
     # the rollouts' cache: 16 rows x 104 preallocated slots, plus the larger transient: the
     # prefill's 72-slot cache (its 4 prompts' rows repeated for their 4 samples) while it is
@@ -47,8 +46,8 @@ def test_torch_lora_rollout_items_by_hand():
     assert held["workspace"] == 8 * 72 * 1216 * 4 + 8 * 1024 * 4 + 1024 * 136
     assert d["rollout_decode"] == "held-out eval"
     assert (i["rollout_cache"], i["rollout_workspace"]) == (held["cache"], held["workspace"])
-    # the phase: resident weights + optimizer + the three rollout items, 5% slack, process
-    core = i["weights"] + i["optimizer"] + 1_114_112 + i["rollout_cache"] + i["rollout_workspace"]
+    # the phase: resident weights + optimizer + the two rollout items, 5% slack, process
+    core = i["weights"] + i["optimizer"] + i["rollout_cache"] + i["rollout_workspace"]
     assert d["phases"]["rollout"] == int(core * (1 + SLACK["cpu"]) + d["rollout_workspace_parts"]["process_or_context"])
     # host aux arrays of all 16 x 104 tokens (coef, adv, old/ref logp) + one micro-batch's 7 copies
     assert i["rl_aux"] == 4 * 16 * 104 * 4 + 7 * 4 * 104 * 4 == 38_272
@@ -66,10 +65,9 @@ def test_eager_attention_holds_the_prefills_scores():
     assert roll["prefill"] == 4 * 72 * (dense + 2 * p.num_heads * 72) * 4 + 16 * p.vocab_size * 4
 
 
-def test_jax_rollout_has_no_merged_view_and_both_caches_of_the_undonated_step():
+def test_jax_rollout_holds_both_caches_of_the_undonated_step():
     plan = make_plan(PlanInputs(**{**TINY_RL, "engine": "jax"}))
     i = plan.items
-    assert i["merged_view"] == 0  # qwix adds the adapter inside the forward
     # the 72-token prompt padded to a 64-multiple (128) + 32 new = 160 slots, input + output cache
     assert i["rollout_cache"] == 2 * 16 * 160 * KV_TOKEN == 2_621_440
     # the JAX prefill attends over all 160 slots: 2h + q + 2kv + 3i + 2 x 4 x 160 = 2496
@@ -160,7 +158,7 @@ def test_cli_rl_flags_plan_the_rl_step_as_the_notebook_calls_them():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert {"fits", "peak_bytes_per_device", "capacity_bytes", "items", "estimators", "suggestions"} <= set(out)
-    assert {"rollout_cache", "rollout_workspace", "merged_view", "rl_aux"} <= set(out["items"])
+    assert {"rollout_cache", "rollout_workspace", "rl_aux"} <= set(out["items"])
     assert out["peak_phase"] in ("rollout", "update") and out["fits"]
     assert out["peak_bytes_per_device"] == max(out["details"]["phases"].values())
     assert (out["inputs"]["rl_prompts"], out["inputs"]["group_size"], out["inputs"]["rollout_tokens"]) == (8, 4, 256)

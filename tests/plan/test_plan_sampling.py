@@ -32,7 +32,7 @@ def _plan(**over):
 def _rollout_phase(plan, frozen=0):
     """The rollout phase from its items: what plan.rl's rule adds up."""
     i = plan.items
-    core = i["weights"] + i["optimizer"] + frozen + i["merged_view"] + i["rollout_cache"] + i["rollout_workspace"]
+    core = i["weights"] + i["optimizer"] + frozen + i["rollout_cache"] + i["rollout_workspace"]
     return int(core * (1 + SLACK["cpu"]) + plan.details["rollout_workspace_parts"]["process_or_context"])
 
 
@@ -58,7 +58,7 @@ def test_rft_and_rollout_pairs_count_grpos_rollouts_and_their_own_update(over):
     on = _plan(**over)
     grpo = _plan(method="grpo")
     off = _plan(method="sft") if over["method"] == "rft" else _plan(method="dpo")
-    for k in ("merged_view", "rollout_cache", "rollout_workspace"):
+    for k in ("rollout_cache", "rollout_workspace"):
         assert on.items[k] == grpo.items[k], k
     roll = on.details["decodes"]["rollouts"]
     assert roll["cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN

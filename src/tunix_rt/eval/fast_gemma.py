@@ -16,8 +16,15 @@ transformers' sliding cache does. Prefill stays with the transformers model (one
 its cache is copied once into a preallocated [B, kv_heads, T, head_dim] buffer per layer
 that each step writes in place.
 
+A projection that PEFT adapted with plain LoRA (a training run's live adapter) is applied as
+PEFT's own forward applies it in eval mode, x @ W.T + B(A(x)) * scaling (`LoraWeight`): no
+merged copy of W + scale * B @ A is made (on Gemma 3 270M that copy was 0.4 GB, held for a
+whole rollout, and the peak of a GRPO step), the factors are read live, and a rollout's
+numbers are those of the policy the update trains.
+
 `LeanGemma.for_model(model)` returns None for anything else (another architecture, a model
-still wrapped by PEFT), and the caller keeps the plain transformers path.
+still wrapped by PeftModel, an adapter kind other than plain LoRA), and the caller keeps the
+plain transformers path.
 """
 
 from __future__ import annotations
@@ -34,9 +41,54 @@ HEAD_CHUNK = 4096
 """Vocabulary rows per head matmul (measured fastest of 4K/16K/64K on the 2-core CPU)."""
 
 
+@dataclass(frozen=True)
+class LoraWeight:
+    """A projection with a live plain-LoRA adapter: y = x @ base.T + ((x @ a.T) @ b.T) * scale,
+    PEFT's own order of operations in eval mode (so the same bits as its forward at the same
+    shapes); the tensors are the module's parameters themselves (no copies)."""
+
+    base: "torch.Tensor"
+    a: "torch.Tensor"  # [r, in]
+    b: "torch.Tensor"  # [out, r]
+    scale: float
+
+    def __call__(self, x: "torch.Tensor") -> "torch.Tensor":
+        import torch.nn.functional as F
+
+        return F.linear(x, self.base) + F.linear(F.linear(x, self.a), self.b) * self.scale
+
+
+def projection(mod) -> "torch.Tensor | LoraWeight":
+    """The weight a decode step multiplies by for one nn.Linear projection: its weight, or a
+    LoraWeight for a PEFT LoRA layer with one active plain adapter (its base weight alone when
+    the adapters are disabled). ValueError for what is not served here (a bias, DoRA or another
+    variant, several active adapters, an adapter merged in place, a non-Linear base)."""
+    import torch.nn as nn
+
+    base = getattr(mod, "base_layer", None)
+    if base is None:
+        if type(mod).__name__ != "Linear" or mod.bias is not None:
+            raise ValueError("unexpected projection")
+        return mod.weight
+    if type(base) is not nn.Linear or base.bias is not None or getattr(mod, "merged", False):
+        raise ValueError("unexpected LoRA layer")
+    if mod.disable_adapters:
+        return base.weight
+    active = [a for a in mod.active_adapters if a in mod.lora_A]
+    if len(active) != 1 or active[0] in getattr(mod, "lora_variant", {}):
+        raise ValueError("not one plain LoRA adapter")
+    name = active[0]
+    a, b = mod.lora_A[name], mod.lora_B[name]
+    if type(a) is not nn.Linear or type(b) is not nn.Linear or a.bias is not None or b.bias is not None:
+        raise ValueError("unexpected LoRA factors")
+    if a.weight.dtype != base.weight.dtype or b.weight.dtype != base.weight.dtype:
+        raise ValueError("LoRA factors in another dtype than the base weight")
+    return LoraWeight(base.weight, a.weight, b.weight, float(mod.scaling[name]))
+
+
 @dataclass
 class _Layer:
-    """One decoder layer's weights (views of the model's parameters, no copies) and kind."""
+    """One decoder layer's weights (the model's parameters themselves, no copies) and kind."""
 
     in_norm: "torch.Tensor"  # 1 + weight, as Gemma's RMSNorm applies it
     post_attn_norm: "torch.Tensor"
@@ -44,13 +96,13 @@ class _Layer:
     post_ff_norm: "torch.Tensor"
     q_norm: "torch.Tensor | None"  # Gemma 3 only
     k_norm: "torch.Tensor | None"
-    wq: "torch.Tensor"
-    wk: "torch.Tensor"
-    wv: "torch.Tensor"
-    wo: "torch.Tensor"
-    w_gate: "torch.Tensor"
-    w_up: "torch.Tensor"
-    w_down: "torch.Tensor"
+    wq: "torch.Tensor | LoraWeight"
+    wk: "torch.Tensor | LoraWeight"
+    wv: "torch.Tensor | LoraWeight"
+    wo: "torch.Tensor | LoraWeight"
+    w_gate: "torch.Tensor | LoraWeight"
+    w_up: "torch.Tensor | LoraWeight"
+    w_down: "torch.Tensor | LoraWeight"
     window: int | None  # sliding window, or None for global attention
     rope: str  # key into the RoPE tables
 
@@ -110,6 +162,8 @@ class LeanGemma:
         self.final_norm = 1.0 + inner.norm.weight.float()
         self.gemma3 = cfg.model_type == "gemma3_text"
         self.layers = [self._layer(cfg, i, lyr) for i, lyr in enumerate(inner.layers[: cfg.num_hidden_layers])]
+        self.lora = any(isinstance(w, LoraWeight) for lyr in self.layers for w in _weights(lyr))
+        """Whether some projection carries a live LoRA adapter."""
         self.rotary = inner.rotary_emb
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._screen = False  # not built yet (None: does not apply)
@@ -117,7 +171,10 @@ class LeanGemma:
 
     @classmethod
     def for_model(cls, model) -> "LeanGemma | None":
-        """The lean step for a plain (or merged) Gemma 3 / Gemma 2 causal LM, else None."""
+        """The lean step for a Gemma 3 / Gemma 2 causal LM (plain, merged, or with live plain
+        LoRA adapters on its projections), else None."""
+        import torch.nn as nn
+
         cfg = getattr(model, "config", None)
         if getattr(cfg, "model_type", None) not in SUPPORTED or not hasattr(model, "lm_head"):
             return None
@@ -126,8 +183,10 @@ class LeanGemma:
         kinds = getattr(model.model.rotary_emb, "rope_type", "default")
         if set(kinds.values() if isinstance(kinds, dict) else [kinds]) & SEQ_DEPENDENT_ROPE:
             return None  # cos/sin would depend on the sequence length: no fixed table
-        if type(model.lm_head).__name__ != "Linear" or getattr(model.lm_head, "bias", None) is not None:
+        if type(model.lm_head) is not nn.Linear or model.lm_head.bias is not None:
             return None  # a PEFT layer or anything unexpected: keep transformers' forward
+        if hasattr(model.model.embed_tokens, "base_layer"):
+            return None  # an adapted embedding
         try:
             return cls(model)
         except ValueError:
@@ -135,8 +194,6 @@ class LeanGemma:
 
     def _layer(self, cfg, i: int, lyr) -> _Layer:
         att, mlp = lyr.self_attn, lyr.mlp
-        if att.q_proj.bias is not None or type(att.q_proj).__name__ != "Linear":
-            raise ValueError("unexpected attention projections")
         sliding = cfg.layer_types[i] == "sliding_attention"
 
         def n(norm):
@@ -146,8 +203,9 @@ class LeanGemma:
             in_norm=n(lyr.input_layernorm), post_attn_norm=n(lyr.post_attention_layernorm),
             pre_ff_norm=n(lyr.pre_feedforward_layernorm), post_ff_norm=n(lyr.post_feedforward_layernorm),
             q_norm=n(att.q_norm) if self.gemma3 else None, k_norm=n(att.k_norm) if self.gemma3 else None,
-            wq=att.q_proj.weight, wk=att.k_proj.weight, wv=att.v_proj.weight, wo=att.o_proj.weight,
-            w_gate=mlp.gate_proj.weight, w_up=mlp.up_proj.weight, w_down=mlp.down_proj.weight,
+            wq=projection(att.q_proj), wk=projection(att.k_proj), wv=projection(att.v_proj),
+            wo=projection(att.o_proj), w_gate=projection(mlp.gate_proj), w_up=projection(mlp.up_proj),
+            w_down=projection(mlp.down_proj),
             window=cfg.sliding_window if sliding else None,
             rope=cfg.layer_types[i] if self.gemma3 else "default",
         )
@@ -282,11 +340,11 @@ class LeanGemma:
         return out
 
     def linear(self, x: "torch.Tensor", w) -> "torch.Tensor":
-        """x @ w.T for one of a layer's projections (a hook: tunix_rt.eval.int8_weights
-        passes its int8 weights here instead)."""
+        """x @ w.T for one of a layer's projections, its adapter added for a LoraWeight (a
+        hook: tunix_rt.eval.int8_weights passes its int8 weights here instead)."""
         import torch.nn.functional as F
 
-        return F.linear(x, w)
+        return w(x) if isinstance(w, LoraWeight) else F.linear(x, w)
 
     def _layer_step(self, x, lyr: _Layer, kc, vc, st: DecodeState, rope) -> "torch.Tensor":
         import torch.nn.functional as F
@@ -324,6 +382,10 @@ class LeanGemma:
             scores = torch.tanh(scores / self.attn_softcap) * self.attn_softcap
         probs = torch.softmax(scores + mask, dim=-1, dtype=torch.float32).to(q.dtype)
         return torch.matmul(probs, values).reshape(b, 1, -1)  # heads in transformers' order
+
+
+def _weights(lyr: _Layer) -> tuple:
+    return (lyr.wq, lyr.wk, lyr.wv, lyr.wo, lyr.w_gate, lyr.w_up, lyr.w_down)
 
 
 def _rotate_half(x: "torch.Tensor") -> "torch.Tensor":

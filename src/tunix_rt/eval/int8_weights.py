@@ -224,9 +224,12 @@ class Int8Gemma(LeanGemma):
     def for_model(cls, model, kernel: str | None = None) -> "Int8Gemma":
         """The int8 step for a plain (or merged) Gemma 3 / Gemma 2 model; BadInput for anything
         the lean step does not serve (int8 weights have no other decode path)."""
-        if LeanGemma.for_model(model) is None:
+        lean = LeanGemma.for_model(model)
+        if lean is None:
             kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
             raise BadInput(f"weights int8 needs a Gemma 3 / Gemma 2 model (the lean decode step), got {kind!r}")
+        if lean.lora:
+            raise BadInput("weights int8 quantises a plain or merged model, not one with a live LoRA adapter")
         return cls(model, kernel)
 
     def linear(self, x: "torch.Tensor", w) -> "torch.Tensor":

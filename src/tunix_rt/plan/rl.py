@@ -9,9 +9,9 @@ two phases that never overlap, and peaks in the larger (`details.phases`,
   accumulated into one optimizer step, plus rl_aux (the per-token coef, advantage, old and
   reference log-prob arrays; the reference is the adapter-off model, no second copy); any
   other method's is its own step (batch x grad_accum, with a teacher's items: plan.teacher);
-- rollout: the resident weights and optimizer state (and a distillation teacher's weights),
-  merged_view (torch LoRA: W + scale B@A of every adapted projection, held for the whole
-  rollout), rollout_cache (the KV cache of every row: P x G rollouts of the longest prompt,
+- rollout: the resident weights and optimizer state (and a distillation teacher's weights;
+  LoRA adapters are applied live, no merged copy of any weight: eval.fast_gemma.LoraWeight),
+  rollout_cache (the KV cache of every row: P x G rollouts of the longest prompt,
   seq - T, or seq - 1 with long_prompts, plus T new tokens, in the weights' dtype, with the
   generator's transient copies) and rollout_workspace (the prefill's one-layer
   intermediates or a decode step's logits and sampler buffers); the held-out greedy decode
@@ -29,7 +29,7 @@ from typing import Any
 from tunix_rt.models.catalog import Preset
 from tunix_rt.plan.devices import DeviceSpec
 from tunix_rt.plan.inputs import PlanInputs
-from tunix_rt.plan.step import SLACK, Facts, facts, proj_elems, step_analytic, workspace_parts
+from tunix_rt.plan.step import SLACK, Facts, facts, step_analytic, workspace_parts
 
 #: fp32 [rows, vocab] buffers a sampled decode step holds at once: the step's logits and the
 #: sampler's (eval.generate.filtered_probs, its worst path, top-k and top-p: the tempered
@@ -127,16 +127,11 @@ def _rollout_phase(inp: PlanInputs, f: Facts, device: DeviceSpec, weights: float
                    optimizer: float, frozen: float = 0.0) -> dict[str, Any]:
     """Bytes per device while the method decodes: the resident weights and optimizer state
     (no gradients, no activations: the last step freed them) and `frozen` (a distillation
-    teacher's weights, loaded for the whole run), on the torch engine with LoRA the merged
-    view (W + scale B@A of every adapted projection, a second copy of those weights for the
-    whole rollout: torch_engine.merged_lora_view), and the larger of the decodes the method
+    teacher's weights, loaded for the whole run), and the larger of the decodes the method
     makes: the rollouts (P x G rows, sampled) and, with held_out_decode, the held-out
     evaluation (greedy, eval's default batch of prompts)."""
     from tunix_rt.eval.generate import DecodeConfig
 
-    merged = 0.0
-    if not f.jax and not f.full:
-        merged = proj_elems(f.p, inp.lora_targets) * f.wb / f.shard
     rows = {"rollouts": (inp.rl_prompts * inp.group_size, False, inp.rl_prompts)}
     if inp.held_out_decode:
         rows["held-out eval"] = (DecodeConfig().batch_size, True, DecodeConfig().batch_size)
@@ -145,13 +140,13 @@ def _rollout_phase(inp: PlanInputs, f: Facts, device: DeviceSpec, weights: float
     decodes = {}
     for name, (n, greedy, distinct) in rows.items():
         d = _decode_bytes(inp, f, device, n, greedy, distinct)
-        core = resident + optimizer + merged + d["cache"] + d["workspace"]
+        core = resident + optimizer + d["cache"] + d["workspace"]
         parts = {"process_or_context": gather["process_or_context"], "fsdp_gather": gather["fsdp_gather"]}
         parts["allocator_slack"] = SLACK[device.kind] * (core + parts["fsdp_gather"])
         decodes[name] = {**d, "workspace_parts": parts, "peak": core + sum(parts.values())}
     which = max(decodes, key=lambda k: decodes[k]["peak"])
     d = decodes[which]
-    return {"merged_view": merged, "rollout_cache": d["cache"], "rollout_workspace": d["workspace"],
+    return {"rollout_cache": d["cache"], "rollout_workspace": d["workspace"],
             "workspace": sum(d["workspace_parts"].values()), "workspace_parts": d["workspace_parts"],
             "decode": which, "peak": d["peak"],
             "decodes": {k: _ints({n: x for n, x in v.items() if n != "workspace_parts"}) for k, v in decodes.items()}}
@@ -165,7 +160,7 @@ def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[d
     """A sampling step peaks in one of its two phases: peak = max(update, rollout), where the
     update is the method's training step (GRPO's: over the rollout sequences, plus the RL
     per-token arrays), and the rollout holds the weights, optimizer state, a teacher's
-    weights, merged view, KV cache and decode workspace (see `_rollout_phase`)."""
+    weights, KV cache and decode workspace (see `_rollout_phase`)."""
     from tunix_rt.plan.teacher import with_teacher
 
     upd = update_inputs(inp)
@@ -177,7 +172,7 @@ def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[d
     roll = _rollout_phase(inp, f, device, items["weights"], items["optimizer"], items.get("teacher_weights", 0))
     phase = "rollout" if roll["peak"] > update_peak else "update"
     items = {**{k: v for k, v in items.items() if k != "workspace"}, **({"rl_aux": aux} if inp.trains_on_rollouts else {}),
-             "merged_view": roll["merged_view"], "rollout_cache": roll["rollout_cache"],
+             "rollout_cache": roll["rollout_cache"],
              "rollout_workspace": roll["rollout_workspace"],
              "workspace": roll["workspace"] if phase == "rollout" else update_ws}
     update = details["peak_formula"] + (" + rl_aux" if inp.trains_on_rollouts else "")
@@ -187,7 +182,7 @@ def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[d
         "update_batch": upd.batch, "update_micro_batches": upd.grad_accum, "rollout_decode": roll["decode"],
         "decodes": roll["decodes"], "rollout_workspace_parts": _ints(roll["workspace_parts"]),
         "update_workspace_parts": details.pop("workspace_parts"),
-        "peak_formula": f"max(update: {update}, rollout: weights + optimizer{frozen} + merged_view "
+        "peak_formula": f"max(update: {update}, rollout: weights + optimizer{frozen} "
                         "+ rollout_cache + rollout_workspace + workspace)",
     })
     return {k: int(v) for k, v in items.items()}, details, int(max(update_peak, roll["peak"]))

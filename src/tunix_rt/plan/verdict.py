@@ -107,7 +107,7 @@ class Plan:
 #: which phase of an RL step holds an item (the rest, weights and optimizer state, both)
 RL_ITEM_PHASE = {"gradients": "update", "activations": "update", "loss_head": "update", "rl_aux": "update",
                  "teacher_forward": "update", "teacher_loss_head": "update",
-                 "merged_view": "rollout", "rollout_cache": "rollout", "rollout_workspace": "rollout",
+                 "rollout_cache": "rollout", "rollout_workspace": "rollout",
                  "workspace": "the peak's"}
 
 

@@ -204,10 +204,9 @@ class TorchEngine:
             self.model.train(was)
 
     def generator(self):
-        """The eval generator on the current weights. A LoRA model decodes through a merged
-        view (W + scale * B @ A in separate tensors, swapped in for the generation only), so
-        the lean decode step and its int8-screened head apply; the trained parameters are
-        never modified (merging in place and back would drift by rounding)."""
+        """The eval generator on the current weights. A LoRA model decodes with its adapters
+        live (`decode_model`): the lean decode step and its int8-screened head apply, nothing
+        is merged or copied, and the trained parameters are never modified."""
         return _LiveGenerator(self)
 
     # ------------------------------------------------------------------ checkpoints
@@ -331,40 +330,16 @@ class _LiveGenerator:
         from tunix_rt.eval.generate import TorchGenerator
 
         e = self.engine
-        with e._eval_mode(), gathered(e.module), merged_lora_view(e.model) as model:
-            return TorchGenerator(model, e.tok, str(e.device.type)).generate(prompts, cfg, on_tokens)
+        with e._eval_mode(), gathered(e.module):
+            return TorchGenerator(decode_model(e.model), e.tok, str(e.device.type)).generate(prompts, cfg, on_tokens)
 
 
-@contextlib.contextmanager
-def merged_lora_view(model):
-    """The plain transformers model of a PEFT LoRA model, its LoRA-wrapped projections
-    replaced for the duration by nn.Linear layers holding W + scale * B @ A (fp32, computed
-    now); the originals are put back on exit. A model without LoRA is yielded as it is."""
-    import torch
-
-    if not hasattr(model, "get_base_model"):
-        yield model
-        return
-    base = model.get_base_model()
-    swapped = []
-    with torch.no_grad():
-        for name, mod in list(base.named_modules()):
-            if not (hasattr(mod, "base_layer") and hasattr(mod, "lora_A") and mod.active_adapters):
-                continue
-            adapter = mod.active_adapters[0]
-            w = mod.base_layer.weight
-            delta = mod.lora_B[adapter].weight @ mod.lora_A[adapter].weight * mod.scaling[adapter]
-            plain = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
-            plain.weight = torch.nn.Parameter(w + delta.to(w.dtype), requires_grad=False)
-            parent, _, leaf = name.rpartition(".")
-            holder = base.get_submodule(parent) if parent else base
-            swapped.append((holder, leaf, mod))
-            setattr(holder, leaf, plain)
-    try:
-        yield base
-    finally:
-        for holder, leaf, mod in swapped:
-            setattr(holder, leaf, mod)
+def decode_model(model):
+    """The transformers model a generator decodes with: a PEFT model's base model, whose
+    projections still carry the live LoRA layers (the lean decode step applies each adapter
+    as PEFT's forward does, eval.fast_gemma.LoraWeight: no merged copy of the weights);
+    any other model as it is."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def parallelize(module, cfg: TrainConfig, device):
