@@ -73,7 +73,8 @@ def run_side(side: str, data: Path, args) -> dict:
     tokens = res["tokens_per_s"] * sum(steps) / len(steps)  # real tokens per measured step
     return {"side": "torch", "step_s": statistics.median(steps), "tokens_per_s": res["tokens_per_s"],
             "cpu_s_per_step": tokens / res["tokens_per_cpu_s"], "peak_rss": res["peak_rss"],
-            "rss_after_load": None, "losses": res["losses"], "compile_s_taken_out": 0.0}
+            "rss_after_load": None, "losses": res["losses"], "compile_s_taken_out": 0.0,
+            "allocator": res["allocator"]}
 
 
 # --------------------------------------------------------------------------- worker
