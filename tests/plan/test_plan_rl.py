@@ -34,16 +34,17 @@ def test_torch_lora_rollout_items_by_hand():
     assert roll["cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN == 1_441_792
     # prefill workspace: each distinct prompt once (a group's samples share it), per prompt
     # token 2h + q + 2kv + 3i = 1216 elements of 4 B (torch's sdpa holds no [L, L] scores),
+    # plus 2i = 512 for PEFT's LoRA forward of gate/up (base, scaled adapter and sum at once),
     # for 4 x 72 tokens, and the last position's logits of the 16 rows, fp32; sampling goes
     # through the int8 screen of the head too: 1024 x (128 + 8)
     assert roll["prefilled"] == 4
-    assert roll["workspace"] == 4 * 72 * 1216 * 4 + 16 * 1024 * 4 + 1024 * 136 == 1_605_632
+    assert roll["workspace"] == 4 * 72 * 1728 * 4 + 16 * 1024 * 4 + 1024 * 136 == 2_195_456
     assert roll["step"] == 8 * 16 * 1024 * 4  # logits + sampler buffers: smaller
     # the held-out greedy decode (8 rows, 8 prompts to prefill) holds the same screen, and
     # is here the larger of the two decodes: the phase's items are its
     held = d["decodes"]["held-out eval"]
     assert held["screen"] == 1024 * 136 and held["cache"] == 8 * 104 * KV_TOKEN + 8 * 72 * KV_TOKEN
-    assert held["workspace"] == 8 * 72 * 1216 * 4 + 8 * 1024 * 4 + 1024 * 136
+    assert held["workspace"] == 8 * 72 * 1728 * 4 + 8 * 1024 * 4 + 1024 * 136
     assert d["rollout_decode"] == "held-out eval"
     assert (i["rollout_cache"], i["rollout_workspace"]) == (held["cache"], held["workspace"])
     # the phase: resident weights + optimizer + the two rollout items, 5% slack, process
@@ -56,11 +57,12 @@ def test_torch_lora_rollout_items_by_hand():
 def test_eager_attention_holds_the_prefills_scores():
     """Gemma 2 soft-caps its attention logits: the torch engine loads it with eager attention
     (torch_engine.attention_of), whose prefill holds the scores and probabilities [heads, L]
-    of every prompt token; sdpa (every other Gemma) holds none."""
+    of every prompt token; sdpa (every other Gemma) holds none. (5i: gate, up, their product,
+    and PEFT's LoRA forward of the widest projection, two outputs more.)"""
     from tunix_rt.plan import resolve_preset
 
     p = resolve_preset("tiny-gemma2")
-    dense = 2 * p.hidden_size + p.num_heads * p.head_dim + 2 * p.num_kv_heads * p.head_dim + 3 * p.intermediate_size
+    dense = 2 * p.hidden_size + p.num_heads * p.head_dim + 2 * p.num_kv_heads * p.head_dim + 5 * p.intermediate_size
     roll = make_plan(PlanInputs(**{**TINY_RL, "model": "tiny-gemma2"})).details["decodes"]["rollouts"]
     assert roll["prefill"] == 4 * 72 * (dense + 2 * p.num_heads * 72) * 4 + 16 * p.vocab_size * 4
 

@@ -62,8 +62,9 @@ def test_rft_and_rollout_pairs_count_grpos_rollouts_and_their_own_update(over):
         assert on.items[k] == grpo.items[k], k
     roll = on.details["decodes"]["rollouts"]
     assert roll["cache"] == 16 * 104 * KV_TOKEN + 16 * 72 * KV_TOKEN
-    # each of the 4 prompts prefilled once: 1216 elements a token (2h + q + 2kv + 3i, sdpa)
-    assert roll["workspace"] == 4 * 72 * 1216 * 4 + 16 * 1024 * 4 + SCREEN
+    # each of the 4 prompts prefilled once: 1728 elements a token (2h + q + 2kv + 3i, sdpa,
+    # + 2i for PEFT's LoRA forward of gate/up)
+    assert roll["workspace"] == 4 * 72 * 1728 * 4 + 16 * 1024 * 4 + SCREEN
     assert on.details["decodes"] == grpo.details["decodes"]  # the rollouts and the held-out greedy decode
     assert on.details["phases"]["rollout"] == grpo.details["phases"]["rollout"] == _rollout_phase(on)
     assert "rl_aux" not in on.items and on.details["phases"]["update"] == off.peak_bytes_per_device
@@ -87,9 +88,9 @@ def test_on_policy_distill_counts_one_completion_of_each_example_and_the_teacher
     assert i["teacher_weights"] == off.items["teacher_weights"] > 0
     slots = 103 + 32
     assert i["rollout_cache"] == 4 * slots * KV_TOKEN + 4 * 103 * KV_TOKEN == 487_424
-    # prefill: per prompt token 2h + q + 2kv + 3i = 1216 elements of 4 B (sdpa: no scores),
+    # prefill: per prompt token 2h + q + 2kv + 3i + 2i (LoRA) = 1728 elements of 4 B (sdpa: no scores),
     # 4 x 103 tokens, the last position's logits, and the screen of the head
-    assert i["rollout_workspace"] == 4 * 103 * 1216 * 4 + 4 * 1024 * 4 + SCREEN
+    assert i["rollout_workspace"] == 4 * 103 * 1728 * 4 + 4 * 1024 * 4 + SCREEN
     assert set(on.details["decodes"]) == {"rollouts"}
     assert on.details["phases"]["rollout"] == _rollout_phase(on, frozen=i["teacher_weights"])
     assert on.details["phases"]["update"] == off.peak_bytes_per_device  # the distill step itself

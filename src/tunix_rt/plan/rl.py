@@ -81,7 +81,9 @@ def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, gree
       attention scores and probabilities where they exist: JAX, and torch's eager attention
       of Gemma 2's soft-capped logits, not torch's sdpa; and the last position's logits;
       torch prefills each distinct prompt once, `distinct` of them, the JAX generator every
-      row) and a decode step (the logits and the sampler's buffers); a decode of the torch engine on a
+      row; with torch LoRA, PEFT's forward of the widest adapted projection holds two more
+      outputs' worth, `_lora_prefill`) and a decode step (the logits and the sampler's
+      buffers); a decode of the torch engine on a
       CPU in fp32, greedy or sampled (Gumbel-max through the screen), also holds the int8
       copy of the head (eval.screened_head) and its permutation, built one group of rows
       at a time (once per head version: decoders share it)."""
@@ -102,7 +104,7 @@ def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, gree
     q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
     keys = slots if f.jax else prompt  # JAX attends over the whole cache in the prefill
     scores = 2 * p.num_heads * keys if f.jax or _eager_attention(p) else 0
-    layer = 2 * h + q + 2 * kv + 3 * i + scores
+    layer = 2 * h + q + 2 * kv + 3 * i + scores + _lora_prefill(inp, f)
     logits = rows * p.vocab_size * 4
     prefilled = rows if f.jax else min(rows, distinct or rows)
     prefill = prefilled * prompt * layer * f.wb + logits
@@ -115,6 +117,22 @@ def _decode_bytes(inp: PlanInputs, f: Facts, device: DeviceSpec, rows: int, gree
     return {"rows": rows, "prefilled": prefilled, "slots": slots, "kv_bytes_per_token": per_token, "cache": cache,
             "workspace": max(max(prefill, step) + screen, build), "prefill": prefill, "step": step,
             "screen": screen, "screen_build": build}
+
+
+def _lora_prefill(inp: PlanInputs, f: Facts) -> int:
+    """Elements per prompt token the torch prefill adds with live LoRA adapters (the decode
+    applies them, no merged copy: eval.fast_gemma): PEFT's forward of a projection holds its
+    base output, the adapter's scaled output and their sum at once, two outputs more than a
+    plain Linear; counted for the widest adapted projection. Measured on tiny-gemma3's
+    on-policy distill (test_plan_calibration, 64 prompts of ~290 tokens): the rollout phase
+    grew 35 MB more than with a merged copy, 2 x 256 fp32 a prompt token."""
+    if f.jax or f.full:
+        return 0
+    p = f.p
+    out = {"q_proj": p.num_heads * p.head_dim, "k_proj": p.num_kv_heads * p.head_dim,
+           "v_proj": p.num_kv_heads * p.head_dim, "o_proj": p.hidden_size, "gate_proj": p.intermediate_size,
+           "up_proj": p.intermediate_size, "down_proj": p.hidden_size}
+    return 2 * max(out[t] for t in inp.lora_targets)
 
 
 def _eager_attention(p: Preset) -> bool:
