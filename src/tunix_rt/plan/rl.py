@@ -29,7 +29,7 @@ from typing import Any
 from tunix_rt.models.catalog import Preset
 from tunix_rt.plan.devices import DeviceSpec
 from tunix_rt.plan.inputs import PlanInputs
-from tunix_rt.plan.step import SLACK, Facts, facts, step_analytic, workspace_parts
+from tunix_rt.plan.step import SLACK, Facts, facts, proj_shapes, step_analytic, workspace_parts
 
 #: fp32 [rows, vocab] buffers a sampled decode step holds at once: the step's logits and the
 #: sampler's (eval.generate.filtered_probs, its worst path, top-k and top-p: the tempered
@@ -128,11 +128,8 @@ def _lora_prefill(inp: PlanInputs, f: Facts) -> int:
     grew 35 MB more than with a merged copy, 2 x 256 fp32 a prompt token."""
     if f.jax or f.full:
         return 0
-    p = f.p
-    out = {"q_proj": p.num_heads * p.head_dim, "k_proj": p.num_kv_heads * p.head_dim,
-           "v_proj": p.num_kv_heads * p.head_dim, "o_proj": p.hidden_size, "gate_proj": p.intermediate_size,
-           "up_proj": p.intermediate_size, "down_proj": p.hidden_size}
-    return 2 * max(out[t] for t in inp.lora_targets)
+    shapes = proj_shapes(f.p)
+    return 2 * max(shapes[t][1] for t in inp.lora_targets)
 
 
 def _eager_attention(p: Preset) -> bool:

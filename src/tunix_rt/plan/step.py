@@ -121,12 +121,17 @@ def _adafactor_elems(shapes: list[tuple[int, int]], vectors: int) -> int:
     return sum(a + b if min(a, b) >= 128 else a * b for a, b in shapes) + vectors
 
 
-def proj_elems(p: Preset, targets: tuple[str, ...]) -> int:
+def proj_shapes(p: Preset) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each of a decoder layer's seven projections."""
     h, i = p.hidden_size, p.intermediate_size
     q, kv = p.num_heads * p.head_dim, p.num_kv_heads * p.head_dim
-    size = {"q_proj": h * q, "k_proj": h * kv, "v_proj": h * kv, "o_proj": q * h,
-            "gate_proj": h * i, "up_proj": h * i, "down_proj": i * h}
-    return p.num_layers * sum(size[t] for t in targets)
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def proj_elems(p: Preset, targets: tuple[str, ...]) -> int:
+    shapes = proj_shapes(p)
+    return p.num_layers * sum(shapes[t][0] * shapes[t][1] for t in targets)
 
 
 @dataclass(frozen=True)
