@@ -203,6 +203,13 @@ def test_client_disconnect_mid_stream_frees_the_row(served):
 
 
 def test_full_queue_answers_429(tmp_path, one_thread):
+    """One row decoding and one request waiting fill a server of batch 1 and queue 1: the
+    next requests are refused at once with a 429 that names the limit, and both held
+    requests are answered when decoding goes on. The decode step waits on an event, so each
+    state is reached before the next request is sent (CI once saw six requests sent
+    together end as [429, 429, 200, 429, 429, 429]: the first was still in the queue)."""
+    import threading
+
     home = Home.resolve(tmp_path / "home").ensure()
     app = live_app(home, home.database_url, serve_max_batch=1, serve_max_queue=1, serve_max_tokens=400)
     try:
@@ -211,7 +218,7 @@ def test_full_queue_answers_429(tmp_path, one_thread):
 
             def ask(i):
                 try:
-                    client.chat.completions.create(model="tiny-gemma3", max_tokens=400,
+                    client.chat.completions.create(model="tiny-gemma3", max_tokens=20, temperature=1.0, seed=i,
                                                    messages=[{"role": "user", "content": f"Story {i}"}])
                     return 200
                 except openai.RateLimitError as e:
@@ -219,11 +226,34 @@ def test_full_queue_answers_429(tmp_path, one_thread):
                     return 429
 
             client.chat.completions.create(model="tiny-gemma3", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
-            with ThreadPoolExecutor(6) as pool:
-                codes = list(pool.map(ask, range(6)))
+            sched = app.state.models.get("tiny-gemma3").scheduler
+            go, step = threading.Event(), sched.batch.step
+
+            def held(*a, **k):  # the real step, once the test lets it run
+                assert go.wait(60)
+                return step(*a, **k)
+
+            sched.batch.step = held
+
+            def until(cond):
+                deadline = time.monotonic() + 30
+                while not cond() and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                return cond()
+
+            with ThreadPoolExecutor(2) as pool:
+                try:
+                    decoding = pool.submit(ask, 0)
+                    assert until(lambda: sched.active == 1)
+                    waiting = pool.submit(ask, 1)
+                    assert until(lambda: len(sched._pending) == 1)
+                    refused = [ask(i) for i in range(2, 5)]
+                finally:
+                    go.set()
+                answered = [decoding.result(timeout=60), waiting.result(timeout=60)]
     finally:
         app.state.models.close()
-    assert codes.count(200) >= 2 and codes.count(429) >= 1, codes
+    assert refused == [429, 429, 429] and answered == [200, 200], (refused, answered)
 
 
 def test_malformed_messages_and_types_are_400_and_the_connection_lives(served):
