@@ -252,6 +252,57 @@ def test_flat_rows_take_the_fine_level_and_draw_the_same_ids():
         assert fine.candidates < 0.8 * coarse.candidates, (fine.candidates, coarse.candidates)
 
 
+def _wide_head(vocab: int = 40_960, dim: int = 640) -> torch.Tensor:
+    """A head with one column shared by every row: a hidden state large along it has nearly
+    equal logits and a huge norm (an error bound of tens of logits): the screen leaves most of
+    the vocabulary, as GRPO rollouts of Gemma 3 270M saw at ||x|| 400-800."""
+    head = torch.randn(vocab, dim, generator=torch.Generator().manual_seed(9)) * 0.03
+    head[:, 0] = 1.0
+    return head
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_a_wide_row_takes_full_logits_on_its_own_with_the_batchs_bits(softcap):
+    """Rows the screen leaves more than WIDE_ROW candidates (one, two, or more than MAX_WIDE of
+    a batch, and a batch of one) take full logits two rows to a matmul while the others are
+    rescored as usual: greedy and sampled ids (four temperatures, lazy and ready noise) equal
+    those of the batch's full logits, and only the wide rows took the vocabulary."""
+    head = _wide_head()
+    vocab = head.shape[0]
+    screen = ScreenedArgmax(head, softcap=softcap, groups=16)
+    gen = torch.Generator().manual_seed(3)
+    for b, wide in ((8, [1]), (8, [2, 5]), (5, [0, 3, 4]), (1, [0]), (2, [0, 1])):
+        aim = torch.randint(0, vocab, (b,), generator=gen)
+        x = head[aim] * 60 + torch.randn(b, 640, generator=gen)  # a clear winner: few candidates
+        x[:, 0] = 0.0  # (off the shared column, which Gemma 2's softcap would flatten)
+        x[wide] = torch.randn(len(wide), 640, generator=gen)
+        x[wide, 0] = 500.0  # nearly equal logits, a bound of ~30 logits
+        z = _full(head, x, softcap)
+        if not screen.kernel_exact(b):
+            continue
+        shared = len(wide) <= screened_head.MAX_WIDE and screened_head.pair_rows_match(head, b)
+        before = (screen.wide_rows, screen.candidates, screen.steps)
+        assert torch.equal(screen.argmax(x), z.argmax(dim=1)), (b, wide)
+        for t in TEMPERATURES:
+            cfg = DecodeConfig(temperature=t)
+            for seed in range(2):
+                g = _noise(b, vocab, seed=seed)
+                assert torch.equal(screen.sample(x, g, cfg), sample_full(z, g, cfg)), (b, wide, t, seed)
+                lazy = sampling.Noise([row_seed(seed, r, 0) for r in range(b)], vocab)
+                assert torch.equal(screen.sample(x, lazy, cfg), sample_full(z, g, cfg)), (b, wide, t, seed, "lazy")
+        steps = 1 + 2 * 2 * len(TEMPERATURES)
+        rows, rescored, seen = (screen.wide_rows - before[0], screen.candidates - before[1], screen.steps - before[2])
+        assert seen == b * steps  # every row decided through the screen
+        if shared:
+            assert rows == len(wide) * steps
+            # the narrow rows' union is small: the vocabulary is paid for by the wide rows only
+            assert rescored <= (len(wide) * vocab + (b - len(wide)) * 0.2 * vocab) * steps, (b, wide)
+        else:
+            assert rows == 0, (b, wide)
+    assert screen.wide_rows > 0
+    assert screened_head.pair_rows_match(head, 8)  # two rows sum as eight on the CPUs seen here
+
+
 def test_candidates_rescored_a_block_of_rows_at_a_time_have_the_bits_of_one_matmul(monkeypatch):
     """exact_logits gathers the candidates' head rows a block at a time (no copy of them all):
     the logits have the bits of one matmul over all of them, at Gemma 3 270M's width, for

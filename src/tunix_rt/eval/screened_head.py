@@ -99,6 +99,14 @@ matmul: the step takes full logits (the same bits). Measured on a GRPO rollout's
 (Gemma 3 270M, 8 rows, T = 1, 2-core Xeon; in flat rows the coarse screen leaves tens of
 thousands of tokens): 18.6 s with 0.25 and the candidates copied at once, 15.2 s with 0.6 and
 the rows gathered a block at a time."""
+WIDE_ROW = 16384
+"""A row the screen leaves more candidates than this takes full logits on its own (with at most
+`MAX_WIDE` such rows in the batch), the others are rescored as usual. Such rows come from a
+hidden state of outsized norm, whose bound spans tens of logits: in a GRPO rollout of Gemma 3
+270M (8 rows, T = 1) one row at ||x|| 400-800 against ~100 left 35-120k candidates (error
+bounds 20-47) at 72 of 127 steps, and every row paid for its union. On the 2-core Xeon a 2-row
+matmul over the whole vocabulary takes 26 ms; gathering 87k head rows for 8 rows, 94 ms."""
+MAX_WIDE = 2
 INT32_MIN = -(2**31)
 
 
@@ -128,6 +136,32 @@ def int8_matmul_is_exact(rows: int, dim: int, cols: int) -> bool:
         want = (xq.double() @ block.double().t()).to(torch.int32).repeat(1, reps)[:, :cols]
         PROBED[shape] = torch.equal(int_mm(xq, block.repeat(reps, 1)[:cols]), want)
     return PROBED[shape]
+
+
+PAIRED: dict[tuple[int, int, int], bool] = {}
+"""(rows, vocab, dim) -> whether a 2-row fp32 matmul against the head gives each row the bits
+of a `rows`-row one (this process)."""
+
+
+def pair_rows_match(head: "torch.Tensor", rows: int) -> bool:
+    """Whether `torch.mm` of two rows against this head (its whole vocabulary) gives each row
+    the bits it gets among `rows` rows, probed once per shape on the head itself with random
+    rows (the summation order is the kernel's, chosen by shape, not by the values). MKL's one-row
+    product (a matrix-vector kernel) sums in another order; two rows and more sum as a batch
+    does on the CPUs seen here, but that is the library's choice, so it is checked."""
+    import torch
+
+    key = (rows, head.shape[0], head.shape[1])
+    if rows <= 2:
+        return True  # two rows are the batch itself (a pair of one row is [r, r] only then)
+    if key not in PAIRED:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn((rows, head.shape[1]), generator=g)
+        full = torch.mm(x, head.t())
+        pick = [1, rows - 1]
+        PAIRED[key] = (torch.equal(torch.mm(x[pick], head.t()), full[pick])
+                       and torch.equal(torch.mm(x[[0, 0]], head.t())[0], full[0]))
+    return PAIRED[key]
 
 
 FAST: list[bool] = []
@@ -318,9 +352,12 @@ class ScreenedArgmax:
         self.candidates = 0
         self.full_rows = 0
         self.refined = 0
+        self.wide_rows = 0
         """Running totals: rows decided through the screen, tokens rescored exactly for them
         (summed over those rows), rows decided on full logits (see the module doc), rows of
-        the sampling steps that took the fine level (`refine_at`)."""
+        the sampling steps that took the fine level (`refine_at`), rows the screen left too
+        many candidates that took full logits on their own (`WIDE_ROW`; counted in `steps`
+        and `candidates` too)."""
 
     @classmethod
     def build(cls, head: "torch.Tensor", softcap: float | None = None) -> "ScreenedArgmax | None":
@@ -352,10 +389,7 @@ class ScreenedArgmax:
         ap = self.approx(x)
         if ap is None:
             return self._full(x).argmax(dim=1)
-        cand = self._greedy_candidates(ap)
-        tokens = self._padded(cand)
-        self._count(x.shape[0], cand.numel())
-        return tokens[self.exact_logits(x, tokens).argmax(dim=1)]
+        return self._decide(x, self._greedy_keep(ap), lambda z, rows, tokens: z.argmax(dim=1))
 
     def candidates_of(self, x: "torch.Tensor") -> "torch.Tensor":
         """Sorted token ids that may hold some row's maximum (the union over the rows); every
@@ -368,13 +402,66 @@ class ScreenedArgmax:
     def _greedy_candidates(self, ap: Approx) -> "torch.Tensor":
         import torch
 
+        pos = self._greedy_keep(ap).any(0).nonzero().squeeze(1)
+        return torch.unique(self.perm.index_select(0, pos))
+
+    def _greedy_keep(self, ap: Approx) -> "torch.Tensor":
+        """[B, V'] bool (screen order): the tokens that may hold each row's maximum."""
         b = ap.comb.shape[0]
         top = ap.comb.amax(2).double()  # [B, G]
         low = self._margin((ap.step * top - ap.err).amax(1))  # under each row's best logit
         thr = int_thresholds(low, ap.err, ap.step, ap.comb.dtype)
-        keep = ap.comb >= thr[:, :, None]
-        pos = keep.view(b, -1).any(0).nonzero().squeeze(1)
-        return torch.unique(self.perm.index_select(0, pos))
+        return (ap.comb >= thr[:, :, None]).view(b, -1)
+
+    def _decide(self, x: "torch.Tensor", keep: "torch.Tensor", pick) -> "torch.Tensor":
+        """Each row's token from the exact logits of its candidates (keep [B, V'], screen
+        order): `pick(z [n, T], rows, tokens)` -> [n] positions in z's columns: the rule applied
+        to full logits, for the rows `rows`, z their exact logits of `tokens` (sorted ids; None:
+        the whole vocabulary, in id order). The
+        candidates of all rows but the wide ones (`WIDE_ROW`) are rescored as one union at
+        all B rows; a wide row takes full logits of the whole vocabulary, in pairs (the bits
+        of the batch's matmul: `pair_rows_match`)."""
+        import torch
+
+        b = x.shape[0]
+        wide = self._wide(keep)
+        out = torch.empty(b, dtype=torch.long)
+        if wide:
+            keep = keep.clone()
+            keep[wide] = False
+            out[wide] = pick(self._pair_logits(x, wide), wide, None)
+            self.wide_rows += len(wide)
+            self._count(len(wide), self.vocab)
+        narrow = [r for r in range(b) if r not in wide]
+        if narrow:
+            tokens, n = self._union(keep)  # the wide rows' candidates are cleared
+            z = self.exact_logits(x, tokens)
+            out[narrow] = tokens[pick(z if not wide else z[narrow], narrow, tokens)]
+            self._count(len(narrow), n)
+        return out
+
+    def _wide(self, keep: "torch.Tensor") -> list[int]:
+        """The rows that take full logits on their own: more than `WIDE_ROW` candidates, at
+        most `MAX_WIDE` of them, and a pair of rows gives the batch's bits here."""
+        b = keep.shape[0]
+        wide = (keep.sum(1) > WIDE_ROW).nonzero().squeeze(1).tolist()
+        if not wide or len(wide) > MAX_WIDE or not pair_rows_match(self.head, b):
+            return []
+        return wide
+
+    def _pair_logits(self, x: "torch.Tensor", rows: list[int]) -> "torch.Tensor":
+        """[len(rows), vocab] full logits of those rows of x, two rows to a matmul (an odd one
+        out paired with itself; a batch of one row alone, its own shape), softcap included."""
+        import torch
+
+        if x.shape[0] == 1:
+            z = torch.mm(x, self.head.t())
+        else:
+            z = torch.cat([torch.mm(x[(rows[i: i + 2] * 2)[:2]], self.head.t())[: len(rows[i: i + 2])]
+                           for i in range(0, len(rows), 2)])
+        if self.softcap is not None:
+            z = torch.tanh(z / self.softcap) * self.softcap
+        return z
 
     def _margin(self, low: "torch.Tensor") -> "torch.Tensor":
         """The threshold below a lower bound on the best logit under which no token can win,
@@ -433,11 +520,16 @@ class ScreenedArgmax:
                 up, span = self._upper(fine)
                 keep = self._reachable(up, span, fine, gp, t)
                 self.refined += b
-        tokens, n = self._union(keep)
-        noise = gp.view(b, -1).index_select(1, self.inv.index_select(0, tokens))
-        pick = scores(self.exact_logits(x, tokens), noise, t).argmax(dim=1)
-        self._count(b, n)
-        return tokens[pick]
+        flat = gp.view(b, -1)
+
+        def pick(z, rows, tokens):  # the noise of those rows at those tokens (None: every id)
+            if tokens is None:  # a wide row or two: their noise in id order
+                noise = flat[rows].index_select(1, self.inv)
+            else:  # the candidates' columns first (few), then the rows
+                noise = flat.index_select(1, self.inv.index_select(0, tokens))[rows]
+            return scores(z, noise, t).argmax(dim=1)
+
+        return self._decide(x, keep, pick)
 
     @staticmethod
     def _reachable(up, span, ap: Approx, gp, t: float) -> "torch.Tensor":
