@@ -32,17 +32,20 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _exact_on_extremes(rows: int, d: int, v: int) -> bool:
-    """The kernel checked directly (not through the probe's code): the int8 extremes whose
+    """The product the screen takes (`int_mm`: our VNNI kernel where it serves, else
+    torch._int_mm) checked directly, not through the probe's code: the int8 extremes whose
     pair sums overflow int16, and random values against an int64 reference."""
+    from tunix_rt.eval.int8_kernel import int_mm
+
     for xv, wv in [(127, 127), (-127, 127), (127, -127), (-127, -127)]:
         xq = torch.full((rows, d), xv, dtype=torch.int8)
         wq = torch.full((v, d), wv, dtype=torch.int8)
-        if not torch.equal(torch._int_mm(xq, wq.t()), torch.full((rows, v), xv * wv * d, dtype=torch.int32)):
+        if not torch.equal(int_mm(xq, wq), torch.full((rows, v), xv * wv * d, dtype=torch.int32)):
             return False
     g = torch.Generator().manual_seed(1)
     xq = torch.randint(-127, 128, (rows, d), dtype=torch.int8, generator=g)
     wq = torch.randint(-127, 128, (v, d), dtype=torch.int8, generator=g)
-    return torch.equal(torch._int_mm(xq, wq.t()).long(), xq.long() @ wq.long().t())
+    return torch.equal(int_mm(xq, wq).long(), xq.long() @ wq.long().t())
 
 
 def test_the_probe_tells_whether_the_int8_kernel_is_exact():
