@@ -177,3 +177,34 @@ def test_processes_building_at_once_both_load_the_kernel(tmp_path):
         got = json.loads(out.strip().splitlines()[-1])
         assert got["ok"] and got["kernel"] == vnni, got
     assert [p.name for p in (tmp_path / "kernels").iterdir() if not p.name.endswith(".so")] == []
+
+
+def test_the_noise_bits_equal_numpys():
+    """The sampling noise's hash through the kernel (`noise_bits`) gives the numpy path's bits:
+    negative and extreme seeds, shared ([n]) and per-row ([r, n]) offsets, a column slice of a
+    wider output (its row stride), odd widths; other operands are refused (False, nothing
+    written). Where the kernel does not load, it always refuses and gumbel keeps numpy."""
+    from tunix_rt.eval.sampling import GOLDEN, _bits_numpy
+
+    g = torch.Generator().manual_seed(4)
+    seed = torch.tensor([0, -1, 2**63 - 1, -(2**63), 12345, -987654321], dtype=torch.int64)
+    shared = torch.randint(-(2**62), 2**62, (1003,), dtype=torch.int64, generator=g).mul_(3)
+    per_row = (torch.arange(6 * 1003, dtype=torch.int64).view(6, 1003) + 1).mul_(GOLDEN)
+    ok = {"avx512f", "avx512dq"} <= cpu_flags() and int8_kernel.library() is not None
+    for off in (shared, per_row):
+        want = torch.empty((6, 1003), dtype=torch.int64)
+        x, t = torch.empty_like(want), torch.empty_like(want)
+        _bits_numpy(seed, off, want, x, t)
+        wide = torch.full((6, 1100), 7, dtype=torch.int64)
+        got = wide[:, 50:1053]
+        assert int8_kernel.noise_bits(seed, off, got) == ok
+        if ok:
+            assert torch.equal(got, want)
+            assert bool((wide[:, :50] == 7).all() and (wide[:, 1053:] == 7).all())  # only its columns
+        else:
+            assert bool((wide == 7).all())
+    wide = torch.full((6, 1003), 7, dtype=torch.int64)
+    assert not int8_kernel.noise_bits(seed.int(), shared, wide)  # int32 seeds
+    assert not int8_kernel.noise_bits(seed, shared[::2][:502], wide[:, :502].t().contiguous().t())  # strided
+    assert not int8_kernel.noise_bits(seed[:5], shared, wide)  # one seed short
+    assert bool((wide == 7).all())
