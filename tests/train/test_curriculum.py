@@ -270,9 +270,10 @@ def smoke_args(dataset: str, *extra: str) -> list[str]:
             "warmup_steps=0", "device=cpu", *extra]
 
 
-def check_curriculum_run(run: Path) -> list[dict]:
+def check_curriculum_run(run: Path, order: bool = True) -> list[dict]:
     """A random tiny model answers nothing: from level 2 the window (4 = 2 prompts x 2) is full
-    after every step and lowers the level, 2 -> 1 -> 0; step 2 drew its prompts at level 1."""
+    after every step and lowers the level, 2 -> 1 -> 0; step 2 drew its prompts at level 1
+    (order: data_order.jsonl names them)."""
     from tunix_rt.home import Home
     from tunix_rt.traces.dataset import load_dataset
     from tunix_rt.train.curriculum import dataset_seeds, online_seed
@@ -283,11 +284,11 @@ def check_curriculum_run(run: Path) -> list[dict]:
     assert [(r["step"], r[f"curriculum_level_{TASK}"], r[f"curriculum_move_{TASK}"]) for r in rows] == \
         [(1, 1, -1), (2, 0, -1)]
     assert all(r["filter_skipped_share"] == 0.0 and r["curriculum_moves"] == 1 for r in rows)
-    order = read_jsonl(run / "data_order.jsonl")
     avoid = dataset_seeds(load_dataset(f"rg-{TASK}", Home.resolve()).records)[TASK]
     assert len(avoid) == 3  # train, dev, test: each from its own seed
-    assert [o["ids"] for o in order] == [[f"rg-{TASK}-{online_seed(0, TASK, s, 0, 2, avoid)}-{i}" for i in range(2)]
-                                         for s in range(2)]
+    if order:
+        assert [o["ids"] for o in read_jsonl(run / "data_order.jsonl")] == \
+            [[f"rg-{TASK}-{online_seed(0, TASK, s, 0, 2, avoid)}-{i}" for i in range(2)] for s in range(2)]
     state = json.loads(sorted((run / "checkpoints").glob("step-*/state.json"))[-1].read_text())
     assert state["curriculum"]["levels"] == {TASK: 0}
     return rows
@@ -299,6 +300,24 @@ def test_smoke_grpo_with_a_curriculum_on_torch(home, monkeypatch, capsys):
     code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(import_rg(monkeypatch, capsys), "engine=torch"))
     assert code == 0, err[-3000:]
     check_curriculum_run(next(p for p in home.runs.iterdir() if not p.name.startswith(".")))
+
+
+@pytest.mark.parametrize("method", [("method=rft", "rft_round_steps=1"), ("method=dpo", "pairs=rollouts")],
+                         ids=["rft", "dpo-rollouts"])
+def test_rft_and_rollout_pairs_move_the_curriculum_as_grpo_does(home, monkeypatch, capsys, method):
+    """The other methods that sample GRPO's rollouts: the tiny model answers nothing, so RFT
+    keeps nothing and each step samples a new round (a round is the curriculum's step), and
+    rollout pairs find no pair; the levels go 2 -> 1 -> 0 as GRPO's do, from the same online
+    prompts (RFT names them in data_order.jsonl; a step with no pair names none)."""
+    from cli_testlib import cli_main
+
+    code, _out, err = cli_main(monkeypatch, capsys, "train",
+                               *smoke_args(import_rg(monkeypatch, capsys), "engine=torch", *method))
+    assert code == 0, err[-3000:]
+    run = next(p for p in home.runs.iterdir() if not p.name.startswith("."))
+    assert json.loads((run / "run_manifest.json").read_text())["config"]["method"] == method[0].split("=")[1]
+    rows = check_curriculum_run(run, order=method[0] == "method=rft")
+    assert all(r["groups_drawn"] == 2 for r in rows)
 
 
 @pytest.mark.jax

@@ -20,7 +20,7 @@ from tunix_rt.ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, Range, is_int, is_n
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
 from tunix_rt.train import engines
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
-from tunix_rt.train.methods import METHODS, check_config, rolls_out
+from tunix_rt.train.methods import METHODS, check_config, draws_groups, rolls_out
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -307,11 +307,14 @@ class TrainConfig:
     def _check_rl(self) -> None:
         self._check_choice("rl_loss", ("grpo", "dr_grpo", "dapo", "gspo", "rloo"))
         self._check_prompt_selection()
-        if not rolls_out(self.method):
+        if not draws_groups(self):
             for name in ("filter_pass_rate", "curriculum"):
                 if getattr(self, name) is not None:
-                    raise BadInput(f"config: {name} chooses the prompts of an RL method's rollouts; "
-                                   f"method={self.method} has none (use method=grpo, or {name}: null)")
+                    raise BadInput(f"config: {name} chooses the prompts of the rollouts (method=grpo, method=rft, "
+                                   f"or method=dpo with pairs=rollouts); method={self.method}"
+                                   f"{' with pairs=' + str(self.pairs) if self.method == 'dpo' else ''} has none "
+                                   f"(or set {name}: null)")
+        if not rolls_out(self.method):
             return
         if self.group_size < 2:
             raise BadInput(f"config: group_size must be >= 2 (advantages compare completions of one prompt), "

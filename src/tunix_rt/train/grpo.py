@@ -149,9 +149,7 @@ class GRPO:
         else:
             results = [engine.train_step(batches, self.objective, lr) for _ in range(self.cfg.mu)]
         t2 = time.perf_counter()
-        row = self.metrics(groups, drawn, results, batches)
-        if self.curriculum is not None:
-            row.update(self.curriculum.end_step())
+        row = {**self.metrics(groups, drawn, results, batches), **self.draw_metrics(groups, drawn)}
         row.update({"rollout_s": t1 - t0, "update_s": t2 - t1,
                     "completions_per_s": sum(len(g.completions) for g in groups) / (t2 - t0)})
         return row, [g.record.id for g in groups]
@@ -173,6 +171,17 @@ class GRPO:
 
         kept = select_informative(stream(), cfg.rl_prompts, cfg.dapo_max_draws * cfg.rl_prompts, keep=self.keep)
         return kept.groups, kept.drawn
+
+    def draw_metrics(self, groups: list[Group], drawn: int) -> dict[str, Any]:
+        """What choosing a step's prompts did, for every method that samples these rollouts
+        (grpo, rft, dpo with pairs=rollouts): the groups drawn, the share filter_pass_rate
+        skipped, and the curriculum's levels after the windows move them (its end_step: call
+        once a step, after the step's rollouts)."""
+        row: dict[str, Any] = {"groups_drawn": drawn,
+                               "filter_skipped_share": (drawn - len(groups)) / drawn if drawn else 0.0}
+        if self.curriculum is not None:
+            row.update(self.curriculum.end_step())
+        return row
 
     def _draw(self, gen, step: int, draw: int, n: int) -> list[Group]:
         cfg, size = self.cfg, self.cfg.group_size
@@ -274,8 +283,6 @@ class GRPO:
                "rollout_pass_at_g": float(np.mean([g.correct.any() for g in groups])) if groups else 0.0,
                "zero_variance_share": (drawn - len(groups)) / drawn if self.cfg.rl_loss == "dapo" and drawn else
                float(zero_variance_groups(np.stack([g.rewards for g in groups])).mean()) if groups else 0.0,
-               "groups_drawn": drawn,
-               "filter_skipped_share": (drawn - len(groups)) / drawn if drawn else 0.0,
                "kl": stats.get("kl", 0.0) / tokens, "clip_fraction": stats.get("clipped", 0.0) / tokens,
                **(tool_metrics([o for g in groups for o in g.completions]) if self.cfg.tools else {}),
                "completion_tokens": float(np.mean(lengths)) if lengths else 0.0,

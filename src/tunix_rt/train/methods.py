@@ -100,6 +100,13 @@ def sampling(cfg: Any) -> Sampling | None:
                     held_out_decode=False, prompt_room=False)
 
 
+def draws_groups(cfg: Any) -> bool:
+    """Whether a step of `cfg` (a TrainConfig) samples GRPO's rollouts (groups of completions
+    of rl_prompts prompts): what a curriculum and filter_pass_rate choose the prompts of
+    (grpo, rft, and dpo with pairs=rollouts)."""
+    return sampling(cfg) is not None and METHODS[cfg.method].rows == GROUPS
+
+
 def rolls_out(method: str) -> bool:
     """Whether a step of the method samples completions first (an RL method)."""
     return ROLLOUT in METHODS[method].phases

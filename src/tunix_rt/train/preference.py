@@ -45,7 +45,7 @@ Pairs (`pairs`):
             traces; the prompt rendered as SFT and eval render it, each completion the model
             turn's text + <end_of_turn>; pairs too long for max_seq_len are dropped and counted;
   rollouts  on-policy: the GRPO method's own rollouts (train.grpo: the same prompt order,
-            seeds, rewards and their names, curriculum-free), and from each group of
+            seeds, rewards and their names, curriculum and filter_pass_rate), and from each group of
             group_size completions the best against the worst by total reward, where they
             differ (a group whose rewards are all equal gives no pair).
 A micro-batch holds batch_size sequences: batch_size / 2 pairs, chosen rows then rejected;
@@ -363,7 +363,8 @@ class Preference:
         rewards = np.concatenate([g.rewards for g in groups]) if groups else np.zeros(0)
         return pairs, {"reward": float(rewards.mean()) if rewards.size else 0.0,
                        "rollout_accuracy": float(np.mean([c for g in groups for c in g.correct])) if groups else 0.0,
-                       "paired_share": len(pairs) / len(groups) if groups else 0.0, "groups_drawn": drawn}
+                       "paired_share": len(pairs) / len(groups) if groups else 0.0,
+                       **self.rl.draw_metrics(groups, drawn)}
 
     # ------------------------------------------------------------------ eval, state
     def evaluate(self, engine: Engine) -> dict[str, float]:

@@ -18,7 +18,9 @@ rationalisation. The run goes in rounds; a round
 A round that keeps nothing trains nothing: its step logs the sampling (kept_share 0) and the
 next step samples the next round. The step that samples logs the round: rft_round,
 rft_samples, rft_accepted, rft_kept, kept_share (kept / samples), the rewards, rollout
-accuracy, format rate and pass@G; every step logs loss, grad_norm and tokens.
+accuracy, format rate and pass@G, and GRPO's draw metrics (groups drawn, the share the
+pass-rate band skipped, the curriculum's levels and moves: a round is the curriculum's step);
+every step logs loss, grad_norm and tokens.
 
 Resume is exact: the checkpoint's state holds the prompt order (and curriculum), the round,
 the steps left in it, its kept examples (token ids and loss masks) and the position of the
@@ -97,7 +99,7 @@ class RFT:
         from tunix_rt.train.grpo import tool_written
 
         t0 = time.perf_counter()
-        groups, _drawn = self.rl.rollouts(engine, self.round)
+        groups, drawn = self.rl.rollouts(engine, self.round)
         self.round += 1
         kept, seen, n_ok = [], set(), 0
         for g in groups:
@@ -128,7 +130,7 @@ class RFT:
                "rollout_format_rate": float(np.mean([f for g in groups for f in g.format_ok])) if groups else 0.0,
                "rollout_pass_at_g": float(np.mean([g.correct.any() for g in groups])) if groups else 0.0,
                "completion_tokens": float(np.mean(lengths)) if lengths else 0.0,
-               "rollout_s": time.perf_counter() - t0}
+               **self.rl.draw_metrics(groups, drawn), "rollout_s": time.perf_counter() - t0}
         return row, [g.record.id for g in groups]
 
     # ------------------------------------------------------------------ eval, state
