@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import tempfile
@@ -32,21 +33,10 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.driver import train
 from tunix_rt.train.engine import NLL, SequenceObjective
 from tunix_rt.train.metrics import read_jsonl
-from train_testlib import one_torch_thread, write_traces  # noqa: E402,F401 (autouse fixture)
+from train_testlib import one_torch_thread, write_pairs, write_traces  # noqa: E402,F401 (autouse fixture)
 from train_testlib import run_train_cli as _run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-
-
-def write_pairs(path, n=16) -> str:
-    """Pairs of different lengths in TRL's prompt/chosen/rejected format."""
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"prompt": f"Add {i} and {i % 5}?",
-                                "chosen": f"<reasoning>{i} plus {i % 5} is {i + i % 5}</reasoning>\n"
-                                          f"<answer>{i + i % 5}</answer>",
-                                "rejected": f"<answer>{3 * i + 1}</answer>" + " no" * (i % 4)}) + "\n")
-    return str(path)
 
 
 def dpo_cfg(tmp_path, **over) -> TrainConfig:
@@ -275,30 +265,85 @@ def test_shared_prompt_rows_equal_a_row_per_sequence(home, tmp_path, kind):
 
 @pytest.mark.jax
 def test_torch_and_jax_give_the_same_pair_losses(home, tmp_path):
-    """Fresh adapters (B = 0) on both engines: the same model, so the same sequence log-probs
-    and the same loss of every pref_loss (SimPO and ORPO far from their minimum)."""
+    """The same non-zero adapter on both engines (drawn on the JAX one, exported in PEFT's
+    layout, loaded into the torch one's LoRA weights), so the policy is not the adapter-off
+    reference: the same loss of every pref_loss, the same per-sequence coefficients, and the
+    same implicit rewards, far from the values a fresh adapter gives (dpo: log 2)."""
+    import math
+
     from requires import require_module
 
-    require_module("jax")
-    from tunix_rt.models.store import ensure_model
+    jax = require_module("jax")
+    from flax import nnx
+
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.export import export_adapter
     from tunix_rt.train.jax_engine import JaxEngine
+    from tunix_rt.train.preference import pair_batch
 
+    cfg = dpo_cfg(tmp_path, engine="jax")
+    j = JaxEngine(cfg)
+    j.devices()
+    j.setup(ensure_model(cfg.model, home), load_tokenizer(cfg.model, home))
+    rng = np.random.default_rng(1)
+    for _, var in nnx.to_flat_state(j.params):
+        var[...] = jax.numpy.asarray(rng.normal(0, 0.1, var[...].shape), jax.numpy.float32)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    export_adapter(j.model(), j.model_dir, adapter, cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.lora_targets)
+    drawn = load_file(str(adapter / "adapter_model.safetensors"))
     for kind in ("dpo", "ipo", "simpo", "orpo"):
-        cfg = dpo_cfg(tmp_path, pref_loss=kind, engine="jax")
         t, method, tok = torch_setup(dpo_cfg(tmp_path, pref_loss=kind), home, perturb=False)
-        if kind == "dpo":
-            j = JaxEngine(cfg)
-            j.devices()
-            j.setup(ensure_model(cfg.model, home), tok)
-        method.cfg = cfg
-        from tunix_rt.train.preference import pair_batch
-
+        with torch.no_grad():
+            assert len(drawn) == len(t.trainable)
+            for name, p in t.trainable.items():
+                p.copy_(drawn[name.replace(".default.weight", ".weight")])
+        method.cfg = dataclasses.replace(cfg, pref_loss=kind)
         parts = [pair_batch(method.train_pairs[i:i + 2], tok.pad_id) for i in (0, 2, 4)]
         lt, lj = method.window_loss(t, parts), method.window_loss(j, parts)
-        assert lt.loss == pytest.approx(lj.loss, abs=1e-4), kind
-        np.testing.assert_allclose(lj.d_chosen, lt.d_chosen, atol=1e-4)
+        assert lt.loss == pytest.approx(lj.loss, abs=1e-4, rel=1e-4), kind
+        np.testing.assert_allclose(lj.d_chosen, lt.d_chosen, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(lj.d_rejected, lt.d_rejected, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(lj.chosen_rewards, lt.chosen_rewards, atol=1e-4, rtol=1e-4)
+        if kind == "dpo":
+            assert abs(lt.loss - math.log(2)) > 1e-2 and np.abs(lt.chosen_rewards).max() > 1e-2
 
 
+@pytest.mark.jax
+def test_jax_accumulation_8x1_equals_1x8(home, tmp_path):
+    """On the JAX engine (a drawn adapter: the policy is not the reference), 8 pairs as 8
+    micro-batches of one pair give the gradient of one micro-batch of 8, for every pref_loss."""
+    from requires import require_module
+
+    jax = require_module("jax")
+    from flax import nnx
+
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.jax_engine import JaxEngine, flat
+    from tunix_rt.train.preference import Preference
+
+    cfg = dpo_cfg(tmp_path, engine="jax")
+    tok = load_tokenizer(cfg.model, home)
+    j = JaxEngine(cfg)
+    j.devices()
+    j.setup(ensure_model(cfg.model, home), tok)
+    rng = np.random.default_rng(2)
+    for _, var in nnx.to_flat_state(j.params):
+        var[...] = jax.numpy.asarray(rng.normal(0, 0.1, var[...].shape), jax.numpy.float32)
+    for kind in ("dpo", "ipo", "simpo", "orpo"):
+        out = []
+        for batch_size, accum in ((2, 8), (16, 1)):
+            method = Preference(dpo_cfg(tmp_path, engine="jax", pref_loss=kind, batch_size=batch_size,
+                                        grad_accum=accum), home, tok)
+            batches, loss = method.weighted_batches(j, method.train_pairs[:8])
+            assert len(batches) == accum
+            total, _stats, grads = j.gradients(batches, NLL)
+            out.append((loss.loss, flat(grads)))
+        (a, ga), (b, gb) = out
+        assert a == pytest.approx(b, abs=1e-6), kind
+        assert max(float(np.abs(g).max()) for g in ga.values()) > 1e-3, kind
+        for name in ga:
+            np.testing.assert_allclose(gb[name], ga[name], atol=1e-5, rtol=0, err_msg=f"{kind} {name}")
 
 
 def test_dpo_sigkill_in_accumulation_and_checkpoint_then_resume_is_bit_exact(home, tmp_path):

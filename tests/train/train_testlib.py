@@ -17,6 +17,17 @@ def write_traces(path, n=16):
     return str(path)
 
 
+def write_pairs(path, n=16) -> str:
+    """Pairs of different lengths in TRL's prompt/chosen/rejected format."""
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": f"Add {i} and {i % 5}?",
+                                "chosen": f"<reasoning>{i} plus {i % 5} is {i + i % 5}</reasoning>\n"
+                                          f"<answer>{i + i % 5}</answer>",
+                                "rejected": f"<answer>{3 * i + 1}</answer>" + " no" * (i % 4)}) + "\n")
+    return str(path)
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread():
     """2 shared cores: one thread avoids OpenMP oversubscription stalls (autouse where imported)."""

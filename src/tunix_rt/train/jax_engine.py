@@ -86,7 +86,13 @@ def apply_lora(model, cfg: TrainConfig, tcfg, dropout: float | None = None):
         rank=cfg.lora_rank, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout if dropout is None else dropout,
         **extra,
     )
-    return qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(cfg.seed), **model.get_model_input())
+    model = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(cfg.seed), **model.get_model_input())
+    if cfg.lora_dropout > 0:
+        # qwix unsets the modules' rngs once the LoRA weights exist ("set it yourself for LoRA
+        # dropout"): without them every dropout call raises. Set whenever the config has dropout,
+        # also on the dropout-free structure (dropout=0.0), so both hold the same state.
+        model.set_attributes(qwix_rngs=nnx.Rngs(dropout=cfg.seed))
+    return model
 
 
 def _tile(*dims: int) -> int:
@@ -136,6 +142,9 @@ def make_grad_fn(graph, cfg: TrainConfig, objective: Objective):
     impl, chunk_bytes = cfg.loss_impl, cfg.loss_chunk_bytes
 
     def loss_of(params, rngs, rest, b):
+        # value_and_grad passes the undifferentiated rngs through as the jit level's Variables,
+        # which nnx refuses to advance inside its trace (LoRA dropout draws): fresh ones here
+        rngs = jax.tree.map(lambda x: x, rngs)
         model = nnx.merge(graph, params, rngs, rest)
         h = hidden_states(model, b["ids"], b["pos"], b["attn"])
         emb, softcap = head_of(model)
