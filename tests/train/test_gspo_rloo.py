@@ -327,9 +327,11 @@ def test_jax_engine_equals_torch_engine(home, tmp_path, rl_loss):
     assert norm > 0
 
 
-def test_rloo_sigkill_then_resume_is_bit_exact(home, tmp_path):
-    """rloo with mu = 2 (its no-gradient passes, the KL in the reward): killed after step 2,
-    resumed from step 1's checkpoint, the same weights and rows as a run never stopped."""
+@pytest.mark.parametrize("rl_loss", ["gspo", "rloo"])
+def test_sigkill_then_resume_is_bit_exact(home, tmp_path, rl_loss):
+    """gspo and rloo with mu = 2 (the no-gradient passes, rloo's KL in the reward, gspo's
+    sequence ratio off-policy): killed after step 2, resumed from step 1's checkpoint, the
+    same weights and rows as a run never stopped."""
     import os
     import signal
     import subprocess
@@ -341,7 +343,7 @@ def test_rloo_sigkill_then_resume_is_bit_exact(home, tmp_path):
     from tunix_rt.train.driver import train
     from tunix_rt.train.metrics import read_jsonl
 
-    cfg = rl_cfg(tmp_path, rl_loss="rloo", max_steps=3, save_interval=1, batch_size=2, lora_dropout=0.1)
+    cfg = rl_cfg(tmp_path, rl_loss=rl_loss, mu=2, max_steps=3, save_interval=1, batch_size=2, lora_dropout=0.1)
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text(cfg.to_yaml())
     env = {**os.environ, "TUNIX_RT_HOME": str(home.root), "OMP_NUM_THREADS": "1",
