@@ -159,3 +159,30 @@ def test_runs_are_named_method_base_date_id_and_a_run_from_a_run_keeps_its_base(
     assert base_model_name(rl_cfg(tmp_path, init=rl.name), home) == "tiny-gemma3"  # a chain of runs
     assert re.fullmatch("mine" + stamp, new_run_id(rl_cfg(tmp_path, init=sft.name, run_name="mine"), home))
     assert re.fullmatch("sft-my-gemma" + stamp, new_run_id(rl_cfg(tmp_path, method="sft", model="/m/my-gemma"), home))
+
+
+@pytest.mark.parametrize("engine", ["torch", pytest.param("jax", marks=pytest.mark.jax)])
+def test_full_fine_tuning_with_beta_compares_with_a_frozen_copy_of_the_start(home, tmp_path, engine):
+    """finetune=full with beta > 0: the reference is a frozen copy of the starting weights (not
+    the policy itself, whose KL to itself is 0). At step 1 the policy is the start (KL 0 to
+    float precision); from step 2 it has moved, and the KL is positive; the engine loaded the
+    copy once. The memory plan counts the copy."""
+    from tunix_rt.plan.make import plan_train
+
+    if engine == "jax":
+        from requires import require_module
+
+        require_module("jax")
+    cfg = train_testlib.rl_cfg(tmp_path, engine=engine, finetune="full", beta=0.5, max_steps=2, lr=1e-3,
+                               save_interval=0)
+    run = train(cfg, home)
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert abs(rows[0]["kl"]) < 1e-6 and rows[1]["kl"] > 1e-6, rows
+    import dataclasses
+
+    plan = plan_train(cfg, "cpu", 1)
+    lora = plan_train(dataclasses.replace(cfg, finetune="lora"), "cpu", 1)
+    assert plan.items["reference_weights"] == plan.items["weights"] and "reference_weights" not in lora.items
+    no_kl = plan_train(dataclasses.replace(cfg, beta=0.0), "cpu", 1)
+    assert "reference_weights" not in no_kl.items and no_kl.peak_bytes_per_device < plan.peak_bytes_per_device

@@ -155,6 +155,40 @@ def test_dpo_and_ipo_equal_trl_dpotrainer(home, tmp_path, loss_type):
     assert_same_grads(grads, trl_grads(engine, theirs))
 
 
+def test_full_fine_tuning_dpo_equals_trl_dpotrainer_with_its_reference_copy(home, tmp_path):
+    """finetune=full: the reference is a frozen copy of the starting weights, which the engine
+    loads at its first reference pass. The policy is moved off them (noise on every weight),
+    so the loss and the gradient of every weight equal TRL's DPOTrainer given the unmoved
+    model as its ref_model."""
+    from trl import DPOConfig, DPOTrainer
+
+    from tunix_rt.models.hf import load_causal_lm
+    from tunix_rt.train.torch_engine import attention_of
+
+    cfg = dpo_cfg(tmp_path, pref_loss="dpo", pref_beta=0.5, finetune="full")
+    engine, method, _ = torch_setup(cfg, home, perturb=False)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in engine.trainable.values():
+            p.add_(torch.randn(p.shape, generator=g) * 0.02)
+    pairs = method.train_pairs[:4]
+    assert engine._reference is None  # loaded at the first reference pass, not at setup
+    ours, grads = our_loss_and_grads(engine, method, pairs)
+    assert engine._reference is not None and not any(p.requires_grad for p in engine._reference.parameters())
+    ref = load_causal_lm(engine.model_dir, dtype="fp32", device="cpu", attn=attention_of(engine.model_dir)).eval()
+    args = DPOConfig(output_dir=tempfile.mkdtemp(dir=tmp_path), beta=0.5, loss_type="sigmoid", report_to=[],
+                     use_cpu=True, bf16=False, per_device_train_batch_size=4)
+    trainer = DPOTrainer(model=engine.model, ref_model=ref, args=args, train_dataset=dummy_dataset(),
+                         processing_class=hf_tokenizer(engine))
+    batch = trainer.data_collator([{"prompt_ids": p.prompt, "chosen_ids": p.chosen, "rejected_ids": p.rejected}
+                                   for p in pairs])
+    theirs = trainer.compute_loss(trainer.model, batch)
+    assert ours.loss == pytest.approx(float(theirs.detach()), abs=1e-5)
+    assert abs(ours.loss - np.log(2)) > 1e-3  # the reference differs from the policy
+    assert len(grads) == len(list(engine.model.parameters()))  # every weight trains
+    assert_same_grads(grads, trl_grads(engine, theirs))
+
+
 def test_simpo_equals_trl_cpotrainer(home, tmp_path):
     from trl.experimental.cpo import CPOConfig, CPOTrainer
 
@@ -435,7 +469,7 @@ def test_dpo_refuses_what_it_cannot_run(home, tmp_path):
     from tunix_rt.train.preference import Preference
 
     # the config refuses these itself (the CLI and the job API build it before anything runs)
-    for over, words in (({"finetune": "full"}, "finetune=lora"), ({"batch_size": 3}, "even batch_size"),
+    for over, words in (({"batch_size": 3}, "even batch_size"),
                         ({"batch_size": 1}, "even batch_size"), ({"tools": ["calculator"]}, "takes no tools"),
                         ({"packing": True}, "does not pack"), ({"pairs": "rollouts", "group_size": 1}, "group_size")):
         with pytest.raises(BadInput, match=words):
@@ -445,6 +479,7 @@ def test_dpo_refuses_what_it_cannot_run(home, tmp_path):
     with pytest.raises(BadInput, match="pairs=rollouts"):  # a traces dataset is known once it is read
         Preference(dpo_cfg(tmp_path, dataset=write_traces(tmp_path / "t.jsonl", 4)), home, tok)
     Preference(dpo_cfg(tmp_path, finetune="full", pref_loss="simpo"), home, tok)  # no reference: fine
+    Preference(dpo_cfg(tmp_path, finetune="full", pref_loss="dpo"), home, tok)  # a frozen copy: fine
 
 
 def test_data_validate_reads_pairs(tmp_path, monkeypatch, capsys):

@@ -66,6 +66,7 @@ def plan_cmd(
     train_method: Annotated[Optional[str], typer.Option("--train-method", help="The training method whose sampling to plan (train config `method`): grpo (the default with --rl-prompts: its update trains on the rollouts), rft or dpo with --pairs rollouts (the rollouts, then the method's own step), distill with --on-policy (one completion of each of the step's --batch x --grad-accum examples).")] = None,
     pairs: Annotated[str, typer.Option("--pairs", help="dpo: dataset or rollouts (GRPO's rollouts paired: planned with them).")] = "dataset",
     on_policy: Annotated[bool, typer.Option("--on-policy", help="distill: the student samples its completions (kd_on_policy), --rollout-tokens each.")] = False,
+    reference: Annotated[bool, typer.Option("--reference", help="--method full with a loss that compares with the reference policy (dpo, ipo, GRPO's beta > 0): a frozen copy of the starting weights is resident (LoRA's reference is the adapter-off model: nothing added).")] = False,
     xla: Annotated[Optional[bool], typer.Option("--xla/--no-xla", help="Also ask XLA (JAX engine only; on by default there).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
@@ -79,7 +80,7 @@ def plan_cmd(
                  devices=devices, strategy=strategy, optimizer=optimizer, dtype=dtype, engine=engine,
                  remat=remat, donate=donate, lora_rank=lora_rank, weight_qtype=weight_qtype,
                  grad_accum=grad_accum, grad_clip=grad_clip, loss_chunk_bytes=loss_chunk_bytes,
-                 teacher=teacher_model(teacher), **sampled)
+                 teacher=teacher_model(teacher), reference=reference, **sampled)
 
 
 #: the flags of a step's sampling, in PlanInputs' order (rl_prompts, group_size, rollout_tokens)

@@ -69,6 +69,11 @@ class PlanInputs:
     teacher: str | None = None
     """Distillation (a method with a teacher phase): the teacher, a catalog name or a model
     directory (plan.teacher adds its weights, forward and loss terms); None: no teacher."""
+    reference: bool = False
+    """Full fine-tuning with a loss that compares with the reference policy (train.methods.
+    uses_reference: GRPO's beta > 0, dpo, ipo): a frozen copy of the starting weights is
+    resident beside the trained ones (plan.teacher adds reference_weights). With LoRA the
+    reference is the adapter-off model, nothing more."""
 
     def __post_init__(self) -> None:
         for name, choices in (("method", ("lora", "full")), ("optimizer", ("adamw", "adafactor")),

@@ -18,7 +18,7 @@ from tunix_rt.plan.step import check_lora_rank
 from tunix_rt.plan.suggest import suggestions
 from tunix_rt.plan.verdict import Plan
 from tunix_rt.plan.teacher import teacher_model
-from tunix_rt.train.methods import sampling, uses_teacher
+from tunix_rt.train.methods import sampling, uses_reference, uses_teacher
 
 
 def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
@@ -51,9 +51,10 @@ def make_plan(inp: PlanInputs, xla: bool = False, xla_timeout: float = 300.0,
             res = None
     if xla and inp.engine == "jax" and res is not None:
         plan.estimators["xla"] = int(res["peak_bytes_per_device"])
-        if inp.teacher:  # XLA compiles the student's step; the teacher's items are the analytic ones
-            plan.estimators["xla"] += sum(v for k, v in items.items() if k.startswith("teacher_"))
-            plan.notes.append("xla: the student's step compiled by XLA plus the teacher's analytic items")
+        if inp.teacher or "reference_weights" in items:  # XLA compiles the trained model's step only
+            plan.estimators["xla"] += sum(v for k, v in items.items()
+                                          if k.startswith("teacher_") or k == "reference_weights")
+            plan.notes.append("xla: the trained model's step compiled by XLA plus the frozen models' analytic items")
         if inp.rl:  # XLA compiles the update; the rollout phase has the analytic figure only
             plan.estimators["xla"] = max(plan.estimators["xla"] + items.get("rl_aux", 0), details["phases"]["rollout"])
             plan.notes.append("xla: the update step compiled by XLA (plus rl_aux), or the analytic rollout phase "
@@ -98,6 +99,7 @@ def plan_train(cfg, device: str, devices: int, capacity_bytes: int | None = None
         loss_chunk_bytes=cfg.loss_chunk_bytes, tp=tp, strategy=strategy,
         **sampling_inputs(cfg),
         teacher=teacher_model(cfg.teacher, cfg.model) if uses_teacher(cfg.method) else None,
+        reference=cfg.finetune == "full" and uses_reference(cfg),
     )
     return make_plan(inp, xla=xla, capacity_bytes=capacity_bytes)
 

@@ -7,7 +7,8 @@ two phases that never overlap, and peaks in the larger (`details.phases`,
 - update: GRPO's (trains_on_rollouts) is the training step above over the P x G rollout
   sequences (prompt + completion, at most seq tokens) in micro-batches of `batch`, all
   accumulated into one optimizer step, plus rl_aux (the per-token coef, advantage, old and
-  reference log-prob arrays; the reference is the adapter-off model, no second copy); any
+  reference log-prob arrays; the reference is the adapter-off model, no second copy, or under
+  full fine-tuning a frozen copy: plan.teacher's reference_weights); any
   other method's is its own step (batch x grad_accum, with a teacher's items: plan.teacher);
 - rollout: the resident weights and optimizer state (and a distillation teacher's weights;
   LoRA adapters are applied live, no merged copy of any weight: eval.fast_gemma.LoraWeight),
@@ -142,7 +143,7 @@ def _rollout_phase(inp: PlanInputs, f: Facts, device: DeviceSpec, weights: float
                    optimizer: float, frozen: float = 0.0) -> dict[str, Any]:
     """Bytes per device while the method decodes: the resident weights and optimizer state
     (no gradients, no activations: the last step freed them) and `frozen` (a distillation
-    teacher's weights, loaded for the whole run), and the larger of the decodes the method
+    teacher's weights, or full fine-tuning's reference weights, loaded for the whole run), and the larger of the decodes the method
     makes: the rollouts (P x G rows, sampled) and, with held_out_decode, the held-out
     evaluation (greedy, eval's default batch of prompts)."""
     from tunix_rt.eval.generate import DecodeConfig
@@ -184,14 +185,15 @@ def _rl_analytic(inp: PlanInputs, preset: Preset, device: DeviceSpec) -> tuple[d
     aux = _rl_aux_bytes(inp, upd, f, device)
     update_peak += aux * (1 + SLACK[device.kind])
     update_ws = items["workspace"] + aux * SLACK[device.kind]
-    roll = _rollout_phase(inp, f, device, items["weights"], items["optimizer"], items.get("teacher_weights", 0))
+    roll = _rollout_phase(inp, f, device, items["weights"], items["optimizer"],
+                          items.get("teacher_weights", 0) + items.get("reference_weights", 0))
     phase = "rollout" if roll["peak"] > update_peak else "update"
     items = {**{k: v for k, v in items.items() if k != "workspace"}, **({"rl_aux": aux} if inp.trains_on_rollouts else {}),
              "rollout_cache": roll["rollout_cache"],
              "rollout_workspace": roll["rollout_workspace"],
              "workspace": roll["workspace"] if phase == "rollout" else update_ws}
     update = details["peak_formula"] + (" + rl_aux" if inp.trains_on_rollouts else "")
-    frozen = " + teacher_weights" if "teacher_weights" in items else ""
+    frozen = "".join(f" + {k}" for k in ("teacher_weights", "reference_weights") if k in items)
     details.update({
         "peak_phase": phase, "phases": {"update": int(update_peak), "rollout": int(roll["peak"])},
         "update_batch": upd.batch, "update_micro_batches": upd.grad_accum, "rollout_decode": roll["decode"],

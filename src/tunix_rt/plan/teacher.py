@@ -13,6 +13,12 @@ student's step (`plan.step`, `plan.rl`) it adds, at the update's peak:
   [chunk, V] fp32 buffers than the plain token loss's 2, and the teacher's hidden rows.
 
     peak = the student's peak + (teacher_weights + teacher_forward + teacher_loss_head) * (1 + slack)
+
+Full fine-tuning with a reference policy (PlanInputs.reference) holds the other frozen model
+beside the trained one: a copy of the starting weights, loaded at the first reference pass and
+kept (the torch engine whole on each rank, the JAX engine sharded like the trained weights);
+its no-gradient passes run before the update's, so only its weights add to the peak:
+- reference_weights: every parameter of the model in the param dtype.
 """
 
 from __future__ import annotations
@@ -69,7 +75,15 @@ def teacher_bytes(inp: PlanInputs, student: Preset) -> dict[str, float]:
 
 def with_teacher(inp: PlanInputs, student: Preset, device: DeviceSpec, items: dict[str, int],
                  details: dict[str, Any], peak: int) -> tuple[dict[str, int], dict[str, Any], int]:
-    """A step's (items, details, peak) with the teacher's items added (none without a teacher)."""
+    """A step's (items, details, peak) with the frozen models' items added: a teacher's, and
+    full fine-tuning's reference weights (none without either)."""
+    if inp.reference and inp.method == "full":
+        wb = 2 if inp.dtype == "bf16" else 4
+        f = facts(inp, student)
+        ref = int(student.param_count() * wb / (f.shard if f.jax else 1))
+        items = {**items, "reference_weights": ref}
+        details = {**details, "peak_formula": f"{details['peak_formula']} + reference_weights"}
+        peak = int(peak + ref * (1 + SLACK[device.kind]))
     if not inp.teacher:
         return items, details, peak
     extra = {k: int(v) for k, v in teacher_bytes(inp, student).items()}

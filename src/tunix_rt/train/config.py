@@ -157,7 +157,8 @@ class TrainConfig:
     epsilon_high: float | None = None
     """Ratio clip above (1 + epsilon_high); None: epsilon (dapo's clip-higher uses 0.28)."""
     beta: float = 0.04
-    """KL coefficient to the reference policy (the adapter-off model; 0: no reference)."""
+    """KL coefficient to the reference policy (the adapter-off model; under finetune=full a
+    frozen copy of the starting weights; 0: no reference)."""
     mu: int = 1
     """Update iterations per rollout batch (each one an optimizer step on the same rollouts)."""
     mask_truncated: bool = False
@@ -185,7 +186,8 @@ class TrainConfig:
     pref_loss: str = "dpo"
     """dpo (sigmoid DPO with label_smoothing), ipo, simpo (length-normalised, margin
     simpo_gamma, no reference) or orpo (NLL on chosen + orpo_lambda x odds-ratio term, no
-    reference). dpo and ipo need finetune=lora: the reference is the adapter-off model."""
+    reference). dpo and ipo compare with the reference: the adapter-off model, or under finetune=full a
+    frozen copy of the starting weights."""
     pref_beta: float = 0.1
     """beta of dpo, ipo (its tau) and simpo (SimPO's paper uses 2.0-2.5); the implicit reward
     is pref_beta x (logp - ref_logp) (simpo: x the mean logp)."""
@@ -319,9 +321,6 @@ class TrainConfig:
         if self.group_size < 2:
             raise BadInput(f"config: group_size must be >= 2 (advantages compare completions of one prompt), "
                            f"got {self.group_size}")
-        if self.beta > 0 and self.finetune != "lora":
-            raise BadInput("config: beta > 0 needs finetune=lora: the reference policy is the model with the "
-                           "adapter off (no second copy of the weights); with finetune=full set beta=0")
         if self.rollout_max_new_tokens >= self.max_seq_len:
             raise BadInput(f"config: rollout_max_new_tokens ({self.rollout_max_new_tokens}) must leave room for the "
                            f"prompt in max_seq_len ({self.max_seq_len})")

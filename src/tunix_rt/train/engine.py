@@ -47,7 +47,8 @@ class Objective:
     eps_low: float = 0.2
     eps_high: float = 0.2
     beta: float = 0.0
-    """KL coefficient to the reference (the adapter-off model); 0 skips the reference."""
+    """KL coefficient to the reference (the adapter-off model, or full fine-tuning's frozen copy of
+    the starting weights); 0 skips the reference."""
     on_policy: bool = False
     """old_logp is the current policy's own log-prob (one update per rollout batch, mu = 1):
     the ratio is exactly 1 in value (old_logp = logp, held constant), so no second forward
@@ -132,8 +133,9 @@ class Engine(Protocol):
 
     def token_logprobs(self, batch, adapter: bool = True) -> np.ndarray:
         """log p(target) at every position of the batch, float32 [B, L] (0 where labels are
-        IGNORE), no gradient. adapter=False: the LoRA adapter disabled (the reference policy
-        of a LoRA run, with no second copy of the model)."""
+        IGNORE), no gradient. adapter=False: the reference policy, the model the run started
+        from: the LoRA adapter disabled (no second copy of the model), or under finetune=full
+        a frozen copy of the starting weights, loaded at the first such call."""
 
     def generator(self) -> "Generator":
         """An eval.generate.Generator on the current weights (RL rollouts)."""

@@ -13,7 +13,8 @@ One step:
      (train.curriculum.keep_rule, within dapo_max_draws);
   3. the update: prompt + completion sequences, the loss on completion tokens only, per-token
      coefficients for the whole window (train.advantages.token_coefficients), advantages as
-     aux, the reference log-probs from the adapter-off model (beta > 0) and, for mu > 1, the
+     aux, the reference log-probs from the adapter-off model (finetune=full: a frozen copy of the
+     starting weights; beta > 0) and, for mu > 1, the
      rollout policy's log-probs; then mu optimizer steps of the engine's fused policy
      objective (train.engine: no [B, L, V] logits anywhere).
 

@@ -203,6 +203,7 @@ class JaxEngine:
         self.tx = None
         self.opt_state = None
         self._fns: dict[Any, Any] = {}
+        self._reference = None  # finetune=full: the frozen starting weights (loaded at the first reference pass)
         self._generator = None  # eval.jax_generate.JaxGenerator, made on first use
 
     # ------------------------------------------------------------------ devices
@@ -398,20 +399,45 @@ class JaxEngine:
 
     def token_logprobs(self, batch, adapter: bool = True) -> np.ndarray:
         """log p(target) [B, L] (0 where labels are IGNORE), no gradient. adapter=False: the
-        LoRA factors zeroed (B = 0: the base model's own output, no second copy of it)."""
+        reference policy, the model the run started from: with LoRA the factors zeroed (B = 0:
+        the base model's own output, no second copy of it); with finetune=full a frozen copy
+        of the starting weights (reference_state)."""
         import jax
 
         fn = self._fn("logprobs", lambda: self._forward_fn(logprobs=True))
-        params = self.params
+        params, rngs, rest = self.params, self.rngs, self.rest
         if not adapter and self.cfg.finetune == "lora":
             params = jax.tree.map(jax.numpy.zeros_like, params)
+        elif not adapter:
+            params, rngs, rest = self.reference_state()
         with jax.set_mesh(self.mesh), dist.peer_failures("token log-probabilities"):
-            out = np.asarray(host(fn(params, self.rngs, self.rest, self._device_batch(batch))), np.float32)
+            out = np.asarray(host(fn(params, rngs, rest, self._device_batch(batch))), np.float32)
         labels = np.asarray(batch.labels)
         from tunix_rt.train.data import IGNORE
 
         out = out[:, :labels.shape[1]]
         return np.where(labels != IGNORE, out, 0.0).astype(np.float32)
+
+    def reference_state(self):
+        """finetune=full's reference policy: (params, rngs, rest) of the model the run started
+        from (model_dir: the base, or the `init` run's merged model; a resumed run reads it there
+        too, never a checkpoint), loaded and sharded as the trained one was, the same structure
+        (the engine's jitted forward takes it); loaded once, at the first reference pass."""
+        if self._reference is None:
+            import jax
+            from flax import nnx
+
+            from tunix_rt.models.jax_loader import load_model
+
+            with jax.set_mesh(self.mesh):
+                model, _ = load_model(self.model_dir, self.mesh, self.cfg.dtype,
+                                      remat=self.cfg.gradient_checkpointing)
+                _graph, params, rngs, rest = nnx.split(model, nnx.Param, nnx.RngState, ...)
+            if [jax.tree.structure(x) for x in (params, rngs, rest)] != \
+                    [jax.tree.structure(x) for x in (self.params, self.rngs, self.rest)]:
+                raise TunixRtError("the reference model has another state structure than the trained one")
+            self._reference = (params, rngs, rest)
+        return self._reference
 
     def _forward_fn(self, logprobs: bool):
         import jax

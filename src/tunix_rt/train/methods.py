@@ -49,6 +49,12 @@ class MethodSpec:
     """The update is an RL step over every rollout sequence (GRPO: P x G of them, with their
     per-token advantages); False: the method's own batches (rft's kept completions, dpo's
     pairs, distill's examples) at batch_size x grad_accum."""
+    reference: tuple[str, Any] | None = None
+    """(config field, values) under which a step compares with the reference policy, the
+    model the run started from: the field's value among `values`, or POSITIVE (above 0).
+    LoRA's reference is the adapter-off model; full fine-tuning's a frozen copy of the starting
+    weights, which the engine loads at its first reference pass and the plan counts. None:
+    never."""
     check: str = ""
     """"module:function" that takes a TrainConfig of this method and refuses what the method
     cannot run (BadInput), called when the config is validated: the CLI and the job API
@@ -56,13 +62,19 @@ class MethodSpec:
     its own file, are checked at the door. "": none."""
 
 
+#: MethodSpec.reference's "the field's value is above 0"
+POSITIVE = "positive"
+#: the pref_loss values that compare with the reference policy (train.preference)
+REFERENCE_LOSSES = ("dpo", "ipo")
+
 METHODS: dict[str, MethodSpec] = {
     "sft": MethodSpec("tunix_rt.train.sft:SFT", (UPDATE,)),
-    "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE), GROUPS, trains_on_rollouts=True),
+    "grpo": MethodSpec("tunix_rt.train.grpo:GRPO", (ROLLOUT, UPDATE), GROUPS, trains_on_rollouts=True,
+                       reference=("beta", POSITIVE)),
     "rft": MethodSpec("tunix_rt.train.rft:RFT", (ROLLOUT, UPDATE), GROUPS),
     "distill": MethodSpec("tunix_rt.train.distill:Distill", (TEACHER, UPDATE), BATCH, ("kd_on_policy", True)),
     "dpo": MethodSpec("tunix_rt.train.preference:Preference", (UPDATE,), GROUPS, ("pairs", "rollouts"),
-                      check="tunix_rt.train.preference:check_config"),
+                      reference=("pref_loss", REFERENCE_LOSSES), check="tunix_rt.train.preference:check_config"),
 }
 
 
@@ -105,6 +117,18 @@ def draws_groups(cfg: Any) -> bool:
     of rl_prompts prompts): what a curriculum and filter_pass_rate choose the prompts of
     (grpo, rft, and dpo with pairs=rollouts)."""
     return sampling(cfg) is not None and METHODS[cfg.method].rows == GROUPS
+
+
+def uses_reference(cfg: Any) -> bool:
+    """Whether a step of `cfg` (a TrainConfig) compares with the reference policy (GRPO's
+    KL with beta > 0, pref_loss dpo or ipo): under finetune=full a frozen copy of the starting
+    weights sits beside the trained ones (the engines' token_logprobs(adapter=False))."""
+    rule = METHODS[cfg.method].reference
+    if rule is None:
+        return False
+    field, values = rule
+    value = getattr(cfg, field)
+    return value > 0 if values == POSITIVE else value in values
 
 
 def rolls_out(method: str) -> bool:

@@ -37,8 +37,9 @@ engine, several processes) step 1 is a no-gradient pass of its own, in eval mode
 lora_dropout > 0 its S is dropout-free while the fused path's S shares the gradient pass's
 dropout, as autograd through S (TRL) has it.
 
-The reference of dpo and ipo is the model with the LoRA adapter off: finetune=full is refused
-for them (a frozen second copy of the weights is not kept); simpo and orpo need no reference.
+The reference of dpo and ipo is the model the run started from: with LoRA, the model with the
+adapter off; with finetune=full, a frozen copy of the starting weights that the engine loads
+at the first reference pass (the plan counts it). simpo and orpo need no reference.
 
 Pairs (`pairs`):
   dataset   a prompt/chosen/rejected JSONL (traces.pairs) as `dataset`, split by id like
@@ -69,18 +70,11 @@ from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import SeededOrder, collate, position_of, position_state
 from tunix_rt.train.engine import NLL, Engine, SequenceObjective
-
-#: the losses that compare with the reference policy (the adapter-off model)
-REFERENCE_LOSSES = ("dpo", "ipo")
-
+from tunix_rt.train.methods import REFERENCE_LOSSES
 
 def check_config(cfg: TrainConfig) -> None:
     """What method=dpo refuses, called by TrainConfig's validation (train.methods: the
     MethodSpec's check), so the CLI and the job API refuse it before anything runs."""
-    if cfg.pref_loss in REFERENCE_LOSSES and cfg.finetune != "lora":
-        raise BadInput(f"config: pref_loss={cfg.pref_loss} compares with the reference policy, the model with "
-                       "the LoRA adapter off: it needs finetune=lora (no frozen second copy of the weights is "
-                       "kept); with finetune=full use pref_loss=simpo or orpo (no reference)")
     if cfg.batch_size < 2 or cfg.batch_size % 2:
         raise BadInput(f"config: batch_size counts sequences, and a pair is two (chosen, rejected): method=dpo "
                        f"needs an even batch_size >= 2, got {cfg.batch_size}")
@@ -408,7 +402,8 @@ class Preference:
                  "ipo": f"IPO, tau {beta}",
                  "simpo": f"SimPO, beta {beta}, gamma {cfg['simpo_gamma']}, label smoothing {cfg['label_smoothing']}",
                  "orpo": f"ORPO, lambda {cfg['orpo_lambda']}"}[loss]
-        ref = "reference: the adapter-off model" if loss in REFERENCE_LOSSES else "no reference model"
+        ref = ("no reference model" if loss not in REFERENCE_LOSSES else "reference: the adapter-off model"
+               if cfg.get("finetune", "lora") == "lora" else "reference: a frozen copy of the starting weights")
         pairs = (f"pairs from `{cfg['dataset']}`" if cfg["pairs"] == "dataset" else
                  f"on-policy pairs: {cfg['rl_prompts']} prompts x {cfg['group_size']} samples a step ranked by "
                  f"rewards {json.dumps(cfg['rewards'], sort_keys=True)}, the best against the worst")

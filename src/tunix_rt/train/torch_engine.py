@@ -51,6 +51,7 @@ class TorchEngine:
         self.optimizer = None
         self.model_dir: Path | None = None
         self.tok = None
+        self._reference = None  # finetune=full: the frozen starting weights (loaded at the first reference pass)
 
     def check_model(self, model_dir: Path) -> None:
         """Nothing to refuse here: PEFT targets any subset of the projections, and the plan
@@ -186,13 +187,35 @@ class TorchEngine:
         from tunix_rt.train.data import IGNORE
 
         t = tensors(batch, self.device)
+        module = self.module
+        if not adapter and self.cfg.finetune == "full":  # the reference policy: the starting weights
+            module = self.reference_module()
         off = self.model.disable_adapter() if (not adapter and hasattr(self.model, "disable_adapter")) \
             else contextlib.nullcontext()
         with torch.no_grad(), self._eval_mode(), off:
-            lp = self.module(t, logprobs=True)
+            lp = module(t, logprobs=True)
         out = np.zeros(batch.labels.shape, np.float32)
         out[np.asarray(batch.labels) != IGNORE] = lp.cpu().numpy()
         return out
+
+    def reference_module(self):
+        """finetune=full's reference policy: the model the run started from (model_dir: the base,
+        or the `init` run's merged model; a resumed run reads it there too, never a checkpoint),
+        frozen, built as the trained one is (the fused MLPs: at step 0 its log-probs are the
+        policy's to the bit), on every process whole; loaded once, at the first reference pass,
+        without touching the RNG streams a checkpoint holds."""
+        if self._reference is None:
+            from tunix_rt.models.hf import load_causal_lm
+            from tunix_rt.train.fused_mlp import fuse_gated_mlps
+            from tunix_rt.train.loss import ObjectiveModule
+
+            model = load_causal_lm(self.model_dir, dtype=self.cfg.dtype, device=str(self.device.type),
+                                   attn=self.module.attn)
+            fuse_gated_mlps(model)
+            model.requires_grad_(False).eval()
+            self._reference = ObjectiveModule(model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes,
+                                              attn=self.module.attn)
+        return self._reference
 
     @contextlib.contextmanager
     def _eval_mode(self):
