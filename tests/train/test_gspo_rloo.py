@@ -237,6 +237,49 @@ def test_accumulation_8x1_equals_1x8(home, tmp_path, rl_loss):
         torch.testing.assert_close(out[1][1][name], g, atol=1e-6, rtol=0, msg=name)
 
 
+@pytest.mark.jax
+@pytest.mark.parametrize("rl_loss", ["gspo", "rloo"])
+def test_jax_accumulation_8x1_equals_1x8(home, tmp_path, rl_loss):
+    """On the JAX engine (a drawn adapter: the policy is not the reference), the same rollouts
+    (2 prompts x 4), off-policy update 1 as 8 micro-batches of one sequence or one of 8: the
+    same loss and gradients."""
+    jax = require_module("jax")
+    from flax import nnx
+
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.grpo import GRPO
+    from tunix_rt.train.jax_engine import JaxEngine, flat
+    from tunix_rt.train.sequence_ratio import Window
+
+    base = rl_cfg(tmp_path, rl_loss=rl_loss, beta=0.04, engine="jax")
+    tok = load_tokenizer(base.model, home)
+    engine = JaxEngine(base)
+    engine.devices()
+    engine.setup(ensure_model(base.model, home), tok)
+    rng = np.random.default_rng(1)
+    for _, var in nnx.to_flat_state(engine.params):
+        var[...] = jax.numpy.asarray(rng.normal(0, 0.05, var[...].shape), jax.numpy.float32)
+    out = []
+    for batch in (8, 1):
+        method = GRPO(rl_cfg(tmp_path, rl_loss=rl_loss, beta=0.04, engine="jax", batch_size=batch), home, tok)
+        groups, _ = method.rollouts(engine, 0)
+        batches = method.update_batches(groups)
+        w = Window(batches)
+        shift = np.linspace(-0.3, 0.3, w.n_seq) / (np.maximum(w.n, 1) if rl_loss == "rloo" else 1)
+        for i, b in enumerate(batches):
+            b.aux["ref_logp"] = engine.token_logprobs(b, adapter=False)
+            b.aux["old_logp"] = engine.token_logprobs(b) - w.spread(shift, i)
+        plan = method.sequence.start(engine, batches, np.stack([g.rewards for g in groups]))
+        objective, finish = plan.prepare(engine, 1)
+        total, _stats, grads = engine.gradients(batches, objective)
+        out.append((finish(StepResult(total, 0.0)).loss, flat(grads), [c.ids for g in groups for c in g.completions]))
+    assert out[0][2] == out[1][2] and len(batches) == 8
+    assert out[0][0] == pytest.approx(out[1][0], abs=1e-6)
+    assert max(float(np.abs(g).max()) for g in out[0][1].values()) > 1e-4
+    for name, g in out[0][1].items():
+        np.testing.assert_allclose(out[1][1][name], g, atol=1e-5, rtol=0, err_msg=name)
+
+
 def _window_pair(home, tmp_path, rl_loss, batch_size, shared=False):
     """2 prompts x 4 rollouts in micro-batches of batch_size; old log-probs shifted per completion."""
     from tunix_rt.models.store import ensure_model, load_tokenizer

@@ -97,4 +97,7 @@ def test_stop_then_resume_on_jax_equals_a_run_never_stopped(home, tmp_path, kind
     rows = lambda d: [tuple(r.get(k) for k in keys) for r in read_jsonl(d / "metrics.jsonl") if "loss" in r]
     assert rows(run) == rows(ref) and [r[0] for r in rows(ref)] == [1, 2]
     assert any(r[2] > 0 for r in rows(ref)), rows(ref)  # a step that learns (not an all-zero window)
+    assert all(v is not None for r in rows(ref) for v in r), rows(ref)  # the method's own figures logged
+    if kind == "distill":
+        assert all(r[3] > 0 for r in rows(ref))  # the student is not its teacher
     assert read_jsonl(run / "data_order.jsonl") == read_jsonl(ref / "data_order.jsonl")
