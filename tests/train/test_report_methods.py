@@ -136,4 +136,6 @@ def test_orpo_ipo_and_an_sft_run():
     assert method_line(orpo).endswith(", from run `sft-run`")
     ipo = TrainConfig.load("cpu-simpo", ["pref_loss=ipo", "pref_beta=0.5"]).to_dict()
     assert method_line(ipo).startswith("- preference optimisation: IPO, tau 0.5; reference: the adapter-off model;")
+    full = TrainConfig.load("cpu-simpo", ["pref_loss=dpo", "finetune=full"]).to_dict()
+    assert "; reference: a frozen copy of the starting weights;" in method_line(full)
     assert method_line(TrainConfig.load("smoke").to_dict()) is None
