@@ -243,22 +243,13 @@ def test_jax_accumulation_8x1_equals_1x8(home, tmp_path, rl_loss):
     """On the JAX engine (a drawn adapter: the policy is not the reference), the same rollouts
     (2 prompts x 4), off-policy update 1 as 8 micro-batches of one sequence or one of 8: the
     same loss and gradients."""
-    jax = require_module("jax")
-    from flax import nnx
-
-    from tunix_rt.models.store import ensure_model, load_tokenizer
+    require_module("jax")
     from tunix_rt.train.grpo import GRPO
-    from tunix_rt.train.jax_engine import JaxEngine, flat
+    from tunix_rt.train.jax_engine import flat
     from tunix_rt.train.sequence_ratio import Window
 
-    base = rl_cfg(tmp_path, rl_loss=rl_loss, beta=0.04, engine="jax")
-    tok = load_tokenizer(base.model, home)
-    engine = JaxEngine(base)
-    engine.devices()
-    engine.setup(ensure_model(base.model, home), tok)
-    rng = np.random.default_rng(1)
-    for _, var in nnx.to_flat_state(engine.params):
-        var[...] = jax.numpy.asarray(rng.normal(0, 0.05, var[...].shape), jax.numpy.float32)
+    engine, tok = train_testlib.jax_engine_with_drawn_adapter(
+        rl_cfg(tmp_path, rl_loss=rl_loss, beta=0.04, engine="jax"), home, seed=1, scale=0.05)
     out = []
     for batch in (8, 1):
         method = GRPO(rl_cfg(tmp_path, rl_loss=rl_loss, beta=0.04, engine="jax", batch_size=batch), home, tok)

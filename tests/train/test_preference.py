@@ -34,6 +34,7 @@ from tunix_rt.train.driver import train
 from tunix_rt.train.engine import NLL, SequenceObjective
 from tunix_rt.train.metrics import read_jsonl
 from train_testlib import one_torch_thread, write_pairs, write_traces  # noqa: E402,F401 (autouse fixture)
+from train_testlib import jax_engine_with_drawn_adapter  # noqa: E402
 from train_testlib import run_train_cli as _run  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -131,25 +132,31 @@ def old_style_batch(pairs, pad_id: int, orpo: bool = False):
     return {**side("chosen"), **side("rejected")}
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_dpo_and_ipo_equal_trl_dpotrainer(home, tmp_path, loss_type):
+def trl_dpo_loss(engine, pairs, loss_type: str, beta: float, tmp_path):
+    """TRL's DPOTrainer loss of these token pairs, the engine's model as the policy and the
+    model it started from (read again from its directory) as ref_model."""
     from trl import DPOConfig, DPOTrainer
 
     from tunix_rt.models.hf import load_causal_lm
     from tunix_rt.train.torch_engine import attention_of
 
-    cfg = dpo_cfg(tmp_path, pref_loss="dpo" if loss_type == "sigmoid" else "ipo", pref_beta=0.5)
-    engine, method, _ = torch_setup(cfg, home)
-    pairs = method.train_pairs[:4]
-    ours, grads = our_loss_and_grads(engine, method, pairs)
     ref = load_causal_lm(engine.model_dir, dtype="fp32", device="cpu", attn=attention_of(engine.model_dir)).eval()
-    args = DPOConfig(output_dir=tempfile.mkdtemp(dir=tmp_path), beta=0.5, loss_type=loss_type, report_to=[],
+    args = DPOConfig(output_dir=tempfile.mkdtemp(dir=tmp_path), beta=beta, loss_type=loss_type, report_to=[],
                      use_cpu=True, bf16=False, per_device_train_batch_size=4)
     trainer = DPOTrainer(model=engine.model, ref_model=ref, args=args, train_dataset=dummy_dataset(),
                          processing_class=hf_tokenizer(engine))
     batch = trainer.data_collator([{"prompt_ids": p.prompt, "chosen_ids": p.chosen, "rejected_ids": p.rejected}
                                    for p in pairs])
-    theirs = trainer.compute_loss(trainer.model, batch)
+    return trainer.compute_loss(trainer.model, batch)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_dpo_and_ipo_equal_trl_dpotrainer(home, tmp_path, loss_type):
+    cfg = dpo_cfg(tmp_path, pref_loss="dpo" if loss_type == "sigmoid" else "ipo", pref_beta=0.5)
+    engine, method, _ = torch_setup(cfg, home)
+    pairs = method.train_pairs[:4]
+    ours, grads = our_loss_and_grads(engine, method, pairs)
+    theirs = trl_dpo_loss(engine, pairs, loss_type, 0.5, tmp_path)
     assert ours.loss == pytest.approx(float(theirs.detach()), abs=1e-5)
     assert 0.05 < ours.loss and abs(ours.loss - np.log(2)) > 1e-3  # the reference differs from the policy
     assert_same_grads(grads, trl_grads(engine, theirs))
@@ -160,11 +167,6 @@ def test_full_fine_tuning_dpo_equals_trl_dpotrainer_with_its_reference_copy(home
     loads at its first reference pass. The policy is moved off them (noise on every weight),
     so the loss and the gradient of every weight equal TRL's DPOTrainer given the unmoved
     model as its ref_model."""
-    from trl import DPOConfig, DPOTrainer
-
-    from tunix_rt.models.hf import load_causal_lm
-    from tunix_rt.train.torch_engine import attention_of
-
     cfg = dpo_cfg(tmp_path, pref_loss="dpo", pref_beta=0.5, finetune="full")
     engine, method, _ = torch_setup(cfg, home, perturb=False)
     g = torch.Generator().manual_seed(0)
@@ -175,14 +177,7 @@ def test_full_fine_tuning_dpo_equals_trl_dpotrainer_with_its_reference_copy(home
     assert engine._reference is None  # loaded at the first reference pass, not at setup
     ours, grads = our_loss_and_grads(engine, method, pairs)
     assert engine._reference is not None and not any(p.requires_grad for p in engine._reference.parameters())
-    ref = load_causal_lm(engine.model_dir, dtype="fp32", device="cpu", attn=attention_of(engine.model_dir)).eval()
-    args = DPOConfig(output_dir=tempfile.mkdtemp(dir=tmp_path), beta=0.5, loss_type="sigmoid", report_to=[],
-                     use_cpu=True, bf16=False, per_device_train_batch_size=4)
-    trainer = DPOTrainer(model=engine.model, ref_model=ref, args=args, train_dataset=dummy_dataset(),
-                         processing_class=hf_tokenizer(engine))
-    batch = trainer.data_collator([{"prompt_ids": p.prompt, "chosen_ids": p.chosen, "rejected_ids": p.rejected}
-                                   for p in pairs])
-    theirs = trainer.compute_loss(trainer.model, batch)
+    theirs = trl_dpo_loss(engine, pairs, "sigmoid", 0.5, tmp_path)
     assert ours.loss == pytest.approx(float(theirs.detach()), abs=1e-5)
     assert abs(ours.loss - np.log(2)) > 1e-3  # the reference differs from the policy
     assert len(grads) == len(list(engine.model.parameters()))  # every weight trains
@@ -307,21 +302,12 @@ def test_torch_and_jax_give_the_same_pair_losses(home, tmp_path):
 
     from requires import require_module
 
-    jax = require_module("jax")
-    from flax import nnx
-
-    from tunix_rt.models.store import ensure_model, load_tokenizer
+    require_module("jax")
     from tunix_rt.train.export import export_adapter
-    from tunix_rt.train.jax_engine import JaxEngine
     from tunix_rt.train.preference import pair_batch
 
     cfg = dpo_cfg(tmp_path, engine="jax")
-    j = JaxEngine(cfg)
-    j.devices()
-    j.setup(ensure_model(cfg.model, home), load_tokenizer(cfg.model, home))
-    rng = np.random.default_rng(1)
-    for _, var in nnx.to_flat_state(j.params):
-        var[...] = jax.numpy.asarray(rng.normal(0, 0.1, var[...].shape), jax.numpy.float32)
+    j, _ = jax_engine_with_drawn_adapter(cfg, home, seed=1, scale=0.1)
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     export_adapter(j.model(), j.model_dir, adapter, cfg.lora_rank, cfg.lora_alpha, 0.0, cfg.lora_targets)
@@ -349,21 +335,11 @@ def test_jax_accumulation_8x1_equals_1x8(home, tmp_path):
     micro-batches of one pair give the gradient of one micro-batch of 8, for every pref_loss."""
     from requires import require_module
 
-    jax = require_module("jax")
-    from flax import nnx
-
-    from tunix_rt.models.store import ensure_model, load_tokenizer
-    from tunix_rt.train.jax_engine import JaxEngine, flat
+    require_module("jax")
+    from tunix_rt.train.jax_engine import flat
     from tunix_rt.train.preference import Preference
 
-    cfg = dpo_cfg(tmp_path, engine="jax")
-    tok = load_tokenizer(cfg.model, home)
-    j = JaxEngine(cfg)
-    j.devices()
-    j.setup(ensure_model(cfg.model, home), tok)
-    rng = np.random.default_rng(2)
-    for _, var in nnx.to_flat_state(j.params):
-        var[...] = jax.numpy.asarray(rng.normal(0, 0.1, var[...].shape), jax.numpy.float32)
+    j, tok = jax_engine_with_drawn_adapter(dpo_cfg(tmp_path, engine="jax"), home, seed=2, scale=0.1)
     for kind in ("dpo", "ipo", "simpo", "orpo"):
         out = []
         for batch_size, accum in ((2, 8), (16, 1)):

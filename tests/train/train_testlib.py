@@ -70,3 +70,23 @@ def run_train_cli(home, args, fault=None):
         env["TUNIX_RT_FAULT"] = fault
     return subprocess.run([sys.executable, "-m", "tunix_rt.cli", "train", *args], env=env,
                           capture_output=True, text=True, timeout=600)
+
+
+def jax_engine_with_drawn_adapter(cfg, home, seed: int, scale: float):
+    """(JaxEngine on cfg, tokenizer) with every trainable weight drawn from N(0, scale) (the LoRA
+    factors: the policy is no longer the adapter-off reference)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+    from tunix_rt.train.jax_engine import JaxEngine
+
+    tok = load_tokenizer(cfg.model, home)
+    engine = JaxEngine(cfg)
+    engine.devices()
+    engine.setup(ensure_model(cfg.model, home), tok)
+    rng = np.random.default_rng(seed)
+    for _, var in nnx.to_flat_state(engine.params):
+        var[...] = jax.numpy.asarray(rng.normal(0, scale, var[...].shape), jax.numpy.float32)
+    return engine, tok
