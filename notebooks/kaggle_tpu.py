@@ -166,6 +166,7 @@ print(f"SFT: {CONFIG}; preference: {f'{PREF_CONFIG} ({pref_cfg.pref_loss})' if p
 
 # %%
 from tunix_rt.plan import JAX_KINDS
+from tunix_rt.train.methods import uses_reference
 
 if DEVICE == "tpu" and devices["kind"] not in JAX_KINDS:
     raise RuntimeError(f"TPU kind {devices['kind']!r} has no memory model yet; known: {sorted(JAX_KINDS)}")
@@ -178,6 +179,7 @@ def plan_of(c: TrainConfig, sampling: bool = False) -> dict:
     rl = ["--rl-prompts", str(c.rl_prompts), "--group-size", str(c.group_size),
           "--rollout-tokens", str(c.rollout_max_new_tokens)] if sampling else []
     rl += ["--train-method", c.method] + (["--pairs", c.pairs] if c.method == "dpo" else [])
+    rl += ["--reference"] if c.finetune == "full" and uses_reference(c) else []  # a frozen copy of the start
     out = json.loads(tunix(
         "plan", "--model", MODEL, "--method", c.finetune, "--seq", str(c.max_seq_len),
         "--batch", str(c.batch_size), "--grad-accum", str(c.grad_accum), "--dtype", c.dtype,

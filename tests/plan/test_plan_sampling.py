@@ -157,6 +157,12 @@ CLI = ["plan", "--model", "tiny-gemma3", "--device", "cpu", "--engine", "torch",
     (["--train-method", "distill", "--on-policy", "--teacher", "tiny-gemma3", "--batch", "2", "--grad-accum", "2",
       "--rollout-tokens", "32"],
      {"method": "distill", "teacher": "tiny-gemma3", "kd_on_policy": True, "batch_size": 2, "grad_accum": 2}),
+    # full fine-tuning with a reference policy: the frozen copy of the starting weights
+    (["--method", "full", "--reference", "--train-method", "grpo", "--batch", "4", "--rl-prompts", "4",
+      "--group-size", "4", "--rollout-tokens", "32"], {"method": "grpo", "finetune": "full"}),
+    (["--method", "full", "--reference", "--train-method", "dpo", "--pairs", "rollouts", "--batch", "4",
+      "--rl-prompts", "4", "--group-size", "4", "--rollout-tokens", "32"],
+     {"method": "dpo", "pairs": "rollouts", "finetune": "full"}),
 ])
 def test_tunix_rt_plan_plans_each_methods_sampling_as_train_does(flags, over):
     """`tunix-rt plan --train-method ...` is the plan `train` checks for that config."""
@@ -172,6 +178,7 @@ def test_tunix_rt_plan_plans_each_methods_sampling_as_train_does(flags, over):
     want = _plan(**over)
     assert out["peak_bytes_per_device"] == want.peak_bytes_per_device and out["items"] == want.items
     assert out["peak_phase"] == want.details["peak_phase"] and out["details"]["decodes"] == want.details["decodes"]
+    assert ("reference_weights" in out["items"]) == ("--reference" in flags)
 
 
 @pytest.mark.parametrize("flags, needle", [
@@ -181,6 +188,9 @@ def test_tunix_rt_plan_plans_each_methods_sampling_as_train_does(flags, over):
     (["--train-method", "dpo", "--rl-prompts", "4", "--group-size", "4", "--rollout-tokens", "8"], "samples nothing"),
     (["--train-method", "distill", "--on-policy", "--rollout-tokens", "8"], "needs --teacher"),
     (["--train-method", "ppo"], "--train-method must be one of"),
+    (["--reference"], "with --method lora the reference is the adapter-off model"),
+    (["--method", "full", "--reference", "--train-method", "rft", "--rl-prompts", "4", "--group-size", "4",
+      "--rollout-tokens", "8"], "--train-method rft never compares with a reference policy"),
 ])
 def test_tunix_rt_plan_sampling_flags_bad_input(flags, needle):
     from typer.testing import CliRunner

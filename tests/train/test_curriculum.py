@@ -230,8 +230,11 @@ def test_the_band_draws_within_the_budget():
     (["filter_pass_rate=[0.1, 2]"], "filter_pass_rate must be [low, high]"),
     (["filter_pass_rate=[0.1]"], "filter_pass_rate must be [low, high]"),
     (["filter_pass_rate=[a, b]"], "filter_pass_rate must be a list of numbers"),
-    (["method=sft", "curriculum=true"], "method=sft has none"),
-    (["method=sft", "filter_pass_rate=[0, 1]"], "method=sft has none"),
+    (["method=sft", "curriculum=true"], "method=sft as configured has none"),
+    (["method=sft", "filter_pass_rate=[0, 1]"], "method=sft as configured has none"),
+    (["method=dpo", "pairs=dataset", "curriculum=true"], "method=dpo as configured has none"),
+    (["method=distill", "teacher=tiny-gemma3", "kd_on_policy=true", "filter_pass_rate=[0, 1]"],
+     "method=distill as configured has none"),
 ])
 def test_config_refuses_bad_settings_naming_the_field(over, said):
     from tunix_rt.train.config import TrainConfig

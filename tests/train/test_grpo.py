@@ -165,8 +165,11 @@ def test_runs_are_named_method_base_date_id_and_a_run_from_a_run_keeps_its_base(
 def test_full_fine_tuning_with_beta_compares_with_a_frozen_copy_of_the_start(home, tmp_path, engine):
     """finetune=full with beta > 0: the reference is a frozen copy of the starting weights (not
     the policy itself, whose KL to itself is 0). At step 1 the policy is the start (KL 0 to
-    float precision); from step 2 it has moved, and the KL is positive; the engine loaded the
-    copy once. The memory plan counts the copy."""
+    float precision); from step 2 it has moved, and the KL is positive. On torch, a run stopped
+    after step 1 and resumed (the copy loaded again, from the start, not the checkpoint) ends
+    with the same weights and rows. The memory plan counts the copy."""
+    import dataclasses
+
     from tunix_rt.plan.make import plan_train
 
     if engine == "jax":
@@ -179,8 +182,18 @@ def test_full_fine_tuning_with_beta_compares_with_a_frozen_copy_of_the_start(hom
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     assert abs(rows[0]["kl"]) < 1e-6 and rows[1]["kl"] > 1e-6, rows
-    import dataclasses
+    if engine == "torch":
+        from tunix_rt.train.run import RunStopped
 
+        stop = dataclasses.replace(cfg, save_interval=1)
+        with pytest.raises(RunStopped):
+            train(stop, home, should_stop=lambda: True)
+        stopped = max((p for p in home.runs.iterdir() if not p.name.startswith(".")), key=lambda p: p.stat().st_mtime)
+        train(stop, home, resume=stopped.name)
+        got = [(r["step"], r["loss"], r["kl"]) for r in read_jsonl(stopped / "metrics.jsonl") if "loss" in r]
+        assert got == [(r["step"], r["loss"], r["kl"]) for r in rows]
+        a, b = (load_file(str(d / "final/merged/model.safetensors")) for d in (stopped, run))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     plan = plan_train(cfg, "cpu", 1)
     lora = plan_train(dataclasses.replace(cfg, finetune="lora"), "cpu", 1)
     assert plan.items["reference_weights"] == plan.items["weights"] and "reference_weights" not in lora.items

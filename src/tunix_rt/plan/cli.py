@@ -12,7 +12,7 @@ from tunix_rt.errors import BadInput
 from tunix_rt.plan import DEVICES, PlanInputs, make_plan, device_spec, resolve_engine
 from tunix_rt.plan.teacher import teacher_model
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
-from tunix_rt.train.methods import uses_teacher
+from tunix_rt.train.methods import METHODS, uses_teacher
 
 
 def plan_command(xla: bool | None, as_json: bool, **fields) -> None:
@@ -76,6 +76,11 @@ def plan_cmd(
     sampled = _sampling(train_method, rl_prompts, group_size, rollout_tokens, batch, grad_accum, pairs, on_policy)
     if train_method and uses_teacher(train_method) and not teacher:
         raise BadInput(f"plan: --train-method {train_method} needs --teacher (its weights, forward and loss terms)")
+    if reference and method != "full":
+        raise BadInput("plan: --reference counts full fine-tuning's frozen copy of the weights; with --method lora "
+                       "the reference is the adapter-off model (nothing to add): drop --reference")
+    if reference and train_method and METHODS[train_method].reference is None:
+        raise BadInput(f"plan: --train-method {train_method} never compares with a reference policy: drop --reference")
     plan_command(xla, as_json, model=model, method=method, seq=seq, batch=batch, device=device,
                  devices=devices, strategy=strategy, optimizer=optimizer, dtype=dtype, engine=engine,
                  remat=remat, donate=donate, lora_rank=lora_rank, weight_qtype=weight_qtype,

@@ -78,9 +78,8 @@ def with_teacher(inp: PlanInputs, student: Preset, device: DeviceSpec, items: di
     """A step's (items, details, peak) with the frozen models' items added: a teacher's, and
     full fine-tuning's reference weights (none without either)."""
     if inp.reference and inp.method == "full":
-        wb = 2 if inp.dtype == "bf16" else 4
         f = facts(inp, student)
-        ref = int(student.param_count() * wb / (f.shard if f.jax else 1))
+        ref = int(student.param_count() * f.wb / (f.shard if f.jax else 1))
         items = {**items, "reference_weights": ref}
         details = {**details, "peak_formula": f"{details['peak_formula']} + reference_weights"}
         peak = int(peak + ref * (1 + SLACK[device.kind]))

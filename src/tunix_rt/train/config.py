@@ -20,7 +20,7 @@ from tunix_rt.ranges import ABOVE_0, AT_LEAST_0, AT_LEAST_1, Range, is_int, is_n
 from tunix_rt.render import DEFAULT_SYSTEM_PROMPT
 from tunix_rt.train import engines
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES
-from tunix_rt.train.methods import METHODS, check_config, draws_groups, rolls_out
+from tunix_rt.train.methods import METHODS, check_config, draws_groups, groups_methods, rolls_out
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs"
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -131,8 +131,8 @@ class TrainConfig:
     # ----- reinforcement learning (method: grpo) -----------------------------------------
     init: str | None = None
     """grpo: start from a run (its LoRA adapter merged into its base, or its final/merged
-    model): the usual SFT → RL chain. The merged model becomes this run's model (and, with
-    LoRA, its reference policy). None: the model as given."""
+    model): the usual SFT → RL chain. The merged model becomes this run's model (and its
+    reference policy). None: the model as given."""
     rl_loss: str = "grpo"
     """grpo (group-normalised advantages, sequence-mean-token-mean loss), dr_grpo (no std
     division, token-sum / max_new_tokens), dapo (clip-higher, token-mean, zero-variance
@@ -169,11 +169,11 @@ class TrainConfig:
     """dapo and filter_pass_rate: draw at most this many times rl_prompts groups to find
     rl_prompts the filters keep (a step that runs out trains on what it kept)."""
     filter_pass_rate: list[float] | None = None
-    """grpo: [low, high]: train only on prompts whose pass rate, estimated from their own G
+    """grpo, rft, dpo with pairs=rollouts: [low, high]: train only on prompts whose pass rate, estimated from their own G
     rollouts (the share answered correctly), is within [low, high]; the others are skipped and
     more drawn within dapo_max_draws (train.curriculum). None: no filter. Any dataset."""
     curriculum: dict[str, Any] | None = None
-    """grpo on a reasoning-gym dataset: each task's difficulty level moves with its rolling
+    """grpo, rft, dpo with pairs=rollouts, on a reasoning-gym dataset: each task's difficulty level moves with its rolling
     rollout accuracy, prompts generated online at the current levels (train.curriculum):
     {window: 32, raise_at: 0.75, lower_below: 0.25, start_level: 0, ranges: upper_bound}
     (true: those defaults; resolved here). None: the dataset's prompts as they are."""
@@ -312,10 +312,8 @@ class TrainConfig:
         if not draws_groups(self):
             for name in ("filter_pass_rate", "curriculum"):
                 if getattr(self, name) is not None:
-                    raise BadInput(f"config: {name} chooses the prompts of the rollouts (method=grpo, method=rft, "
-                                   f"or method=dpo with pairs=rollouts); method={self.method}"
-                                   f"{' with pairs=' + str(self.pairs) if self.method == 'dpo' else ''} has none "
-                                   f"(or set {name}: null)")
+                    raise BadInput(f"config: {name} chooses the prompts of the rollouts ({groups_methods()}); "
+                                   f"method={self.method} as configured has none (or set {name}: null)")
         if not rolls_out(self.method):
             return
         if self.group_size < 2:

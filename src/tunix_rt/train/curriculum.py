@@ -1,5 +1,6 @@
-"""Which prompts a GRPO step trains on: a difficulty curriculum over reasoning-gym tasks, and
-online filtering of prompts by their estimated pass rate.
+"""Which prompts a step that samples GRPO's rollouts trains on (grpo; rft, whose step here is
+a round; dpo with pairs=rollouts): a difficulty curriculum over reasoning-gym tasks, and online
+filtering of prompts by their estimated pass rate.
 
 Curriculum (`curriculum:` in the config; datasets imported from reasoning-gym):
 - each task of the training split has a level, 0 .. (its curriculum's longest attribute
@@ -34,7 +35,7 @@ budget DAPO's zero-variance redraw has always had; a step that runs out trains o
 kept). `keep_rule` is the one rule: dapo's zero-variance test and the pass-rate band, each
 when configured; advantages.select_informative draws with it.
 
-Metrics (added to GRPO's row): curriculum_level_<task>, curriculum_move_<task> (+1, 0, -1),
+Metrics (GRPO.draw_metrics, added to the row of every method that samples these rollouts): curriculum_level_<task>, curriculum_move_<task> (+1, 0, -1),
 curriculum_window_accuracy_<task> (once its window holds an answer), curriculum_moves,
 curriculum_kept_dataset; filter_skipped_share (groups drawn and skipped / drawn).
 """

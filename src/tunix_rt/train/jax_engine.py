@@ -72,6 +72,10 @@ def lora_module_path(cfg: TrainConfig, num_heads: int, num_kv_heads: int) -> str
     return r".*/(?:" + "|".join(mods) + ")"
 
 
+#: folded into the run seed's key for LoRA dropout's RNG stream (b"drop")
+DROPOUT_STREAM = 0x64726F70
+
+
 def apply_lora(model, cfg: TrainConfig, tcfg, dropout: float | None = None):
     """qwix LoRA (QLoRA when lora_weight_qtype is set) on the targeted projections."""
     import qwix
@@ -91,7 +95,10 @@ def apply_lora(model, cfg: TrainConfig, tcfg, dropout: float | None = None):
         # qwix unsets the modules' rngs once the LoRA weights exist ("set it yourself for LoRA
         # dropout"): without them every dropout call raises. Set whenever the config has dropout,
         # also on the dropout-free structure (dropout=0.0), so both hold the same state.
-        model.set_attributes(qwix_rngs=nnx.Rngs(dropout=cfg.seed))
+        import jax
+
+        # a stream of its own: nnx.Rngs(cfg.seed) drew the LoRA factors from fold_in(key(seed), i)
+        model.set_attributes(qwix_rngs=nnx.Rngs(dropout=jax.random.fold_in(jax.random.key(cfg.seed), DROPOUT_STREAM)))
     return model
 
 

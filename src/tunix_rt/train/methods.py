@@ -119,6 +119,15 @@ def draws_groups(cfg: Any) -> bool:
     return sampling(cfg) is not None and METHODS[cfg.method].rows == GROUPS
 
 
+def groups_methods() -> str:
+    """The methods (and settings) whose steps sample GRPO's rollouts, in words: what
+    draws_groups accepts."""
+    words = [name + ("" if ROLLOUT in spec.phases or spec.sampling_on is None
+                     else f" with {spec.sampling_on[0]}={spec.sampling_on[1]}")
+             for name, spec in METHODS.items() if spec.rows == GROUPS]
+    return ", ".join(f"method={w}" for w in words)
+
+
 def uses_reference(cfg: Any) -> bool:
     """Whether a step of `cfg` (a TrainConfig) compares with the reference policy (GRPO's
     KL with beta > 0, pref_loss dpo or ipo): under finetune=full a frozen copy of the starting

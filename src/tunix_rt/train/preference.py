@@ -1,7 +1,7 @@
 """Preference optimisation on chosen/rejected pairs (method=dpo): DPO, IPO, SimPO, ORPO.
 
     pref_loss  per pair (S = the completion's summed token log-prob, n its tokens, R = S under
-               the reference, the adapter-off model; beta = pref_beta, ls = label_smoothing)
+               the reference: the adapter-off model, or full FT's frozen copy; beta = pref_beta, ls = label_smoothing)
     dpo        -(1-ls) log sig(beta d) - ls log sig(-beta d),  d = (S_c - R_c) - (S_r - R_r)
     ipo        (d' - 1 / (2 beta))^2,  d' = (S_c - R_c) / n_c - (S_r - R_r) / n_r   (TRL's normalised IPO)
     simpo      -(1-ls) log sig(beta m) - ls log sig(-beta m),  m = S_c / n_c - S_r / n_r - gamma / beta
@@ -70,7 +70,7 @@ from tunix_rt.render import Rendered, prompt_ids
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import SeededOrder, collate, position_of, position_state
 from tunix_rt.train.engine import NLL, Engine, SequenceObjective
-from tunix_rt.train.methods import REFERENCE_LOSSES
+from tunix_rt.train.methods import REFERENCE_LOSSES, uses_reference
 
 def check_config(cfg: TrainConfig) -> None:
     """What method=dpo refuses, called by TrainConfig's validation (train.methods: the
@@ -228,7 +228,7 @@ class Preference:
         self.cfg, self.tok = cfg, tok
         self.rl = None
         self.per_batch = cfg.batch_size // 2
-        self.reference = cfg.pref_loss in REFERENCE_LOSSES
+        self.reference = uses_reference(cfg)
         if cfg.pairs == "rollouts":
             from tunix_rt.train.grpo import GRPO
 
@@ -308,7 +308,7 @@ class Preference:
     def window_objective(self, engine: Engine, pairs: list[TokenPair]) -> tuple[list, "_Window"]:
         """The window's micro-batches and the coefficients of each as a function of its own
         log-probs (engine.SequenceObjective): the policy's S comes from the gradient pass itself;
-        the reference's R (dpo, ipo) from no-gradient adapter-off passes, as before."""
+        the reference's R (dpo, ipo) from no-gradient reference passes, as before."""
         groups = [pairs[i:i + self.per_batch] for i in range(0, len(pairs), self.per_batch)]
         parts = [pair_batch(g, self.tok.pad_id, shared=engine.shares_prefix()) for g in groups]
         refs = [sequence_sums(engine, b, spans, adapter=False)[0] if self.reference else None for b, spans in parts]

@@ -230,7 +230,7 @@ const METHOD_FIELDS = {
 const METHOD_HINTS = {
   sft: "Supervised fine-tuning on the dataset's traces.",
   grpo: "RL with verifiable rewards (the GRPO family; gspo: one ratio per sequence, rloo: leave-one-out baseline). init: the SFT run to start from.",
-  dpo: "Preference optimisation. pairs=rollouts ranks the model's own samples by the rewards (any trace dataset of the home); pairs=dataset needs a dataset of prompt/chosen/rejected pairs (upload one on the datasets page, format pairs, or `tunix-rt data import pairs FILE --name N`). dpo and ipo need LoRA (the reference is the adapter-off model); simpo and orpo have no reference.",
+  dpo: "Preference optimisation. pairs=rollouts ranks the model's own samples by the rewards (any trace dataset of the home); pairs=dataset needs a dataset of prompt/chosen/rejected pairs (upload one on the datasets page, format pairs, or `tunix-rt data import pairs FILE --name N`). dpo and ipo compare with the reference: the adapter-off model, or with finetune=full a frozen copy of the starting weights; simpo and orpo have no reference.",
   rft: "Rejection sampling: each round samples, keeps the completions the rewards accept, and trains SFT on them.",
   distill: "Distillation from a teacher with the student's tokenizer: a catalog model or a run id of this home.",
 };
