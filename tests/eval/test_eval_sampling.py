@@ -299,8 +299,9 @@ def test_a_wide_row_takes_full_logits_on_its_own_with_the_batchs_bits(softcap):
             assert rescored <= (len(wide) * vocab + (b - len(wide)) * 0.2 * vocab) * steps, (b, wide)
         else:
             assert rows == 0, (b, wide)
+    # batches of one and two always pair; larger ones only where the probe says a 2-row matmul
+    # has the batch's bits (not so on CI's CPU of 2026-12-05: those rows are rescored instead)
     assert screen.wide_rows > 0
-    assert screened_head.pair_rows_match(head, 8)  # two rows sum as eight on the CPUs seen here
 
 
 def test_candidates_rescored_a_block_of_rows_at_a_time_have_the_bits_of_one_matmul(monkeypatch):

@@ -37,7 +37,8 @@ when configured; advantages.select_informative draws with it.
 
 Metrics (GRPO.draw_metrics, added to the row of every method that samples these rollouts): curriculum_level_<task>, curriculum_move_<task> (+1, 0, -1),
 curriculum_window_accuracy_<task> (once its window holds an answer), curriculum_moves,
-curriculum_kept_dataset; filter_skipped_share (groups drawn and skipped / drawn).
+curriculum_kept_dataset; filter_skipped_share (groups drawn and skipped / drawn, where a
+filter is configured).
 """
 
 from __future__ import annotations

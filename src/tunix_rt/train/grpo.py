@@ -175,11 +175,13 @@ class GRPO:
 
     def draw_metrics(self, groups: list[Group], drawn: int) -> dict[str, Any]:
         """What choosing a step's prompts did, for every method that samples these rollouts
-        (grpo, rft, dpo with pairs=rollouts): the groups drawn, the share filter_pass_rate
-        skipped, and the curriculum's levels after the windows move them (its end_step: call
-        once a step, after the step's rollouts)."""
-        row: dict[str, Any] = {"groups_drawn": drawn,
-                               "filter_skipped_share": (drawn - len(groups)) / drawn if drawn else 0.0}
+        (grpo, rft, dpo with pairs=rollouts): the groups drawn, the share the filters skipped
+        (only where one is configured: dapo's zero-variance test or filter_pass_rate), and the
+        curriculum's levels after the windows move them (its end_step: call once a step, after
+        the step's rollouts)."""
+        row: dict[str, Any] = {"groups_drawn": drawn}
+        if self.keep is not None:
+            row["filter_skipped_share"] = (drawn - len(groups)) / drawn if drawn else 0.0
         if self.curriculum is not None:
             row.update(self.curriculum.end_step())
         return row

@@ -101,7 +101,8 @@ function curves(metrics) {
   if (pts("tokens_per_s").length) charts.push(lineChart("throughput", [line("tokens_per_s", "tokens/s")], "throughput-chart", { y: "tokens/s" }));
   const rewardKeys = [...new Set(metrics.flatMap((m) => Object.keys(m.values)))].filter((k) => k.startsWith("reward_")).sort();
   // a chart of the block below is drawn once one of its lines has a point: RFT and on-policy
-  // DPO sample like GRPO but have no clip, KL or zero-variance share to show
+  // DPO sample like GRPO but have no clip, KL or zero-variance share to show (the share the
+  // filters skipped is in their metrics only where one is configured)
   const some = (...charts) => charts.filter((c) => c.lines.some((l) => l.points.length)).map((c) => lineChart(c.title, c.lines, c.id, c.axes));
   const chart = (title, lines, id, axes) => ({ title, lines, id, axes });
   if (pts("reward").length) {  // an RL run (grpo, rft, dpo on its own samples): the rewards and what explains them
