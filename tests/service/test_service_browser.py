@@ -207,7 +207,10 @@ def test_leaderboard_one_board_per_dataset_and_split(site, home):
     record_eval(other)
     _login(page, srv)
     page.select_option("#board", label="tiny@v1 / dev (2)")
-    page.wait_for_function("document.querySelectorAll('[data-testid=leaderboard-row]').length === 2")
+    # the board drawn for the new address (the first board may be this one already: rows alone
+    # would not show that its page was drawn)
+    page.wait_for_function("location.hash.includes('dataset=tiny') && document.querySelector('#board option:checked')"
+                           ".textContent === 'tiny@v1 / dev (2)' && document.querySelectorAll('[data-testid=leaderboard-row]').length === 2")
     assert "gsm-test-1" not in page.inner_text("[data-testid=leaderboard]")
     page.select_option("#board", label="gsm8k@v1 / test (1)")
     page.wait_for_selector("[data-testid=leaderboard-row]:has-text('gsm-test-1')")
@@ -217,6 +220,32 @@ def test_leaderboard_one_board_per_dataset_and_split(site, home):
     page.select_option("#metric", "mean_completion_tokens")
     page.wait_for_selector("[data-testid=leaderboard] th:has-text('mean_completion_tokens')")
     assert "gsm-test-1" in page.inner_text("[data-testid=leaderboard]")  # the board is kept
+
+
+def test_a_page_answered_late_never_draws_over_the_newer_one(site, home):
+    """Two boards picked in a row while the first one's rows are slow to come (a loaded
+    server): the second board is drawn and stays drawn once the first one's answer arrives."""
+    from tunix_rt.registry.record import record_eval
+
+    srv, page, _ = site
+    other = write_eval(home.root / "evals" / "gsm-test-1")
+    _retag(other, "gsm8k", "test")
+    record_eval(other)
+    _login(page, srv)
+    # the page's own fetch, with the tiny board's rows held back 1.5 s
+    page.evaluate("""() => { const f = window.fetch; window.slowDone = false;
+      window.fetch = (u, o) => String(u).includes('leaderboard?') && String(u).includes('dataset=tiny')
+        ? new Promise((r) => setTimeout(r, 1500)).then(() => { window.slowDone = true; return f(u, o); }) : f(u, o); }""")
+    page.select_option("#board", label="tiny@v1 / dev (2)")
+    page.wait_for_function("location.hash.includes('dataset=tiny')")
+    page.select_option("#board", label="gsm8k@v1 / test (1)")  # the tiny board's rows not come yet
+    page.wait_for_selector("[data-testid=leaderboard-row]:has-text('gsm-test-1')")
+    page.wait_for_function("window.slowDone")
+    page.wait_for_timeout(500)  # what the late answer would draw, drawn by now
+    assert page.locator("[data-testid=leaderboard-row]").count() == 1
+    assert "gsm-test-1" in page.inner_text("[data-testid=leaderboard]")
+    assert page.inner_text("#board option:checked") == "gsm8k@v1 / test (1)"
+    assert page.locator("[data-testid=error]").count() == 0  # the superseded page says nothing
 
 
 def test_a_long_answer_wraps(site, home):

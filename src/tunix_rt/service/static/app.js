@@ -49,12 +49,21 @@ const nameCell = (p) => h("span", { title: isPath(p) ? p : null }, pathName(p));
 // ---- API -----------------------------------------------------------------------------
 function token() { return sessionStorage.getItem(TOKEN_KEY); }
 
+// Each route() aborts the reads of the page it replaces: a page whose answer came late
+// (a slow server, two boards picked in a row) must not draw itself over the newer one.
+// A write (POST, DELETE) is never cut off: the server may have done it already.
+let routeCtl = new AbortController();
+const superseded = () => new DOMException("a newer page was opened", "AbortError");
+
 async function api(path, opts = {}) {
+  const read = !opts.method || opts.method === "GET";
+  const ctl = read ? routeCtl : new AbortController();
   const headers = Object.assign({ Authorization: "Bearer " + token() }, opts.headers || {});
-  const res = await fetch(path, Object.assign({}, opts, { headers }));
+  const res = await fetch(path, Object.assign({ signal: ctl.signal }, opts, { headers }));
   if (res.status === 401) { sessionStorage.removeItem(TOKEN_KEY); location.hash = "#/login"; throw new Error("unauthorized"); }
   const type = res.headers.get("content-type") || "";
   const body = type.includes("json") ? await res.json() : await res.text();
+  if (ctl.signal.aborted) throw superseded();
   if (!res.ok) { const e = new Error(typeof body === "object" ? JSON.stringify(body.detail ?? body) : body); e.status = res.status; e.body = body; throw e; }
   return body;
 }
@@ -640,6 +649,7 @@ function debounce(fn, ms) { let t; return (...a) => { clearTimeout(t); t = setTi
 
 // ---- router ------------------------------------------------------------------------------
 async function route() {
+  routeCtl.abort(); routeCtl = new AbortController();
   if (refreshTimer) { typeof refreshTimer === "number" ? clearTimeout(refreshTimer) : refreshTimer.clear(); refreshTimer = null; }
   if (streamAbort) { streamAbort.abort(); streamAbort = null; }
   playAborts.forEach((c) => c.abort()); playAborts = [];
@@ -666,7 +676,7 @@ async function route() {
       case "sweep": return await sweepPage(parts.slice(1).join("/"));
       default: return await leaderboardPage(params);
     }
-  } catch (e) { if (e.message !== "unauthorized") showError(e); }
+  } catch (e) { if (e.message !== "unauthorized" && e.name !== "AbortError") showError(e); }
 }
 
 window.addEventListener("hashchange", route);
