@@ -297,12 +297,40 @@ def check_curriculum_run(run: Path, order: bool = True) -> list[dict]:
     return rows
 
 
+START_LINE = ("curriculum: basic_arithmetic at level 2 of 0..4: max_digits 3, max_terms 4, min_digits 3, min_terms 4 "
+              "(the dataset's: max_digits 4, max_terms 6, min_digits 1, min_terms 2)")
+
+
 def test_smoke_grpo_with_a_curriculum_on_torch(home, monkeypatch, capsys):
     from cli_testlib import cli_main
 
     code, _out, err = cli_main(monkeypatch, capsys, "train", *smoke_args(import_rg(monkeypatch, capsys), "engine=torch"))
     assert code == 0, err[-3000:]
+    assert START_LINE in err.splitlines()  # what the run trains on, beside the dataset it is tested on
     check_curriculum_run(next(p for p in home.runs.iterdir() if not p.name.startswith(".")))
+
+
+def test_a_run_names_each_level_beside_the_datasets_config():
+    """reasoning-gym's levels are not its defaults, in either direction: chain_sum's level 0 is
+    easier than the default a test set is drawn with, lcm's harder (what the 25.5 measurement
+    trained on); the summary and the run's start lines say so. Only the fields that differ."""
+    from tunix_rt.traces import reasoning_gym as rg
+    from tunix_rt.train.curriculum import Curriculum, CurriculumSpec
+
+    cur = curriculum(tasks={t: rg.task_config(t, {}) for t in ("chain_sum", "lcm")})
+    got = cur.summary()["curriculum_tasks"]
+    assert got["chain_sum"]["level_config"] == {"max_digits": 1, "max_terms": 2}
+    assert got["chain_sum"]["dataset_config"] == {"max_digits": 4, "max_terms": 6}
+    assert got["lcm"]["level_config"] == {"max_value": 1000, "min_value": 100}
+    assert got["lcm"]["dataset_config"] == {"max_value": 100, "min_value": 1}
+    assert Curriculum.describe(got) == [
+        "curriculum: chain_sum at level 0 of 0..10: max_digits 1, max_terms 2 (the dataset's: max_digits 4, max_terms 6)",
+        "curriculum: lcm at level 0 of 0..3: max_value 1000, min_value 100 (the dataset's: max_value 100, min_value 1)"]
+    lvl1 = {"min_digits": 2, "max_digits": 2, "min_terms": 3, "max_terms": 3}  # a dataset at level 1 (upper_bound)
+    same = curriculum(spec=CurriculumSpec(start_level=1), tasks={"chain_sum": {**rg.task_config("chain_sum", {}), **lvl1}})
+    assert same.summary()["curriculum_tasks"]["chain_sum"]["level_config"] == {}
+    assert Curriculum.describe(same.summary()["curriculum_tasks"]) == [
+        "curriculum: chain_sum at level 1 of 0..10: the dataset's own config"]
 
 
 @pytest.mark.parametrize("method", [("method=rft", "rft_round_steps=1"), ("method=dpo", "pairs=rollouts")],
@@ -321,6 +349,9 @@ def test_rft_and_rollout_pairs_move_the_curriculum_as_grpo_does(home, monkeypatc
     assert json.loads((run / "run_manifest.json").read_text())["config"]["method"] == method[0].split("=")[1]
     rows = check_curriculum_run(run, order=method[0] == "method=rft")
     assert all(r["groups_drawn"] == 2 for r in rows)
+    assert START_LINE in err.splitlines()
+    summary = json.loads((run / "run_manifest.json").read_text())["summary"]
+    assert summary["curriculum_tasks"][TASK]["level"] == 2  # where it started
 
 
 @pytest.mark.jax

@@ -261,7 +261,28 @@ class Curriculum:
         self.moves = {t: int(v) for t, v in state["moves"].items()}
 
     def summary(self) -> dict[str, Any]:
-        return {"curriculum_tasks": {t: {"level": self.levels[t], "top": self.top[t]} for t in self.levels}}
+        """Each task's level (of 0..top) and what that level changes in the dataset's generator
+        config: reasoning-gym's levels are not its defaults (chain_sum's level 0 is two 1-digit
+        terms where the default draws 2-6 terms of 1-4 digits; lcm's draws values of 100-1000
+        where the default's are 1-100), so a run says what it trains on beside what it is tested on."""
+        out = {}
+        for t in self.levels:
+            level = self.config_of(t)
+            differ = sorted(k for k in level if level[k] != self.base[t].get(k))
+            out[t] = {"level": self.levels[t], "top": self.top[t], "level_config": {k: level[k] for k in differ},
+                      "dataset_config": {k: self.base[t].get(k) for k in differ}}
+        return {"curriculum_tasks": out}
+
+    @staticmethod
+    def describe(tasks: dict[str, Any]) -> list[str]:
+        """The run's start lines of a summary's curriculum_tasks."""
+        def values(config: dict[str, Any]) -> str:
+            return ", ".join(f"{k} {v}" for k, v in config.items())
+
+        return [f"curriculum: {t} at level {c['level']} of 0..{c['top']}: "
+                + (f"{values(c['level_config'])} (the dataset's: {values(c['dataset_config'])})"
+                   if c["level_config"] else "the dataset's own config")
+                for t, c in tasks.items()]
 
 
 def decide(spec: CurriculumSpec, accuracy: float | None, level: int, top: int) -> int:

@@ -271,3 +271,8 @@ def print_summary(run: RunDir, facts: dict, info: dict, start: int) -> None:
     console.print(f"examples {info.get('train_examples')} (dropped as too long: {info.get('dropped_overlong')}), "
                   f"<= {info.get('max_tokens_per_step')} tokens/step, {info['total_steps']} steps")
     console.print(f"predicted peak memory: {info['predicted_peak_bytes'] / gib:.2f} GiB")
+    if tasks := info.get("curriculum_tasks"):
+        from tunix_rt.train.curriculum import Curriculum
+
+        for line in Curriculum.describe(tasks):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)

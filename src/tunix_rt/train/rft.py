@@ -160,7 +160,8 @@ class RFT:
         return {"train_examples": len(self.rl.items), "dropped_overlong": self.dataset["dropped_overlong"],
                 "samples_per_round": cfg.rl_prompts * cfg.group_size, "round_steps": cfg.rft_round_steps,
                 "rft_accept": dict(cfg.rft_accept), "rewards": self.rl.rewards.names,
-                "max_tokens_per_step": cfg.tokens_per_step}
+                "max_tokens_per_step": cfg.tokens_per_step,
+                **(self.rl.curriculum.summary() if self.rl.curriculum is not None else {})}
 
     @staticmethod
     def report_line(cfg: dict[str, Any]) -> str | None:
