@@ -226,6 +226,10 @@ def test_the_band_draws_within_the_budget():
     (["curriculum={levels: 3}"], "unknown key(s) ['levels']"),
     (["curriculum={ranges: last_k}"], "curriculum.ranges must be one of upper_bound|inclusive"),
     (["curriculum=[1]"], "curriculum must be a mapping"),
+    (["curriculum={start_level: -1}"], "curriculum.start_level must be an integer >= 0, a mapping"),
+    (["curriculum={start_level: near}"], "curriculum.start_level must be an integer >= 0, a mapping"),
+    (["curriculum={start_level: {chain_sum: 1.5}}"], "curriculum.start_level must be an integer >= 0, a mapping"),
+    (["curriculum={start_level: {1: 2}}"], "curriculum.start_level must be an integer >= 0, a mapping"),
     (["filter_pass_rate=[0.9, 0.1]"], "filter_pass_rate must be [low, high]"),
     (["filter_pass_rate=[0.1, 2]"], "filter_pass_rate must be [low, high]"),
     (["filter_pass_rate=[0.1]"], "filter_pass_rate must be [low, high]"),
@@ -331,6 +335,34 @@ def test_a_run_names_each_level_beside_the_datasets_config():
     assert same.summary()["curriculum_tasks"]["chain_sum"]["level_config"] == {}
     assert Curriculum.describe(same.summary()["curriculum_tasks"]) == [
         "curriculum: chain_sum at level 1 of 0..10: the dataset's own config"]
+
+
+def test_start_level_per_task_or_nearest_the_datasets_config():
+    """start_level: nearest starts each task at the level nearest the config its dataset (and
+    test split) was drawn with: chain_sum's default (2-6 terms of 1-4 digits) is nearest level 2
+    (4 terms of 3 digits), decimal_arithmetic's nearest 1, lcm's (values 1-100) below every level,
+    so 0. A mapping sets the tasks it names; a task it does not have, or a level above a task's
+    top, is refused naming them; an integer is capped at each task's top."""
+    from tunix_rt.traces import reasoning_gym as rg
+    from tunix_rt.train.curriculum import CurriculumSpec
+
+    tasks = {t: rg.task_config(t, {}) for t in ("chain_sum", "decimal_arithmetic", "lcm")}
+
+    def levels(start):
+        return curriculum(spec=CurriculumSpec.from_mapping({"start_level": start}), tasks=tasks).levels
+
+    assert levels("nearest") == {"chain_sum": 2, "decimal_arithmetic": 1, "lcm": 0}
+    assert levels({"chain_sum": 10, "lcm": 3}) == {"chain_sum": 10, "decimal_arithmetic": 0, "lcm": 3}
+    assert levels(5) == {"chain_sum": 5, "decimal_arithmetic": 3, "lcm": 3}
+    with pytest.raises(BadInput, match=r"names task\(s\) \['gcd'\] the dataset does not have"):
+        levels({"gcd": 1})
+    with pytest.raises(BadInput, match=r"no such level for \{'lcm': '4 \(its top is 3\)'\}"):
+        levels({"lcm": 4})
+    # a dataset drawn at a level is nearest that level, whatever its neighbours
+    lvl3 = {"min_digits": 4, "max_digits": 4, "min_terms": 5, "max_terms": 5}
+    at3 = curriculum(spec=CurriculumSpec.from_mapping({"start_level": "nearest"}),
+                     tasks={"chain_sum": {**tasks["chain_sum"], **lvl3}})
+    assert at3.levels == {"chain_sum": 3} and at3.summary()["curriculum_tasks"]["chain_sum"]["level_config"] == {}
 
 
 @pytest.mark.parametrize("method", [("method=rft", "rft_round_steps=1"), ("method=dpo", "pairs=rollouts")],

@@ -8,6 +8,8 @@ Curriculum (`curriculum:` in the config; datasets imported from reasoning-gym):
   fewer levels stays at its last). A level's generator config is the task's config as the
   dataset recorded it, with the curriculum's attributes set by `generate_configuration`
   (`ranges: upper_bound`: exactly that level's values; `inclusive`: every level up to it);
+- a task starts at `start_level`: an integer, a level per task, or `nearest`, the level
+  whose config is nearest the dataset's (reasoning-gym's level 0 is not its default config);
 - the dataset's seeded order still picks each prompt, so the task mixture is the training
   split's (its weights as imported); the picked record is then replaced by a fresh item of
   its task at the task's current level, generated online (`traces.reasoning_gym.make_items`);
@@ -46,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -69,8 +72,12 @@ class CurriculumSpec:
     """Raise a task's level when its full window's accuracy is at least this."""
     lower_below: float = 0.25
     """Lower it when the full window's accuracy is below this."""
-    start_level: int = 0
-    """Every task's first level (capped at the task's top level)."""
+    start_level: Any = 0
+    """Each task's first level: an integer for every task (capped at a task's top level), a
+    mapping {task: level} (a task it does not name starts at 0; a level above the task's top is
+    refused), or `nearest`: each task at the level whose generator config is nearest the
+    dataset's (`nearest_level`), so that training starts at the difficulty the test split was
+    drawn with."""
     ranges: str = "upper_bound"
     """How a level becomes a generator config: upper_bound (that level's values) or inclusive
     (every level from 0 up to it)."""
@@ -86,13 +93,18 @@ class CurriculumSpec:
             raise BadInput(f"{where}: unknown key(s) {unknown}; known: {known}")
         spec = cls(**data)
         for name, rng, integer in (("window", Range(1), True), ("raise_at", UNIT, False),
-                                   ("lower_below", UNIT, False), ("start_level", Range(0), True)):
+                                   ("lower_below", UNIT, False)):
             value = getattr(spec, name)
             if not is_number(value) or (integer and not is_int(value)) or not rng.holds(value):
                 raise BadInput(f"{where}.{name} must be {'an integer' if integer else 'a number'} {rng}, "
                                f"got {value!r}")
         if spec.lower_below >= spec.raise_at:
             raise BadInput(f"{where}: lower_below ({spec.lower_below}) must be below raise_at ({spec.raise_at})")
+        start = spec.start_level
+        pairs = start.items() if isinstance(start, dict) else [("", start)]
+        if start != "nearest" and not all(isinstance(k, str) and is_int(v) and v >= 0 for k, v in pairs):
+            raise BadInput(f"{where}.start_level must be an integer >= 0, a mapping {{task: level}} or nearest "
+                           f"(each task at the level nearest the dataset's config), got {start!r}")
         if spec.ranges not in RANGE_MODES:
             raise BadInput(f"{where}.ranges must be one of {'|'.join(RANGE_MODES)}, got {spec.ranges!r}")
         return spec
@@ -183,18 +195,64 @@ class Curriculum:
         self.curricula = {t: create_curriculum(t) for t in self.base}
         self.top = {t: max((len(a.levels) for a in c.attributes.values()), default=1) - 1
                     for t, c in self.curricula.items()}
-        self.levels = {t: min(spec.start_level, self.top[t]) for t in self.base}
+        self.levels = self.start_levels(spec.start_level)
         self.windows: dict[str, list[int]] = {t: [] for t in self.base}
         self.moves = {t: 0 for t in self.base}
         self.kept_dataset = 0
 
+    def start_levels(self, start: Any) -> dict[str, int]:
+        """Each task's first level of a spec's start_level (see CurriculumSpec.start_level)."""
+        if start == "nearest":
+            return {t: self.nearest_level(t) for t in self.base}
+        if not isinstance(start, dict):
+            return {t: min(int(start), self.top[t]) for t in self.base}
+        unknown = sorted(set(start) - set(self.base))
+        if unknown:
+            raise BadInput(f"config: curriculum.start_level names task(s) {unknown} the dataset does not have; "
+                           f"its tasks: {sorted(self.base)}")
+        high = {t: f"{v} (its top is {self.top[t]})" for t, v in sorted(start.items()) if v > self.top[t]}
+        if high:
+            raise BadInput(f"config: curriculum.start_level: no such level for {high}")
+        return {t: int(start.get(t, 0)) for t in self.base}
+
+    def nearest_level(self, task: str) -> int:
+        """The level whose generator config is nearest the dataset's: over the attributes of the
+        task's curriculum, the sum of |log((1 + a) / (1 + b))| between the level's value and the
+        dataset's (a range attribute by its midpoint; a value that is not a number counts 1
+        where it differs); the lower level on a tie."""
+        attrs = self.curricula[task].attributes.values()
+
+        def values(config: dict[str, Any]) -> list[Any]:
+            out = []
+            for a in attrs:
+                if hasattr(a, "lower_field_name"):
+                    lo, hi = config.get(a.lower_field_name), config.get(a.upper_field_name)
+                    out.append((lo + hi) / 2 if is_number(lo) and is_number(hi) else (lo, hi))
+                else:
+                    out.append(config.get(a.field_name))
+            return out
+
+        def gap(a: Any, b: Any) -> float:
+            if is_number(a) and is_number(b):
+                return abs(math.log((1 + abs(a)) / (1 + abs(b))))
+            return float(a != b)
+
+        base = values(self.base[task])
+        gaps = [sum(gap(a, b) for a, b in zip(values(self.config_at(task, level)), base))
+                for level in range(self.top[task] + 1)]
+        return min(range(len(gaps)), key=lambda i: (round(gaps[i], 12), i))
+
     # ----------------------------------------------------------------- prompts
     def config_of(self, task: str) -> dict[str, Any]:
         """The generator config of `task` at its current level (JSON values)."""
+        return self.config_at(task, self.levels[task])
+
+    def config_at(self, task: str, level: int) -> dict[str, Any]:
+        """The generator config of `task` at `level` (JSON values)."""
         from reasoning_gym.coaching.base_curriculum import DefaultCurriculumContext, RangeAttributeMode
 
         cur = self.curricula[task]
-        cur.set_global_level(self.levels[task])
+        cur.set_global_level(level)
         context = DefaultCurriculumContext(mode=RangeAttributeMode(self.spec.ranges))
         made = cur.generate_configuration(defaults=dict(self.base[task]), context=context)
         out = json.loads(json.dumps(dataclasses.asdict(made)))
