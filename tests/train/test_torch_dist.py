@@ -10,8 +10,10 @@ on purpose."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -34,6 +36,8 @@ STEPS = 3
 #: lr small enough that AdamW's eps-dominated elements (gradients summed in another order
 #: differ in the last bits) stay well inside 1e-6, large enough that every weight tested moves
 LR = 1e-4
+#: each launch takes under a minute on a quiet 2-core machine; a hang fails the test, never the suite
+TORCHRUN_TIMEOUT = 300
 
 
 def _cfg(tmp_path, finetune: str) -> TrainConfig:
@@ -52,7 +56,42 @@ def _torchrun(home, args: list[str], fault_rank: int | None = None,
         env.update(TUNIX_RT_FAULT="step@2", TUNIX_RT_FAULT_RANK=str(fault_rank))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            *program, *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    # torchrun starts each worker in a session of its own, and a worker outlives a killed
+    # torchrun (subprocess.run's timeout kills torchrun alone: the workers hold the output pipes
+    # and run on). Every process of this launch carries a mark in its environment, so a launch
+    # that hangs is killed whole, and the test fails instead of the suite
+    mark = f"{os.getpid()}-{next(_LAUNCHES)}"
+    env["TUNIX_RT_TEST_LAUNCH"] = mark
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=TORCHRUN_TIMEOUT)
+    finally:
+        left = _marked(mark)  # torchrun, or a worker it left behind
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc.returncode is None:
+            proc.communicate()  # the pipes close with the last of them
+    assert not left, f"processes of a finished launch were still running: {left}"
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+_LAUNCHES = itertools.count()
+
+
+def _marked(mark: str) -> list[int]:
+    """The running processes whose environment carries TUNIX_RT_TEST_LAUNCH=mark."""
+    want, found = f"TUNIX_RT_TEST_LAUNCH={mark}".encode(), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if want in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:  # gone, or not ours
+                pass
+    return found
 
 
 def _losses(run, key="loss"):
