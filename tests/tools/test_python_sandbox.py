@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from proc_testlib import processes_with
 from requires import missing, require_bwrap
 
 from tunix_rt.tools import Call, respond
@@ -236,23 +237,7 @@ os.wait()
 print("left")
 """)
     assert r == tool.ToolResult("<output>left\n</output>", False)
-    assert not _processes_with(marker, wait=1.0)
-
-
-def _processes_with(marker: str, wait: float) -> list[int]:
-    """pids whose command line holds `marker`, after up to `wait` seconds for them to go."""
-    deadline = time.monotonic() + wait
-    while True:
-        found = []
-        for d in Path("/proc").iterdir():
-            try:
-                if d.name.isdigit() and marker.encode() in (d / "cmdline").read_bytes():
-                    found.append(int(d.name))
-            except OSError:
-                pass
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(0.05)
+    assert not processes_with(marker, wait=1.0)
 
 
 def test_an_infinite_loop_meets_the_cpu_limit(sandbox, monkeypatch):

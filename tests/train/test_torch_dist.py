@@ -10,13 +10,13 @@ on purpose."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import Batch, process_rows, weighted
 from tunix_rt.train.driver import train
 from tunix_rt.train.metrics import read_jsonl
+from proc_testlib import processes_with
 from train_testlib import one_torch_thread, write_traces  # noqa: F401 (autouse fixture)
 
 HERE = Path(__file__).resolve().parent
@@ -60,13 +61,13 @@ def _torchrun(home, args: list[str], fault_rank: int | None = None,
     # torchrun (subprocess.run's timeout kills torchrun alone: the workers hold the output pipes
     # and run on). Every process of this launch carries a mark in its environment, so a launch
     # that hangs is killed whole, and the test fails instead of the suite
-    mark = f"{os.getpid()}-{next(_LAUNCHES)}"
-    env["TUNIX_RT_TEST_LAUNCH"] = mark
+    env["TUNIX_RT_TEST_LAUNCH"] = launch = uuid.uuid4().hex
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=TORCHRUN_TIMEOUT)
     finally:
-        left = _marked(mark)  # torchrun, or a worker it left behind
+        # torchrun, or a worker it left behind
+        left = processes_with(f"TUNIX_RT_TEST_LAUNCH={launch}", where="environ")
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -76,22 +77,6 @@ def _torchrun(home, args: list[str], fault_rank: int | None = None,
             proc.communicate()  # the pipes close with the last of them
     assert not left, f"processes of a finished launch were still running: {left}"
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
-
-
-_LAUNCHES = itertools.count()
-
-
-def _marked(mark: str) -> list[int]:
-    """The running processes whose environment carries TUNIX_RT_TEST_LAUNCH=mark."""
-    want, found = f"TUNIX_RT_TEST_LAUNCH={mark}".encode(), []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if want in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:  # gone, or not ours
-                pass
-    return found
 
 
 def _losses(run, key="loss"):
