@@ -8,7 +8,7 @@ process at a time (the CPU is shared by nothing else), each command printed to t
     TUNIX_RT_HOME=/tmp/rgrl-home .venv/bin/python benchmarks/rg_rl_cpu.py \
         [--budget-s 720] [--tasks gcd,letter_counting,products,basic_arithmetic | auto] [--n 1024]
         [--test-per-task 64] [--curriculum YAML] [--grpo-over KEY=VALUE ...] [--calc | --python] [--sft RUN]
-        [--survey] [--survey-only] [--survey-n 16] [--band 0.05,0.6] [--out DIR] [--eval-batch 32] [--tiny]
+        [--survey] [--survey-only] [--survey-n 16] [--survey-tasks DOZEN | +T,...] [--band 0.05,0.6] [--out DIR] [--eval-batch 32] [--tiny]
 
 1. setup   `model import gemma3-270m` (the GGUF package, dequantised), `data import gsm8k`
            (the vendored train split).
@@ -23,7 +23,7 @@ process at a time (the CPU is shared by nothing else), each command printed to t
    survey  (--survey, --survey-only, --tasks auto) the SFT run's pass@8 on a dozen reasoning-gym
            tasks at their default difficulty (`data import reasoning-gym DOZEN --seed 7 --name
            rg-dozen`; `eval --split test --samples 8 --temperature 0.7`, --survey-n items a
-           task, the run's own tools): the issue's pick is the tasks whose pass@8 lies in --band
+           task, the run's own tools; --survey-tasks +T,... adds tasks): the issue's pick is the tasks whose pass@8 lies in --band
            (5-60%). --tasks auto trains on exactly those; an explicit --tasks outside the band
            is named in the output. --survey-only stops here.
    data    `data import reasoning-gym TASKS --n N --seed 1 --test-n (per task x tasks) --name
@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--survey", action="store_true", help="the SFT run's pass@8 on the reasoning-gym dozen first")
     ap.add_argument("--survey-only", action="store_true", help="setup, SFT (or --sft) and the survey, then stop")
     ap.add_argument("--survey-n", type=int, default=16, help="test items a task in the survey")
+    ap.add_argument("--survey-tasks", default=",".join(RG_TASKS),
+                    help="the survey's tasks (default: the dozen); +T1,T2 adds tasks to the dozen")
     ap.add_argument("--band", default="0.05,0.6", help="the survey's pick: pass@8 within LOW,HIGH")
     ap.add_argument("--n", type=int, default=1024, help="training records of the mixture")
     ap.add_argument("--test-per-task", type=int, default=64)
@@ -116,8 +118,11 @@ def main() -> None:
     if args.survey or args.survey_only or not tasks:
         lo, hi = (float(x) for x in args.band.split(","))
         n = 1 if tiny else args.survey_n
-        bench.cli("data_import_dozen", ["data", "import", "reasoning-gym", ",".join(RG_TASKS), "--n", str(len(RG_TASKS)),
-                                        "--seed", "7", "--dev-n", str(len(RG_TASKS)), "--test-n", str(n * len(RG_TASKS)),
+        st = args.survey_tasks
+        surveyed = list(RG_TASKS) + st[1:].split(",") if st.startswith("+") else st.split(",")
+        res["survey_tasks"] = surveyed
+        bench.cli("data_import_dozen", ["data", "import", "reasoning-gym", ",".join(surveyed), "--n", str(len(surveyed)),
+                                        "--seed", "7", "--dev-n", str(len(surveyed)), "--test-n", str(n * len(surveyed)),
                                         "--name", "rg-dozen"])
         s = bench.eval("survey_sft", sft, "rg-dozen", "test", ["--samples", "8", "--temperature", "0.7"]
                        + (["--max-new-tokens", "24"] if tiny else []))
