@@ -103,6 +103,18 @@ def test_result_text(value, text):
     assert format_value(value) == text
 
 
+def test_results_are_exact_whatever_the_threads_decimal_context():
+    """The result text never depends on the process's decimal context, which a library may have
+    lowered (reasoning-gym's decimal_arithmetic sets its precision to 12)."""
+    import decimal
+
+    cases = {"123456789.5 / 3": "41152263.1667", "1234567.125 + 0": "1234567.125",
+             "99999999999999999 / 7": "14285714285714285.5714", "10 / 4": "2.5"}
+    for prec in (28, 6, 1):
+        with decimal.localcontext(decimal.Context(prec=prec, traps=[decimal.Inexact])):
+            assert {e: calculate(e)[0] for e in cases} == cases
+
+
 @pytest.mark.parametrize("expr,reason", [
     ("", "empty"), ("   ", "empty"), ("5/0", "division by zero"), ("1/(2-2)", "division by zero"),
     ("3//0", "division by zero"), ("2**3", "syntax"), ("2^3", "syntax"), ("2x3", "syntax"),

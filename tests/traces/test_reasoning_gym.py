@@ -120,6 +120,24 @@ def test_make_items_is_deterministic_and_keeps_the_config():
         make_items("basic_arithmetic", 0, 1, {})
 
 
+def test_a_task_that_sets_the_decimal_context_leaves_the_callers_alone():
+    """decimal_arithmetic's generator sets the thread's decimal precision to its config's (12):
+    drawing and scoring its items must leave the caller's context as it was (a GRPO run with a
+    curriculum draws items in-process, and the calculator's rounding then failed)."""
+    import decimal
+
+    from tunix_rt.tools.calculator import calculate
+    from tunix_rt.traces.reasoning_gym import score
+
+    before = decimal.getcontext().prec
+    items = make_items("decimal_arithmetic", 4, 3, {})
+    assert decimal.getcontext().prec == before
+    r = items[0]
+    assert score(r["meta"], r["question"], r["answer"], r["answer"]) == 1.0
+    assert decimal.getcontext().prec == before
+    assert calculate("123456789.5 / 3") == ("41152263.1667", False)  # quantized to 4 places past 9 digits
+
+
 def test_enum_configs_fractions_and_failing_generators():
     """A config field of enum members (aiw's task_types) survives JSON and comes back as the
     task's enum; metadata holding a Fraction (gsm_symbolic) is kept as its exact string and the

@@ -28,7 +28,7 @@ An error is the text `error: <reason>` with one of the reasons in ERRORS, e.g.
 
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import ROUND_HALF_UP, Context, Decimal
 from fractions import Fraction
 
 MAX_CHARS = 200
@@ -38,6 +38,12 @@ MAX_BITS = 1024
 MAX_RESULT = 10**18
 EXACT_PLACES = 6
 ROUND_PLACES = 4
+
+#: the decimal arithmetic of the result text, never the thread's context: a library in the same
+#: process may lower that one's precision (reasoning-gym's decimal_arithmetic sets it to 12 when it
+#: draws an item), and quantize then fails or a division rounds. Wide enough for any value below
+#: MAX_RESULT with EXACT_PLACES places.
+_DECIMAL = Context(prec=64, rounding=ROUND_HALF_UP)
 
 ERRORS = ("empty", "too long", "syntax", "division by zero", "too large", "too deep")
 
@@ -83,10 +89,10 @@ def format_value(v: Fraction) -> str:
     while d % 5 == 0:
         d, fives = d // 5, fives + 1
     places = max(twos, fives)
+    exact = _DECIMAL.divide(Decimal(v.numerator), Decimal(v.denominator))
     if d == 1 and places <= EXACT_PLACES:
-        return _fixed(Decimal(v.numerator) / Decimal(v.denominator), places)
-    q = (Decimal(v.numerator) / Decimal(v.denominator)).quantize(Decimal(1).scaleb(-ROUND_PLACES), ROUND_HALF_UP)
-    return _fixed(q, ROUND_PLACES)
+        return _fixed(exact, places)
+    return _fixed(exact.quantize(Decimal(1).scaleb(-ROUND_PLACES), ROUND_HALF_UP, _DECIMAL), ROUND_PLACES)
 
 
 def _fixed(d: Decimal, places: int) -> str:

@@ -45,6 +45,7 @@ a difficulty); the importer adds the split, the de-duplication and the mixture.
 
 from __future__ import annotations
 
+import decimal
 import hashlib
 import json
 import math
@@ -184,11 +185,20 @@ _SCORERS_LOCK = threading.Lock()
 _MAX_SCORERS = 256
 
 
+def _own_decimal():
+    """A decimal context of Python's defaults for one call into reasoning-gym, dropped after it:
+    some tasks set the thread's context (decimal_arithmetic's generator sets its precision to the
+    config's, 12 by default), which would otherwise leak into everything after it in the process
+    (the calculator's results; every later score)."""
+    return decimal.localcontext(decimal.Context())
+
+
 def _create(task: str, config: dict[str, Any], seed: int, size: int):
     """A reasoning-gym dataset object (the generator of a seed, and the owner of score_answer)."""
     check_task(task)
     try:
-        return _rg().create_dataset(task, seed=seed, size=size, **_typed(task, config))
+        with _own_decimal():
+            return _rg().create_dataset(task, seed=seed, size=size, **_typed(task, config))
     except (AssertionError, TypeError, ValueError) as e:
         raise BadInput(f"config of {task}: {e or type(e).__name__}") from None
 
@@ -217,7 +227,8 @@ def score(record_meta: dict[str, Any], question: str, gold: str, answer: str) ->
         raise BadInput(f"record names scorer {record_meta.get('scorer')!r} but has no meta.rg.task")
     ds = _scorer(rg["task"], rg.get("config") or {})
     entry = {"question": question, "answer": gold, "metadata": rg.get("metadata") or {}}
-    value = ds.score_answer(answer, entry)
+    with _own_decimal():
+        value = ds.score_answer(answer, entry)
     return float(value)
 
 
@@ -230,7 +241,8 @@ def _entries(task: str, seed: int, config: dict[str, Any], limit: int) -> Iterat
     ds = _create(task, config, seed, limit)
     for idx in range(limit):
         try:
-            entry = ds[idx]
+            with _own_decimal():  # not across the yield: the caller's context stays its own
+                entry = ds[idx]
         except Exception as e:  # noqa: BLE001 - the task's generator: any failure is the task's
             raise BadInput(f"{task} item {idx} (seed {seed}): reasoning-gym's generator failed at this config "
                            f"({type(e).__name__}: {e})") from None
