@@ -77,9 +77,23 @@ The last line: `RESULT speed_ratio=<ours/TRL completions/s> mem_ratio=<ours/TRL 
 token_speed_ratio=<ours/TRL tokens/s> jax_vs_trl_speed=... jax_vs_trl_mem=...
 jax_vs_trl_token_speed=... tunix_speed_ratio=<JAX engine/Tunix completions/s>
 tunix_mem_ratio=<JAX engine/Tunix peak RSS> tunix_token_speed_ratio=<JAX engine/Tunix tokens/s>
-ours_tokens=<completion tokens per measured step> trl_tokens=... jax_tokens=... tunix_tokens=...`
+ours_tokens=<completion tokens per measured step> trl_tokens=... jax_tokens=... tunix_tokens=...
+ours_update_mm_fraction=... ours_rollout_bw_fraction=... jax_update_mm_fraction=...`
 (medians over rounds; each pair only when both of its sides ran, each *_tokens for a side that
 ran; *_tokens is the mean over the measured steps).
+
+Each phase of our engines' steps is also given as a share of the bound it is under (issue
+27.1; this machine's bounds from `roofline.bounds()`, measured in this invocation before the
+sides run), the median over measured steps:
+- update (matmul-bound): the update's model FLOPs (`update_flops`: the policy's forward and
+  backward and the reference's forward over the update's real tokens, the head over the scored
+  ones; attention's products left out, so a lower bound) over the method's `update_s`, as a
+  share of the fp32 matmul throughput at the training shapes;
+- rollouts (bandwidth-bound, ours only): the weight bytes the decode steps read (one step a
+  token of the batch's longest completion, `completion_tokens_max`, each reading
+  `decode_step_bytes`: the fp32 body with its live LoRA factors and the int8-screened head) over
+  the method's `rollout_s` (prefill, sampling and rewards included: a lower bound), as a share
+  of the copy bandwidth.
 """
 
 from __future__ import annotations
@@ -94,7 +108,7 @@ from pathlib import Path
 
 from sides import alternate, print_result, run_worker  # benchmarks/ is sys.path[0]
 
-G, NEW_TOKENS, BETA, LR = 4, 128, 0.04, 1e-6
+G, NEW_TOKENS, BETA, LR, RANK = 4, 128, 0.04, 1e-6, 16
 
 
 # --------------------------------------------------------------------------- counting
@@ -129,11 +143,39 @@ def summarize(step_s: list[float], tokens: list[int], completions: int) -> dict:
             "s_per_1k_tokens": 1000 * total_s / total_t if total_t else float("inf")}
 
 
+def decode_step_bytes(hf: dict, lora_rank: int, head_bytes: int) -> float:
+    """Weight bytes one decode step of the 270M's rollouts reads: every layer's seven fp32
+    projections and its live LoRA factors (A and B, fp32), and the head at `head_bytes` a value
+    (1: the int8-screened head ours decodes with, its fp32 rescored rows left out; 4: a full fp32
+    head). Norms and biases are left out (a few KB)."""
+    from bench_torch_vs_trl import projection_shapes  # benchmarks/ is sys.path[0]
+
+    shapes = projection_shapes(hf).values()
+    body = hf["num_hidden_layers"] * sum(4 * (k * n + lora_rank * (k + n)) for k, n in shapes)
+    return body + head_bytes * hf["vocab_size"] * hf["hidden_size"]
+
+
+def update_flops(hf: dict, lora_rank: int, tokens: int, completion_tokens: int, reference: bool) -> int:
+    """Model FLOPs of one GRPO update of LoRA on the seven projections over `tokens` real tokens
+    (prompts and completions), `completion_tokens` of them scored: the policy's forward and
+    backward (bench_torch_vs_trl.sft_step_flops' per-token terms, no recompute), the reference's
+    forward with the adapter off where `reference` (beta > 0), and the head over the scored
+    positions (policy: logits and the gradient wrt the hidden states; reference: logits).
+    Attention's score and value products are left out (~5% at these lengths): a lower bound."""
+    from bench_torch_vs_trl import projection_shapes  # benchmarks/ is sys.path[0]
+
+    shapes, r = projection_shapes(hf).values(), lora_rank
+    per_token = sum(2 * k * n + 2 * r * (k + n) + 2 * k * n + 4 * r * (k + n) + (2 * k * n if reference else 0)
+                    for k, n in shapes)
+    head = (3 if reference else 2) * 2 * completion_tokens * hf["hidden_size"] * hf["vocab_size"]
+    return hf["num_hidden_layers"] * per_token * tokens + head
+
+
 def base_cfg(args, model_dir: str, engine: str):
     from tunix_rt.train.config import TrainConfig
 
     return TrainConfig(model=model_dir, dataset="gsm8k", split="train", method="grpo", finetune="lora",
-                       lora_rank=16, lora_alpha=32.0, group_size=G, rl_prompts=args.prompts,
+                       lora_rank=RANK, lora_alpha=2.0 * RANK, group_size=G, rl_prompts=args.prompts,
                        rollout_max_new_tokens=NEW_TOKENS, rollout_temperature=1.0, beta=BETA, rl_loss="grpo",
                        lr=LR, max_seq_len=512, batch_size=args.micro_batch or args.prompts * G,
                        gradient_checkpointing=args.remat, max_steps=args.warmup + args.steps,
@@ -198,7 +240,8 @@ def ours_worker(args, data: dict, engine_name: str) -> dict:
         t0 = time.perf_counter()
         row, _ = method.step(engine, step, LR)
         dt = time.perf_counter() - t0
-        rows.append({k: row[k] for k in ("reward", "completion_tokens", "rollout_s", "update_s") if k in row})
+        rows.append({k: row[k] for k in ("reward", "completion_tokens", "completion_tokens_max", "tokens",
+                                         "rollout_s", "update_s") if k in row})
         if step >= args.warmup:
             times.append(dt)
     # our GRPO method's completion_tokens: the mean over the step's P x G completions of their
@@ -404,8 +447,13 @@ def main() -> None:
         return worker(args)
     if args.home:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
+    from roofline import bounds, fraction  # here, not at the top: it imports torch, which a JAX worker must not hold
+
     data = prepare(args)
     sides = [x for x in args.sides.split(",") if x]
+    bound = bounds()  # before the sides run: the machine as quiet as it gets here
+    hf = json.loads((Path(json.loads(Path(data).read_text())["model_dir"]) / "config.json").read_text())
+    step_bytes = decode_step_bytes(hf, RANK, 1)
 
     def show(r: int, side: str, res: dict) -> None:
         print(f"round {r + 1} {side:5s}: {res['s_per_step']:.1f} s/step, {res['completions_per_s']:.3f} "
@@ -441,6 +489,24 @@ def main() -> None:
             print(f"{names[s]}: rollout {statistics.median(r['rollout_s'] for r in rows):.1f} s, update "
                   f"{statistics.median(r['update_s'] for r in rows):.1f} s, mean reward "
                   f"{statistics.mean(r['reward'] for r in rows):.3f} (median over measured steps)")
+    shares = {}
+    for s in ("ours", "jax"):  # each phase as a share of the bound it is under (issue 27.1)
+        rows = [r for x in results.get(s, []) for r in x["rows"][args.warmup:]]
+        if not rows or "tokens" not in rows[0]:
+            continue
+        upd = statistics.median(update_flops(hf, RANK, r["tokens"], round(r["completion_tokens"] * args.prompts * G),
+                                             BETA > 0) / r["update_s"] for r in rows)
+        shares[f"{s}_update_mm_fraction"] = upd / (bound["fp32_gflops"] * 1e9)
+        line = f"{names[s]}: update {upd / 1e12:.3f} model TFLOP/s, {fraction(upd, bound['fp32_gflops'] * 1e9)} of the fp32 matmul bound"
+        if s == "ours":  # ours decodes with the int8-screened head (the JAX generator's own head: not counted here)
+            roll = statistics.median(r["completion_tokens_max"] * step_bytes / r["rollout_s"] for r in rows)
+            shares["ours_rollout_bw_fraction"] = roll / (bound["copy_gbs"] * 1e9)
+            line += (f"; rollouts {roll / 1e9:.1f} GB/s of weights read ({step_bytes / 1e9:.2f} GB a decode step x the "
+                     f"longest completion, over the whole rollout phase), {fraction(roll, bound['copy_gbs'] * 1e9)} of "
+                     f"the copy bandwidth")
+        print(line)
+    print(f"bounds measured here before the sides ran (roofline.bounds): fp32 matmul {bound['fp32_gflops']:.0f} GFLOP/s, "
+          f"copy {bound['copy_gbs']:.1f} GB/s")
     for x in results.get("tunix", []):  # what shows Tunix's steps trained (every step, warm-up included)
         c, fmt = x["tunix"], lambda v: "[" + ", ".join(f"{a:.4g}" for a in v) + "]"  # noqa: E731
         print(f"{names['tunix']}: step rewards {fmt(c['reward'])}, actor loss {fmt(c['loss'])}, grad norm "
@@ -464,6 +530,7 @@ def main() -> None:
                 f"tunix_mem_ratio={med['jax']['peak_rss'] / med['tunix']['peak_rss']:.3f}",
                 f"tunix_token_speed_ratio={tok('jax', 'tunix'):.3f}"]
     out += [f"{s}_tokens={med[s]['tokens_per_step']:.1f}" for s in sides]
+    out += [f"{k}={v:.2f}" for k, v in shares.items()]
     print("RESULT " + " ".join(out))
 
 

@@ -34,7 +34,19 @@ steps (the first --warmup steps, which compile, are not measured). Also prints t
 each side on the first batch, which must agree. Last line:
 `RESULT mem_ratio=<ours/tunix peak RSS> speed_ratio=<ours/tunix tokens/s>
 cpu_speed_ratio=<tunix/ours CPU-seconds per step> ... jax_vs_torch_speed=<JAX engine/PyTorch
-engine tokens/s> ...` (medians; CPU time is what a shared machine disturbs least).
+engine tokens/s> ... jax_mm_fraction=<JAX engine's model FLOP/s / fp32 matmul bound>
+tunix_mm_fraction=... torch_mm_fraction=...` (medians; CPU time is what a shared machine
+disturbs least).
+
+Each side's rate is also given as a share of the bound it is under (issue 27.1): the model
+FLOPs of a measured step over its median wall time, divided by this machine's fp32 matmul
+throughput at the model's training shapes (`roofline.bounds()`, measured in this invocation
+before the sides run). Every side is credited the same model FLOPs for the same batch:
+bench_torch_vs_trl's `sft_step_flops` as the torch engine computes it without gradient
+checkpointing (each real row's padded batch, causal attention, the head over the supervised
+positions only, forward and the gradient wrt the hidden states). Work a side does beyond that
+(recomputation under --remat, padding to --seq, Tunix's head over every position, the full
+attention square) is not credited: this is a model-FLOPs utilisation, comparable across sides.
 """
 
 from __future__ import annotations
@@ -58,6 +70,17 @@ def prepare(args) -> Path:
     from bench_torch_vs_trl import prepare as write_batches  # benchmarks/ is sys.path[0]
 
     return write_batches(args)
+
+
+def model_flops(data: Path, args) -> float:
+    """The model FLOPs credited to every side for one measured step: the mean over the measured
+    steps of bench_torch_vs_trl's count for the torch engine without recompute (module doc)."""
+    from bench_torch_vs_trl import LORA_RANK, side_flops  # benchmarks/ is sys.path[0]
+
+    info = json.loads(data.read_text())
+    hf = json.loads((Path(info["model_dir"]) / "config.json").read_text())
+    steps = side_flops(hf, info["steps"], "ours", LORA_RANK, False)[args.warmup:]
+    return sum(f["total"] for f in steps) / len(steps)
 
 
 def run_side(side: str, data: Path, args) -> dict:
@@ -255,8 +278,11 @@ def main() -> None:
         return worker(args)
     if args.home:
         os.environ["TUNIX_RT_HOME"] = os.path.abspath(args.home)
+    from roofline import bounds, fraction  # here, not at the top: it imports torch, which a JAX worker must not hold
+
     data = prepare(args)
     sides = [x for x in args.sides.split(",") if x]
+    step_flops, peak = model_flops(data, args), bounds()["fp32_gflops"] * 1e9  # the machine before the sides run
 
     def show(r: int, side: str, res: dict) -> None:
         after = f" (after load {res['rss_after_load'] / 2**30:.2f})" if res["rss_after_load"] else ""
@@ -285,6 +311,10 @@ def main() -> None:
               f"{m['peak_rss'] / 2**30:13.2f} {extra}")
     first = {s: results[s][0]["losses"][0] for s in sides}
     print("first-batch loss: " + ", ".join(f"{names[s]} {first[s]:.6f}" for s in sides))
+    mm = {s: step_flops / med[s]["step_s"] / peak for s in sides}
+    print(f"model FLOPs a measured step {step_flops / 1e12:.3f} T (the torch engine's count without recompute); "
+          f"fp32 matmul bound measured here (roofline.bounds, training shapes) {peak / 1e12:.3f} TFLOP/s; share of it: "
+          + ", ".join(f"{names[s]} {fraction(mm[s] * peak, peak)}" for s in sides))
     out = []
     if "ours" in med and "tunix" in med:
         extra = lambda s: med[s]["peak_rss"] - med[s]["rss_after_load"]  # noqa: E731
@@ -298,6 +328,7 @@ def main() -> None:
                 f"jax_vs_torch_cpu_speed={med['torch']['cpu_s_per_step'] / med['ours']['cpu_s_per_step']:.3f}",
                 f"jax_vs_torch_mem={med['ours']['peak_rss'] / med['torch']['peak_rss']:.3f}",
                 f"jax_vs_torch_loss_diff={abs(first['ours'] - first['torch']):.2e}"]
+    out += [f"{'jax' if s == 'ours' else s}_mm_fraction={mm[s]:.2f}" for s in sides]
     print("RESULT " + " ".join(out))
 
 

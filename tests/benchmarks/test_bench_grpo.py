@@ -1,8 +1,10 @@
-"""bench_grpo's counting of completion tokens (TRL's log records, Tunix's cut completions) and
-its per-side figures over the measured steps."""
+"""bench_grpo's counting of completion tokens (TRL's log records, Tunix's cut completions), its
+per-side figures over the measured steps, and the counts behind its shares of the machine's
+bounds (the update's model FLOPs, a decode step's weight bytes)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,6 +12,37 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_grpo as bench  # noqa: E402
+import bench_torch_vs_trl  # noqa: E402
+
+HF = {"hidden_size": 640, "intermediate_size": 2048, "num_attention_heads": 4, "num_key_value_heads": 1,
+      "head_dim": 256, "num_hidden_layers": 18, "vocab_size": 262144}  # Gemma 3 270M's shapes
+
+
+def test_update_flops_are_the_sft_counts_per_token_terms_plus_the_reference_forward():
+    sft = bench_torch_vs_trl.sft_step_flops(HF, rows=1, width=300, head_rows=120, lora_rank=16, head_passes=2,
+                                            recompute=False, input_grad=True, causal=True, rope_rows=0)
+    policy = bench.update_flops(HF, 16, 300, 120, reference=False)
+    assert policy == sft["projections"] + sft["head"]  # attention left out: the same terms otherwise
+    ref = bench.update_flops(HF, 16, 300, 120, reference=True) - policy
+    shapes = bench_torch_vs_trl.projection_shapes(HF).values()
+    assert ref == 18 * 300 * sum(2 * k * n for k, n in shapes) + 2 * 120 * 640 * 262144  # base forward + head logits
+
+
+def test_decode_step_bytes_count_the_fp32_body_its_lora_and_the_head_at_its_width(home):
+    import bench_generate
+    from tunix_rt.eval.generate import TorchGenerator
+    from tunix_rt.eval.runner import load_model
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+
+    model_dir = ensure_model("tiny-gemma3", home)
+    hf = json.loads((model_dir / "config.json").read_text())
+    lean = TorchGenerator(load_model(model_dir, None, "cpu"), load_tokenizer(str(model_dir), home), "cpu").lean
+    width = 1 if lean.screen() is not None else 4
+    assert bench.decode_step_bytes(hf, 0, width) == bench_generate.step_bytes(lean)["weights"]  # the lean step's own
+    lora = bench.decode_step_bytes(hf, 8, width) - bench.decode_step_bytes(hf, 0, width)
+    assert lora == hf["num_hidden_layers"] * sum(4 * 8 * (k + n) for k, n in
+                                                 bench_torch_vs_trl.projection_shapes(hf).values())
+    assert bench.decode_step_bytes(HF, 0, 1) == pytest.approx(0.57e9, rel=0.01)  # the README's 0.57 GB a step, no LoRA
 
 
 def test_trl_tokens_are_mean_length_times_completions_of_each_step_record():

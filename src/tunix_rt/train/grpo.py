@@ -268,7 +268,8 @@ class GRPO:
 
     def metrics(self, groups: list[Group], drawn: int, results: list, batches: list) -> dict[str, Any]:
         """The step's row: loss and gradient norm of the last update, rewards (total and each),
-        rollout accuracy and format rate, zero-variance share, KL, clip fraction, lengths."""
+        rollout accuracy and format rate, zero-variance share, KL, clip fraction, lengths (the
+        mean and the longest: a batch decodes in step until its longest completion ends)."""
         from tunix_rt.train.advantages import zero_variance_groups
 
         last = results[-1] if results else None
@@ -289,6 +290,7 @@ class GRPO:
                "kl": stats.get("kl", 0.0) / tokens, "clip_fraction": stats.get("clipped", 0.0) / tokens,
                **(tool_metrics([o for g in groups for o in g.completions]) if self.cfg.tools else {}),
                "completion_tokens": float(np.mean(lengths)) if lengths else 0.0,
+               "completion_tokens_max": float(max(lengths)) if lengths else 0.0,
                "truncated_rate": float(np.mean([o.finish_reason == "length" for g in groups
                                                 for o in g.completions])) if groups else 0.0}
         return row
