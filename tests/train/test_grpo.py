@@ -52,7 +52,6 @@ def test_grpo_run_is_complete_with_reward_rows_and_checkpoints(home, tmp_path):
     assert all(r["grad_norm"] > 0 for r in rows)  # length rewards vary: every step learns
     assert all(r["rollout_pass_at_g"] >= r["rollout_accuracy"] for r in rows)  # any of G >= the mean
     assert all(r["completion_tokens_max"] >= r["completion_tokens"] > 0 for r in rows)  # the longest >= the mean
-    assert any(r["completion_tokens_max"] > r["completion_tokens"] for r in rows)  # lengths vary: not the mean again
     assert any(r["kl"] > 0 for r in rows[1:])  # the policy moved away from the reference
     assert (run / "final/adapter/adapter_model.safetensors").is_file()
     assert any("eval_reward" in r for r in read_jsonl(run / "metrics.jsonl"))
