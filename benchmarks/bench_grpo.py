@@ -162,13 +162,14 @@ def update_flops(hf: dict, lora_rank: int, tokens: int, completion_tokens: int, 
     forward with the adapter off where `reference` (beta > 0), and the head over the scored
     positions (policy: logits and the gradient wrt the hidden states; reference: logits).
     Attention's score and value products are left out (~5% at these lengths): a lower bound."""
-    from bench_torch_vs_trl import projection_shapes  # benchmarks/ is sys.path[0]
+    from bench_torch_vs_trl import projection_shapes, sft_step_flops  # benchmarks/ is sys.path[0]
 
-    shapes, r = projection_shapes(hf).values(), lora_rank
-    per_token = sum(2 * k * n + 2 * r * (k + n) + 2 * k * n + 4 * r * (k + n) + (2 * k * n if reference else 0)
-                    for k, n in shapes)
-    head = (3 if reference else 2) * 2 * completion_tokens * hf["hidden_size"] * hf["vocab_size"]
-    return hf["num_hidden_layers"] * per_token * tokens + head
+    policy = sft_step_flops(hf, rows=1, width=tokens, head_rows=completion_tokens, lora_rank=lora_rank, head_passes=2,
+                            recompute=False, input_grad=True, causal=True, rope_rows=0)
+    if not reference:
+        return policy["projections"] + policy["head"]
+    base = hf["num_hidden_layers"] * tokens * sum(2 * k * n for k, n in projection_shapes(hf).values())
+    return policy["projections"] + policy["head"] * 3 // 2 + base
 
 
 def base_cfg(args, model_dir: str, engine: str):
