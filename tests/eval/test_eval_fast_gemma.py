@@ -106,6 +106,28 @@ def test_lean_step_applies_live_lora_adapters_as_peft_does(model_and_tok):
         _match_transformers(base, plain, tok, steps=4)
 
 
+@pytest.mark.parametrize("adapted", [False, True])
+def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, adapted, monkeypatch):
+    """An RL run's rollouts (f32_kernel): every projection of the step, adapter included, goes
+    through the kernel library's fp32 product, and the logits still equal transformers' (PEFT's
+    forward with live adapters) to float rounding step by step, the argmax everywhere the same."""
+    from tunix_rt.eval import int8_kernel
+
+    if int8_kernel.library() is None:
+        pytest.skip(f"no kernel library here: {int8_kernel.WHY}")
+    model, tok = model_and_tok
+    target = decode_model(_with_lora(model)) if adapted else model
+    calls = []
+    real = int8_kernel.f32_linear
+    monkeypatch.setattr(int8_kernel, "f32_linear", lambda *a, **k: calls.append(len(a)) or real(*a, **k))
+    lean = LeanGemma.for_model(target, f32_kernel=True)
+    assert lean is not None and lean.f32_kernel and lean.lora == adapted
+    _match_transformers(target, lean, tok)
+    per_step = 7 * target.config.num_hidden_layers
+    assert len(calls) == 30 * per_step and set(calls) == ({5} if adapted else {2})
+    assert not LeanGemma.for_model(target).f32_kernel  # eval, serving, chat: transformers' bits
+
+
 def test_other_adapter_kinds_keep_the_transformers_path(model_and_tok):
     """DoRA (a LoRA variant the lean step does not apply) and an adapter merged in place are
     not served by the lean step: None, so the generator decodes through PEFT's forward."""

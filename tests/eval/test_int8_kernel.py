@@ -208,3 +208,75 @@ def test_the_noise_bits_equal_numpys():
     assert not int8_kernel.noise_bits(seed, shared[::2][:502], wide[:, :502].t().contiguous().t())  # strided
     assert not int8_kernel.noise_bits(seed[:5], shared, wide)  # one seed short
     assert bool((wide == 7).all())
+
+
+def _kernel_or_skip():
+    if int8_kernel.library() is None:
+        pytest.skip(f"no kernel library here: {int8_kernel.WHY}")
+
+
+def _f32_reference(x, w, a=None, b=None, scale=1.0):
+    """x @ w.T (+ (x @ a.T) @ b.T * scale) in fp64, and a bound on fp32 rounding: a few ulps of
+    the sum of the terms' magnitudes."""
+    x64, w64 = x.double(), w.double()
+    ref, mag = x64 @ w64.t(), x64.abs() @ w64.abs().t()
+    if a is not None:
+        t = x64 @ a.double().t()
+        ref = ref + (t @ b.double().t()) * scale
+        mag = mag + ((x64.abs() @ a.double().abs().t()) @ b.double().abs().t()) * abs(scale)
+    return ref, mag * 4e-7 * 8 + 1e-30
+
+
+@pytest.mark.parametrize("n,k", [(1024, 640), (256, 640), (640, 2048), (2051, 640), (37, 100), (16, 640)])
+def test_f32_linear_matches_fp64_with_and_without_an_adapter(n, k):
+    """Every row count a decode step has (1 to 8), the decoder's shapes and ragged ones (a tail
+    of weight rows, K not a multiple of 16), with a LoRA adapter of rank 16 and of rank 3: within
+    a few ulps of the fp64 product (the same sums as F.linear, in another order)."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(n + k)
+    w = torch.randn(n, k, generator=g)
+    for m in range(1, 9):
+        x = torch.randn(m, k, generator=g)
+        ref, tol = _f32_reference(x, w)
+        assert ((int8_kernel.f32_linear(x, w).double() - ref).abs() <= tol).all(), (m, n, k)
+        for r in (16, 3):
+            a, b = torch.randn(r, k, generator=g) * 0.1, torch.randn(n, r, generator=g) * 0.1
+            ref, tol = _f32_reference(x, w, a, b, 2.0)
+            got = int8_kernel.f32_linear(x, w, a, b, 2.0).double()
+            assert ((got - ref).abs() <= tol).all(), (m, n, k, r)
+
+
+def test_f32_linear_rows_do_not_depend_on_the_batch_or_the_threads():
+    """A row's outputs are the same bits whatever rows decode beside it (1 to 8 of them, each
+    count its own blocking of the weight rows, the tail rows included) and on 1 or 2 threads."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(7)
+    w, a, b = torch.randn(2051, 640, generator=g), torch.randn(16, 640, generator=g), torch.randn(2051, 16, generator=g)
+    x = torch.randn(8, 640, generator=g)
+    alone = [int8_kernel.f32_linear(x[i: i + 1].contiguous(), w, a, b, 0.5) for i in range(8)]
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for m in range(1, 9):
+                out = int8_kernel.f32_linear(x[:m].contiguous(), w, a, b, 0.5)
+                for i in range(m):
+                    assert torch.equal(out[i], alone[i][0]), (threads, m, i)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_f32_linear_takes_only_its_own_shapes():
+    _kernel_or_skip()
+    w = torch.zeros(32, 64)
+    assert int8_kernel.f32_applies(torch.zeros(8, 64), w)
+    assert not int8_kernel.f32_applies(torch.zeros(9, 64), w)  # more rows: torch's blocked matmul
+    assert not int8_kernel.f32_applies(torch.zeros(0, 64), w)
+    assert not int8_kernel.f32_applies(torch.zeros(2, 64, dtype=torch.float64), w.double())
+    assert not int8_kernel.f32_applies(torch.zeros(64, 2).t(), w)  # not contiguous
+    with pytest.raises(ValueError, match="f32_linear takes"):
+        int8_kernel.f32_linear(torch.zeros(2, 63), w)
+    with pytest.raises(ValueError, match="adapter factors"):
+        int8_kernel.f32_linear(torch.zeros(2, 64), w, torch.zeros(4, 64), torch.zeros(31, 4))
+    with pytest.raises(ValueError, match="both factors"):
+        int8_kernel.f32_linear(torch.zeros(2, 64), w, torch.zeros(4, 64), None)

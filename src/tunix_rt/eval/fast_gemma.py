@@ -143,7 +143,7 @@ class DecodeState:
 class LeanGemma:
     """The decode step; build with `LeanGemma.for_model(model)`."""
 
-    def __init__(self, model):
+    def __init__(self, model, f32_kernel: bool = False):
         import torch
 
         cfg = model.config
@@ -168,11 +168,17 @@ class LeanGemma:
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._screen = False  # not built yet (None: does not apply)
         self._screen_version = self._head_version()
+        self.f32_kernel = f32_kernel and self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
+        """Whether the projections of up to 8 rows go through the kernel library's fp32
+        product (`int8_kernel.f32_linear`, adapter included) where it loaded: about twice
+        torch's speed at a decode step's shapes, the same sums in another order, so logits equal
+        the torch ops' to float rounding, not to the bit (an RL run's rollouts use it; eval,
+        serving and chat keep transformers' bits)."""
 
     @classmethod
-    def for_model(cls, model) -> "LeanGemma | None":
+    def for_model(cls, model, f32_kernel: bool = False) -> "LeanGemma | None":
         """The lean step for a Gemma 3 / Gemma 2 causal LM (plain, merged, or with live plain
-        LoRA adapters on its projections), else None."""
+        LoRA adapters on its projections), else None. `f32_kernel`: see the attribute."""
         import torch.nn as nn
 
         cfg = getattr(model, "config", None)
@@ -188,7 +194,7 @@ class LeanGemma:
         if hasattr(model.model.embed_tokens, "base_layer"):
             return None  # an adapted embedding
         try:
-            return cls(model)
+            return cls(model, f32_kernel=f32_kernel)
         except ValueError:
             return None
 
@@ -341,9 +347,20 @@ class LeanGemma:
 
     def linear(self, x: "torch.Tensor", w) -> "torch.Tensor":
         """x @ w.T for one of a layer's projections, its adapter added for a LoraWeight (a
-        hook: tunix_rt.eval.int8_weights passes its int8 weights here instead)."""
+        hook: tunix_rt.eval.int8_weights passes its int8 weights here instead); through the
+        kernel library where `f32_kernel` is set and the shapes are its own."""
         import torch.nn.functional as F
 
+        if self.f32_kernel:
+            from tunix_rt.eval.int8_kernel import f32_applies, f32_linear
+
+            flat = x.reshape(-1, x.shape[-1])
+            base = w.base if isinstance(w, LoraWeight) else w
+            if f32_applies(flat, base) and (not isinstance(w, LoraWeight)
+                                             or (w.a.is_contiguous() and w.b.is_contiguous())):
+                y = (f32_linear(flat, base, w.a, w.b, w.scale) if isinstance(w, LoraWeight)
+                     else f32_linear(flat, base))
+                return y.view(*x.shape[:-1], base.shape[0])
         return w(x) if isinstance(w, LoraWeight) else F.linear(x, w)
 
     def _layer_step(self, x, lyr: _Layer, kc, vc, st: DecodeState, rope) -> "torch.Tensor":

@@ -257,15 +257,18 @@ def length_sorted_batches(prompts: Sequence[Sequence[int]], batch_size: int) -> 
 class TorchGenerator:
     """Batched greedy/sampling decode with a KV cache on a transformers causal LM."""
 
-    def __init__(self, model, tok: "ChatTokenizer", device: str = "cpu", lean: bool = True):
+    def __init__(self, model, tok: "ChatTokenizer", device: str = "cpu", lean: bool = True,
+                 f32_kernel: bool = False):
         from tunix_rt.eval.fast_gemma import LeanGemma
 
         self.model = model.eval()
         self.tok = tok
         self.device = device
         self.stop_ids = tuple(tok.stop_ids)
-        self.lean = LeanGemma.for_model(self.model) if lean else None
-        """The lean decode step (Gemma 3/2), or None: every step through transformers."""
+        self.lean = LeanGemma.for_model(self.model, f32_kernel=f32_kernel) if lean else None
+        """The lean decode step (Gemma 3/2), or None: every step through transformers.
+        `f32_kernel`: its projections through the kernel library's fp32 product where it
+        applies (LeanGemma.f32_kernel: faster, not transformers' bits)."""
 
     def generate(
         self,

@@ -61,6 +61,7 @@ SOURCE = r"""
 #include <stdlib.h>
 #include <math.h>
 #include <float.h>
+#include <string.h>
 
 #ifndef PF
 #define PF 8
@@ -188,6 +189,143 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
     free(au);
     free(a);
     free(step);
+    return 0;
+}
+
+/* ---- fp32 projections of a few rows: y = x @ w.T (+ s * (x @ a.T) @ b.T, a live LoRA adapter),
+   the decode step's matrix-vector products (tunix_rt.eval.fast_gemma's kernel option). Each
+   output is one sum in a fixed order (16-lane fused multiply-adds along K, then a fixed tree
+   across the lanes, then the adapter's r terms the same way), whatever M, the row's place in
+   the batch or the thread count: a row's numbers do not depend on the batch it decodes in. */
+
+/* 16 fp32 vectors -> one vector whose lane i is the sum of v[i]'s 16 lanes. */
+static inline KERNEL __m512 hsum16f(const __m512 *v) {
+    __m512 s[8], t[4];
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(s[2 * i]), _mm512_castps_pd(s[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(s[2 * i]), _mm512_castps_pd(s[2 * i + 1]));
+        t[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    __m512 u01 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88), _mm512_shuffle_f32x4(t[0], t[1], 0xdd));
+    __m512 u23 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88), _mm512_shuffle_f32x4(t[2], t[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u01, u23, 0x88), _mm512_shuffle_f32x4(u01, u23, 0xdd));
+}
+
+#ifndef PFB
+#define PFB 4
+#endif
+
+/* acc[r * MP + m] += xp[m, :K] * w[n0 + r, :K] lane-wise, for MP activation rows (padded with
+   zero rows) and R = 16 / MP weight rows; the rows of the block PFB blocks ahead prefetched. */
+#define F32_SEG(MP) \
+static inline KERNEL void f32seg##MP(__m512 *acc, const float *xp, const float *w, long K, long n0, long pf) { \
+    enum { R = 16 / MP }; \
+    long k = 0; \
+    for (; k + 16 <= K; k += 16) { \
+        __m512 xv[MP]; \
+        for (int m = 0; m < MP; m++) xv[m] = _mm512_loadu_ps(xp + m * K + k); \
+        for (int r = 0; r < R; r++) { \
+            if (pf) _mm_prefetch((const char *)(w + (n0 + r) * K + k + pf), _MM_HINT_T0); \
+            __m512 wv = _mm512_loadu_ps(w + (n0 + r) * K + k); \
+            for (int m = 0; m < MP; m++) acc[r * MP + m] = _mm512_fmadd_ps(xv[m], wv, acc[r * MP + m]); \
+        } \
+    } \
+    if (k < K) { \
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u); \
+        __m512 xv[MP]; \
+        for (int m = 0; m < MP; m++) xv[m] = _mm512_maskz_loadu_ps(mk, xp + m * K + k); \
+        for (int r = 0; r < R; r++) { \
+            __m512 wv = _mm512_maskz_loadu_ps(mk, w + (n0 + r) * K + k); \
+            for (int m = 0; m < MP; m++) acc[r * MP + m] = _mm512_fmadd_ps(xv[m], wv, acc[r * MP + m]); \
+        } \
+    } \
+}
+F32_SEG(1) F32_SEG(2) F32_SEG(4) F32_SEG(8)
+
+/* x[:K] * w[:K] lane-wise, in the order of f32seg (one activation row against one weight row) */
+static inline KERNEL __m512 f32lanes(const float *x, const float *w, long K) {
+    __m512 acc = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 16 <= K; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + k), _mm512_loadu_ps(w + k), acc);
+    if (k < K) {
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1u);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + k), _mm512_maskz_loadu_ps(mk, w + k), acc);
+    }
+    return acc;
+}
+
+/* one output: the lanes reduced by hsum16f's tree (as lane 0; the tree is the same for every lane) */
+static inline KERNEL float f32reduce(__m512 lanes) {
+    __m512 acc[16];
+    float o[16];
+    acc[0] = lanes;
+    for (int i = 1; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    _mm512_storeu_ps(o, hsum16f(acc));
+    return o[0];
+}
+
+static inline KERNEL void f32seg(long mp, __m512 *acc, const float *xp, const float *w, long K, long n0, long pf) {
+    switch (mp) {
+        case 1: f32seg1(acc, xp, w, K, n0, pf); break;
+        case 2: f32seg2(acc, xp, w, K, n0, pf); break;
+        case 4: f32seg4(acc, xp, w, K, n0, pf); break;
+        default: f32seg8(acc, xp, w, K, n0, pf); break;
+    }
+}
+
+/* Outputs n0 .. n0 + R - 1 (R = 16 / mp) of the mp padded rows xp [mp, K] (and tp [mp, r], the
+   adapter's scaled inner products, when b is given): lane r * mp + m of the result. */
+static inline KERNEL __m512 f32block(long mp, const float *xp, const float *w, long K, const float *tp,
+                                     const float *b, long rank, long n0, long pf) {
+    __m512 acc[16], part[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+    f32seg(mp, acc, xp, w, K, n0, pf);
+    __m512 y = hsum16f(acc);
+    if (b) {
+        for (int i = 0; i < 16; i++) part[i] = _mm512_setzero_ps();
+        f32seg(mp, part, tp, b, rank, n0, 0);
+        y = _mm512_add_ps(y, hsum16f(part));
+    }
+    return y;
+}
+
+/* y [M, N] = x [M, K] @ w [N, K].T, plus s * (x @ a [rank, K].T) @ b [N, rank].T where a and b
+   are given (PEFT's plain LoRA); M from 1 to 8, every operand contiguous. Returns 0, or -1 if
+   out of memory. */
+KERNEL int tunix_f32_linear(const float *x, const float *w, const float *a, const float *b, float s,
+                            long rank, float *y, long M, long N, long K, int threads) {
+    if (M < 1 || M > 8) return -2;
+    long mp = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8, R = 16 / mp;
+    long lora = a != NULL && b != NULL && rank > 0;
+    float *xp = aligned_alloc(64, sizeof(float) * (size_t)(mp * K + 16));
+    float *tp = aligned_alloc(64, sizeof(float) * (size_t)(mp * (lora ? rank : 1) + 16));
+    if (!xp || !tp) { free(xp); free(tp); return -1; }
+    memcpy(xp, x, sizeof(float) * (size_t)(M * K));
+    memset(xp + M * K, 0, sizeof(float) * (size_t)((mp - M) * K));
+    if (lora) { /* t = s * (x @ a.T): the adapter's inner products, each one sum as above */
+        memset(tp, 0, sizeof(float) * (size_t)(mp * rank));
+        for (long j = 0; j < rank; j++)
+            for (long m = 0; m < M; m++) tp[m * rank + j] = f32reduce(f32lanes(x + m * K, a + j * K, K)) * s;
+    }
+    long blocks = N / R;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (N * K >= 65536)
+    for (long blk = 0; blk < blocks; blk++) {
+        long n0 = blk * R;
+        float o[16];
+        _mm512_storeu_ps(o, f32block(mp, xp, w, K, tp, lora ? b : NULL, rank, n0, blk + PFB < blocks ? PFB * R * K : 0));
+        for (long r = 0; r < R; r++)
+            for (long m = 0; m < M; m++) y[m * N + n0 + r] = o[r * mp + m];
+    }
+    for (long n = blocks * R; n < N; n++) /* the last N % R rows, one at a time (the same sums) */
+        for (long m = 0; m < M; m++) {
+            float v = f32reduce(f32lanes(xp + m * K, w + n * K, K));
+            if (lora) v += f32reduce(f32lanes(tp + m * rank, b + n * rank, rank));
+            y[m * N + n] = v;
+        }
+    free(xp);
+    free(tp);
     return 0;
 }
 
@@ -444,6 +582,9 @@ def _load():
     lib.tunix_gemma_layer.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 18
                                       + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3
                                       + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int])
+    lib.tunix_f32_linear.restype = ctypes.c_int
+    lib.tunix_f32_linear.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_float, ctypes.c_long, ctypes.c_void_p]
+                                     + [ctypes.c_long] * 3 + [ctypes.c_int])
     lib.tunix_noise_bits.restype = None
     lib.tunix_noise_bits.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                                      ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
@@ -564,4 +705,51 @@ def qlinear(x: "torch.Tensor", w: "torch.Tensor", wsum: "torch.Tensor | None", s
     if m and n and library().tunix_qlinear(x.data_ptr(), w.data_ptr(), wsum.data_ptr(), scale.data_ptr(),
                                          out.data_ptr(), m, n, w.shape[1], torch.get_num_threads()) != 0:
         raise MemoryError("int8 kernel: out of memory")
+    return out
+
+
+F32_MAX_ROWS = 8
+"""`f32_linear` takes up to this many activation rows (a decode step's batch); more go to torch,
+whose blocked matmul reads each weight once for all of them."""
+
+
+def f32_applies(x: "torch.Tensor", w: "torch.Tensor") -> bool:
+    """Whether `f32_linear(x, w, ...)` runs on the kernel here: fp32 x [M, K] (1 <= M <= 8) and
+    w [N, K], both contiguous on the CPU, and the library loaded."""
+    import torch
+
+    return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == torch.float32
+            and w.dtype == torch.float32 and x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1]
+            and 1 <= x.shape[0] <= F32_MAX_ROWS and x.is_contiguous() and w.is_contiguous()
+            and library() is not None)
+
+
+def f32_linear(x: "torch.Tensor", w: "torch.Tensor", a: "torch.Tensor | None" = None,
+               b: "torch.Tensor | None" = None, scale: float = 1.0) -> "torch.Tensor":
+    """x @ w.T in fp32, plus (x @ a.T) @ b.T * scale with a live LoRA adapter (a [r, K], b [N, r]),
+    for the few rows of a decode step: each weight row is read once and multiplied by every
+    row of x while in cache (torch's fp32 matmul at M = 8 ran at about a third of the bandwidth
+    bound here). Not the bits of F.linear (another order of the same sums, see SOURCE), but a
+    row's bits do not depend on the other rows of the batch or on the thread count. The caller
+    checks `f32_applies` first."""
+    import torch
+
+    if not f32_applies(x, w):
+        raise ValueError("f32_linear takes fp32 x [M, K] (1 <= M <= 8) and w [N, K], contiguous, on a CPU with "
+                         "the kernel (check f32_applies)")
+    n, k = w.shape
+    if (a is None) != (b is None):
+        raise ValueError("an adapter needs both factors")
+    if a is not None:
+        r = a.shape[0]
+        if (a.dtype != torch.float32 or b.dtype != torch.float32 or a.shape != (r, k) or b.shape != (n, r)
+                or not a.is_contiguous() or not b.is_contiguous() or a.device.type != "cpu" or b.device.type != "cpu"):
+            raise ValueError(f"adapter factors must be fp32 contiguous a [r, {k}] and b [{n}, r]")
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    rc = library().tunix_f32_linear(x.data_ptr(), w.data_ptr(), a.data_ptr() if a is not None else None,
+                                    b.data_ptr() if b is not None else None, float(scale),
+                                    a.shape[0] if a is not None else 0, out.data_ptr(), x.shape[0], n, k,
+                                    torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError("f32 kernel: out of memory")
     return out
