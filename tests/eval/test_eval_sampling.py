@@ -496,3 +496,54 @@ def test_keys_must_be_one_int_or_tuple_of_ints_per_prompt(keys, tiny_dirs):
     prompts = [prompt_ids(q, tok) for q in QUESTIONS[:3]]
     with pytest.raises(BadInput, match="keys"):
         gen.generate(prompts, DecodeConfig(max_new_tokens=2, temperature=1.0), keys=keys)
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_the_kernel_view_draws_as_the_kernels_full_logits(softcap):
+    """An RL run's rollouts decide on the kernel library's fp32 logits (ScreenedArgmax.
+    kernel_view): greedy and sampled ids (every filter, three scales, lazy and ready noise)
+    equal those of the kernel's full logits; the candidates are rescored in place, and wide
+    rows (here three of five, more than MAX_WIDE, and one of eight) take full logits without
+    the pairing torch's matmul needs."""
+    from tunix_rt.eval import int8_kernel
+
+    if int8_kernel.library() is None:
+        pytest.skip(f"no kernel library here: {int8_kernel.WHY}")
+
+    def full(head, x):
+        z = int8_kernel.f32_linear(x.contiguous(), head)
+        return z if softcap is None else torch.tanh(z / softcap) * softcap
+
+    head = near_tie_head(5003, 64, seed=21)
+    plain = ScreenedArgmax(head, softcap=softcap, groups=8, pad_cols=1, certify_top_p=True)
+    screen = plain.kernel_view()
+    assert screen.kernel and not plain.kernel and screen.kernel_view() is screen and plain.kernel_view() is screen
+    for scale in (1.0, 0.2, 0.05):
+        x = aimed_inputs(head, 8, seed=int(scale * 100)) * scale
+        z = full(head, x)
+        assert torch.equal(screen.argmax(x), z.argmax(1))
+        for seed in range(3):
+            g = _noise(8, 5003, seed=seed)
+            for f in FILTERS:
+                cfg = DecodeConfig(temperature=1.0, **f)
+                want = sample_full(z, g, cfg)
+                assert torch.equal(screen.sample(x, g, cfg), want), (scale, seed, f)
+                lazy = sampling.Noise([row_seed(seed, r, 0) for r in range(8)], 5003)
+                assert torch.equal(screen.sample(x, lazy, cfg), want), (scale, seed, f, "lazy")
+    assert_screened(screen, 8)
+    assert plain.steps == 0  # the view keeps its own totals
+    wide_head = _wide_head()
+    wide_screen = ScreenedArgmax(wide_head, softcap=softcap, groups=16).kernel_view()
+    gen = torch.Generator().manual_seed(3)
+    for b, wide in ((8, [2]), (5, [0, 3, 4])):
+        x = wide_head[torch.randint(0, wide_head.shape[0], (b,), generator=gen)] * 60 + torch.randn(b, 640, generator=gen)
+        x[:, 0] = 0.0
+        x[wide] = torch.randn(len(wide), 640, generator=gen)
+        x[wide, 0] = 500.0
+        z = full(wide_head, x)
+        assert torch.equal(wide_screen.argmax(x), z.argmax(1)), (b, wide)
+        for t in TEMPERATURES:
+            g = _noise(b, wide_head.shape[0], seed=1)
+            assert torch.equal(wide_screen.sample(x, g, DecodeConfig(temperature=t)), sample_full(z, g, DecodeConfig(temperature=t)))
+    if wide_screen.kernel_exact(8):
+        assert wide_screen.wide_rows > 0

@@ -66,7 +66,7 @@ def test_int_mm_is_exact(k, n):
     if n > 1:
         w[1] = -127
     sums = int8_kernel.row_sums(w)
-    for m in (0, 1, 2, 3, 16, 17):
+    for m in (0, 1, 2, 3, 4, 6, 16, 17):  # 4 and more: four rows at a time, the last group padded
         lhs = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
         if m:
             lhs[0] = 127
@@ -280,3 +280,19 @@ def test_f32_linear_takes_only_its_own_shapes():
         int8_kernel.f32_linear(torch.zeros(2, 64), w, torch.zeros(4, 64), torch.zeros(31, 4))
     with pytest.raises(ValueError, match="both factors"):
         int8_kernel.f32_linear(torch.zeros(2, 64), w, torch.zeros(4, 64), None)
+
+
+def test_f32_rows_are_the_columns_of_the_whole_product():
+    """The screened head rescores a rollout's candidates with `f32_rows`: any subset of the
+    head's rows, read in place, gives the bits of the whole product's columns, at every row count
+    (the tail of the blocks and repeated ids included); ids out of range are refused."""
+    _kernel_or_skip()
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(3000, 640, generator=g)
+    ids = torch.cat([torch.randperm(3000, generator=g)[:1001], torch.tensor([5, 5, 2999, 0])])
+    for m in range(1, 9):
+        x = torch.randn(m, 640, generator=g) * 30  # a large hidden state: large logits
+        assert torch.equal(int8_kernel.f32_rows(x, w, ids), int8_kernel.f32_linear(x, w)[:, ids]), m
+    assert int8_kernel.f32_rows(x, w, ids[:0]).shape == (8, 0)
+    with pytest.raises(ValueError, match="out of range"):
+        int8_kernel.f32_rows(x, w, torch.tensor([3000]))

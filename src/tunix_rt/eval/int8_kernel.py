@@ -18,11 +18,15 @@ and the shift is taken back per output with the weight row's sum: sum((a + 128)�
 Every partial sum is exact in int32 while K·255·127 < 2^31 (K < 66,000), and the final
 subtraction is exact because the true result fits in int32 (as it must for torch._int_mm).
 Sixteen weight rows at a time, one 512-bit accumulator each; their horizontal sums come out
-of a transpose-and-add into one vector of 16 results. The blocks of 16 rows are shared by
+of a transpose-and-add into one vector of 16 results. Four or more activation rows (the
+screened head's 2 levels x a batch of rows) go four at a time against four weight rows: each
+weight vector loaded serves four rows (the head's [16, 640] x [640, 262144] product: 21 -> 17 ms
+on the 2-core EPYC). The blocks of 16 rows are shared by
 OpenMP threads; the library is linked against the OpenMP runtime torch already loaded
 (libgomp.so.1), so there is one pool of threads.
 
-The library also holds `qlinear` (a whole weight-only int8 projection: the activations'
+The library also holds `f32_linear` (an fp32 projection of up to 8 rows, a live LoRA
+adapter in the same call: the decode step of an RL run's rollouts, see its doc), `qlinear` (a whole weight-only int8 projection: the activations'
 two int8 levels, both levels' sums and their fp32 combination, the same bits as
 int8_weights's torch ops) and `tunix_gemma_layer` (one Gemma 3 / Gemma 2 decoder layer on
 int8 weights: norms, RoPE, the cache write, attention, the MLP; int8_weights.Int8Gemma calls
@@ -116,10 +120,58 @@ static uint8_t *shifted(const int8_t *a, long rows, long K) {
     return au;
 }
 
+/* The int32 sums of 4 weight rows (from wb, row stride K) against 4 shifted activation rows
+   (au, row stride K), the shift taken back (sums4: lane 4m + r holds 128 Σw of row r):
+   lane 4m + r of the result is row m's sum against weight row r. Each weight vector loaded
+   serves four activation rows (16 loads per 16 vpdpbusd with dot16 row by row, 8 here). */
+static inline KERNEL __m512i dot4x4(const uint8_t *au, const int8_t *wb, long K, __m512i sums4, int prefetch) {
+    __m512i acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_si512();
+    for (long k = 0; k < K; k += 64) {
+        __m512i wv[4];
+        for (int r = 0; r < 4; r++) {
+            if (prefetch) _mm_prefetch((const char *)(wb + PF * 16 * K + r * K + k), _MM_HINT_T0);
+            wv[r] = _mm512_loadu_si512((const void *)(wb + r * K + k));
+        }
+        for (int m = 0; m < 4; m++) {
+            __m512i av = _mm512_load_si512((const void *)(au + m * K + k));
+            for (int r = 0; r < 4; r++) acc[m * 4 + r] = _mm512_dpbusd_epi32(acc[m * 4 + r], av, wv[r]);
+        }
+    }
+    return _mm512_sub_epi32(hsum16(acc), sums4);
+}
+
 /* y[m, n] = sum_k a[m, k] * w[n, k]; a int8 [M, K], w int8 [N, K], wsum[n] = sum_k w[n, k],
-   y int32 [M, N] (row stride N); K a multiple of 64. Returns 0, or -1 if out of memory. */
+   y int32 [M, N] (row stride N); K a multiple of 64. Four or more rows go four at a time
+   against four weight rows (dot4x4), fewer row by row against sixteen (dot16); the sums are
+   exact either way. Returns 0, or -1 if out of memory. */
 KERNEL int tunix_i8mm(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y,
                       long M, long N, long K, int threads) {
+    if (M >= 4) {
+        long groups = (M + 3) / 4;
+        uint8_t *au = aligned_alloc(64, (size_t)(groups * 4 * K + 64));
+        if (!au) return -1;
+        memset(au, 0x80, (size_t)(groups * 4 * K)); /* the padding rows: a = 0 */
+        for (long i = 0; i < M * K; i++) au[i] = (uint8_t)a[i] ^ 0x80u;
+        long blocks = N / 4;
+        #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= 16384)
+        for (long b = 0; b < blocks; b++) {
+            const int8_t *wb = w + b * 4 * K;
+            __m512i sums4 = _mm512_slli_epi32(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(wsum + b * 4))), 7);
+            for (long g = 0; g < groups; g++) {
+                __m512i v = dot4x4(au + g * 4 * K, wb, K, sums4, g == 0 && b + PF * 4 < blocks);
+                int32_t *out = y + g * 4 * N + b * 4;
+                _mm_storeu_si128((__m128i *)out, _mm512_extracti32x4_epi32(v, 0));
+                if (g * 4 + 1 < M) _mm_storeu_si128((__m128i *)(out + N), _mm512_extracti32x4_epi32(v, 1));
+                if (g * 4 + 2 < M) _mm_storeu_si128((__m128i *)(out + 2 * N), _mm512_extracti32x4_epi32(v, 2));
+                if (g * 4 + 3 < M) _mm_storeu_si128((__m128i *)(out + 3 * N), _mm512_extracti32x4_epi32(v, 3));
+            }
+        }
+        for (long n = blocks * 4; n < N; n++) /* the last N % 4 rows */
+            for (long m = 0; m < M; m++) y[m * N + n] = dot1(a + m * K, w + n * K, K);
+        free(au);
+        return 0;
+    }
     uint8_t *au = shifted(a, M, K);
     if (!au) return -1;
     long blocks = N / 16;
@@ -217,18 +269,19 @@ static inline KERNEL __m512 hsum16f(const __m512 *v) {
 #define PFB 4
 #endif
 
-/* acc[r * MP + m] += xp[m, :K] * w[n0 + r, :K] lane-wise, for MP activation rows (padded with
-   zero rows) and R = 16 / MP weight rows; the rows of the block PFB blocks ahead prefetched. */
+/* acc[r * MP + m] += xp[m, :K] * wr[r][:K] lane-wise, for MP activation rows (padded with
+   zero rows) and R = 16 / MP weight rows (wr: their addresses); pr, when given, the rows to
+   prefetch (a block ahead). */
 #define F32_SEG(MP) \
-static inline KERNEL void f32seg##MP(__m512 *acc, const float *xp, const float *w, long K, long n0, long pf) { \
+static inline KERNEL void f32seg##MP(__m512 *acc, const float *xp, const float *const *wr, long K, const float *const *pr) { \
     enum { R = 16 / MP }; \
     long k = 0; \
     for (; k + 16 <= K; k += 16) { \
         __m512 xv[MP]; \
         for (int m = 0; m < MP; m++) xv[m] = _mm512_loadu_ps(xp + m * K + k); \
         for (int r = 0; r < R; r++) { \
-            if (pf) _mm_prefetch((const char *)(w + (n0 + r) * K + k + pf), _MM_HINT_T0); \
-            __m512 wv = _mm512_loadu_ps(w + (n0 + r) * K + k); \
+            if (pr) _mm_prefetch((const char *)(pr[r] + k), _MM_HINT_T0); \
+            __m512 wv = _mm512_loadu_ps(wr[r] + k); \
             for (int m = 0; m < MP; m++) acc[r * MP + m] = _mm512_fmadd_ps(xv[m], wv, acc[r * MP + m]); \
         } \
     } \
@@ -237,7 +290,7 @@ static inline KERNEL void f32seg##MP(__m512 *acc, const float *xp, const float *
         __m512 xv[MP]; \
         for (int m = 0; m < MP; m++) xv[m] = _mm512_maskz_loadu_ps(mk, xp + m * K + k); \
         for (int r = 0; r < R; r++) { \
-            __m512 wv = _mm512_maskz_loadu_ps(mk, w + (n0 + r) * K + k); \
+            __m512 wv = _mm512_maskz_loadu_ps(mk, wr[r] + k); \
             for (int m = 0; m < MP; m++) acc[r * MP + m] = _mm512_fmadd_ps(xv[m], wv, acc[r * MP + m]); \
         } \
     } \
@@ -266,36 +319,20 @@ static inline KERNEL float f32reduce(__m512 lanes) {
     return o[0];
 }
 
-static inline KERNEL void f32seg(long mp, __m512 *acc, const float *xp, const float *w, long K, long n0, long pf) {
+static inline KERNEL void f32seg(long mp, __m512 *acc, const float *xp, const float *const *wr, long K, const float *const *pr) {
     switch (mp) {
-        case 1: f32seg1(acc, xp, w, K, n0, pf); break;
-        case 2: f32seg2(acc, xp, w, K, n0, pf); break;
-        case 4: f32seg4(acc, xp, w, K, n0, pf); break;
-        default: f32seg8(acc, xp, w, K, n0, pf); break;
+        case 1: f32seg1(acc, xp, wr, K, pr); break;
+        case 2: f32seg2(acc, xp, wr, K, pr); break;
+        case 4: f32seg4(acc, xp, wr, K, pr); break;
+        default: f32seg8(acc, xp, wr, K, pr); break;
     }
 }
 
-/* Outputs n0 .. n0 + R - 1 (R = 16 / mp) of the mp padded rows xp [mp, K] (and tp [mp, r], the
-   adapter's scaled inner products, when b is given): lane r * mp + m of the result. */
-static inline KERNEL __m512 f32block(long mp, const float *xp, const float *w, long K, const float *tp,
-                                     const float *b, long rank, long n0, long pf) {
-    __m512 acc[16], part[16];
-    for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    f32seg(mp, acc, xp, w, K, n0, pf);
-    __m512 y = hsum16f(acc);
-    if (b) {
-        for (int i = 0; i < 16; i++) part[i] = _mm512_setzero_ps();
-        f32seg(mp, part, tp, b, rank, n0, 0);
-        y = _mm512_add_ps(y, hsum16f(part));
-    }
-    return y;
-}
-
-/* y [M, N] = x [M, K] @ w [N, K].T, plus s * (x @ a [rank, K].T) @ b [N, rank].T where a and b
-   are given (PEFT's plain LoRA); M from 1 to 8, every operand contiguous. Returns 0, or -1 if
-   out of memory. */
-KERNEL int tunix_f32_linear(const float *x, const float *w, const float *a, const float *b, float s,
-                            long rank, float *y, long M, long N, long K, int threads) {
+/* y [M, n] = x [M, K] @ w[ids].T (+ s * (x @ a [rank, K].T) @ b[ids].T where a and b are
+   given: PEFT's plain LoRA), w's rows taken in place at ids (NULL: rows 0 .. n - 1); M from 1
+   to 8, every operand contiguous. Returns 0, -1 if out of memory, -2 for M out of range. */
+KERNEL int tunix_f32_rows(const float *x, const float *w, const int64_t *ids, long n, const float *a,
+                          const float *b, float s, long rank, float *y, long M, long K, int threads) {
     if (M < 1 || M > 8) return -2;
     long mp = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8, R = 16 / mp;
     long lora = a != NULL && b != NULL && rank > 0;
@@ -304,26 +341,44 @@ KERNEL int tunix_f32_linear(const float *x, const float *w, const float *a, cons
     if (!xp || !tp) { free(xp); free(tp); return -1; }
     memcpy(xp, x, sizeof(float) * (size_t)(M * K));
     memset(xp + M * K, 0, sizeof(float) * (size_t)((mp - M) * K));
-    if (lora) { /* t = s * (x @ a.T): the adapter's inner products, each one sum as above */
+    if (lora) { /* t = s * (x @ a.T): the adapter's inner products, each one sum as below */
         memset(tp, 0, sizeof(float) * (size_t)(mp * rank));
         for (long j = 0; j < rank; j++)
             for (long m = 0; m < M; m++) tp[m * rank + j] = f32reduce(f32lanes(x + m * K, a + j * K, K)) * s;
     }
-    long blocks = N / R;
-    #pragma omp parallel for num_threads(threads) schedule(static) if (N * K >= 65536)
+    long blocks = n / R;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (n * K >= 65536)
     for (long blk = 0; blk < blocks; blk++) {
-        long n0 = blk * R;
-        float o[16];
-        _mm512_storeu_ps(o, f32block(mp, xp, w, K, tp, lora ? b : NULL, rank, n0, blk + PFB < blocks ? PFB * R * K : 0));
-        for (long r = 0; r < R; r++)
-            for (long m = 0; m < M; m++) y[m * N + n0 + r] = o[r * mp + m];
-    }
-    for (long n = blocks * R; n < N; n++) /* the last N % R rows, one at a time (the same sums) */
-        for (long m = 0; m < M; m++) {
-            float v = f32reduce(f32lanes(xp + m * K, w + n * K, K));
-            if (lora) v += f32reduce(f32lanes(tp + m * rank, b + n * rank, rank));
-            y[m * N + n] = v;
+        const float *wr[16], *pr[16], *br[16];
+        long ahead = blk + PFB < blocks;
+        for (long r = 0; r < R; r++) {
+            long row = ids ? ids[blk * R + r] : blk * R + r;
+            wr[r] = w + row * K;
+            if (lora) br[r] = b + row * rank;
+            if (ahead) pr[r] = w + (ids ? ids[(blk + PFB) * R + r] : (blk + PFB) * R + r) * K;
         }
+        __m512 acc[16];
+        for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+        f32seg(mp, acc, xp, wr, K, ahead ? pr : NULL);
+        __m512 v = hsum16f(acc);
+        if (lora) {
+            for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
+            f32seg(mp, acc, tp, br, rank, NULL);
+            v = _mm512_add_ps(v, hsum16f(acc));
+        }
+        float o[16];
+        _mm512_storeu_ps(o, v);
+        for (long r = 0; r < R; r++)
+            for (long m = 0; m < M; m++) y[m * n + blk * R + r] = o[r * mp + m];
+    }
+    for (long j = blocks * R; j < n; j++) { /* the last n % R rows, one at a time (the same sums) */
+        long row = ids ? ids[j] : j;
+        for (long m = 0; m < M; m++) {
+            float v = f32reduce(f32lanes(xp + m * K, w + row * K, K));
+            if (lora) v += f32reduce(f32lanes(tp + m * rank, b + row * rank, rank));
+            y[m * n + j] = v;
+        }
+    }
     free(xp);
     free(tp);
     return 0;
@@ -582,9 +637,10 @@ def _load():
     lib.tunix_gemma_layer.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 18
                                       + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3
                                       + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int])
-    lib.tunix_f32_linear.restype = ctypes.c_int
-    lib.tunix_f32_linear.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_float, ctypes.c_long, ctypes.c_void_p]
-                                     + [ctypes.c_long] * 3 + [ctypes.c_int])
+    lib.tunix_f32_rows.restype = ctypes.c_int
+    lib.tunix_f32_rows.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 2
+                                   + [ctypes.c_float, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 2
+                                   + [ctypes.c_int])
     lib.tunix_noise_bits.restype = None
     lib.tunix_noise_bits.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                                      ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
@@ -746,10 +802,33 @@ def f32_linear(x: "torch.Tensor", w: "torch.Tensor", a: "torch.Tensor | None" = 
                 or not a.is_contiguous() or not b.is_contiguous() or a.device.type != "cpu" or b.device.type != "cpu"):
             raise ValueError(f"adapter factors must be fp32 contiguous a [r, {k}] and b [{n}, r]")
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    rc = library().tunix_f32_linear(x.data_ptr(), w.data_ptr(), a.data_ptr() if a is not None else None,
-                                    b.data_ptr() if b is not None else None, float(scale),
-                                    a.shape[0] if a is not None else 0, out.data_ptr(), x.shape[0], n, k,
-                                    torch.get_num_threads())
+    rc = library().tunix_f32_rows(x.data_ptr(), w.data_ptr(), None, n, a.data_ptr() if a is not None else None,
+                                  b.data_ptr() if b is not None else None, float(scale),
+                                  a.shape[0] if a is not None else 0, out.data_ptr(), x.shape[0], k,
+                                  torch.get_num_threads())
     if rc != 0:
+        raise MemoryError("f32 kernel: out of memory")
+    return out
+
+
+def f32_rows(x: "torch.Tensor", w: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
+    """x @ w[ids].T (fp32 [M, len(ids)]) with w's rows read in place (no gathered copy): the
+    same bits, column for column, as `f32_linear(x, w)[:, ids]` (each output one sum in the
+    kernel's fixed order). The screened head's rescoring of an RL rollout's candidates. The
+    caller checks `f32_applies(x, w)`; ids must be int64 in range."""
+    import torch
+
+    if not f32_applies(x, w):
+        raise ValueError("f32_rows takes fp32 x [M, K] (1 <= M <= 8) and w [N, K], contiguous, on a CPU with "
+                         "the kernel (check f32_applies)")
+    ids = ids.contiguous()
+    if ids.dtype != torch.int64 or ids.dim() != 1 or ids.device.type != "cpu":
+        raise ValueError("ids must be a CPU int64 vector")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.shape[0]):
+        raise ValueError(f"ids out of range for {w.shape[0]} rows")
+    out = torch.empty((x.shape[0], ids.numel()), dtype=torch.float32)
+    if ids.numel() and library().tunix_f32_rows(x.data_ptr(), w.data_ptr(), ids.data_ptr(), ids.numel(), None, None,
+                                               1.0, 0, out.data_ptr(), x.shape[0], w.shape[1],
+                                               torch.get_num_threads()) != 0:
         raise MemoryError("f32 kernel: out of memory")
     return out

@@ -347,6 +347,9 @@ class ScreenedArgmax:
         Off by default: the fine level is a second int8 copy of the head (+168 MB resident on
         Gemma 3 270M, which an RL step's peak memory pays). With 8192 a GRPO rollout's
         sampling steps took 12.2 s against 15.2 (2-core Xeon, the same ids)."""
+        self.kernel = False
+        """Exact logits through the kernel library's fp32 product (`kernel_view`), not torch's."""
+        self._kernel_view: "ScreenedArgmax | None" = None
         self.steps = 0
         self.candidates = 0
         self.full_rows = 0
@@ -375,6 +378,33 @@ class ScreenedArgmax:
         except ValueError:  # a non-finite weight (checked there, once): no bound holds
             return None
         return screen if screen.kernel_exact(1) and int8_matmul_is_fast() else None
+
+    def kernel_view(self) -> "ScreenedArgmax":
+        """This screen (the same int8 copy and bounds) deciding on the kernel library's fp32
+        logits (int8_kernel.f32_linear / f32_rows) for batches of up to 8 rows: the decode
+        step of an RL run's rollouts (fast_gemma.LeanGemma.f32_kernel), whose reference is then
+        the kernel's full logits. Each of the kernel's logits is one sum in a fixed order, so
+        any subset of the vocabulary read in place has the bits of the whole product's columns:
+        the candidates are rescored without a gathered copy of their head rows (a GRPO
+        rollout's first step gathered up to 78k rows a decode step), and a wide row needs no
+        pairing. Its own running totals. Itself where the kernel is not loaded."""
+        from tunix_rt.eval.int8_kernel import f32_applies
+
+        if self.kernel or not f32_applies(self.head[:1], self.head):
+            return self
+        if self._kernel_view is None:
+            import copy
+
+            view = copy.copy(self)
+            view.kernel, view._kernel_view = True, None
+            view.steps = view.candidates = view.full_rows = view.refined = view.wide_rows = 0
+            self._kernel_view = view
+        return self._kernel_view
+
+    def _on_kernel(self, rows: int) -> bool:
+        from tunix_rt.eval.int8_kernel import F32_MAX_ROWS
+
+        return self.kernel and 1 <= rows <= F32_MAX_ROWS
 
     def kernel_exact(self, batch: int) -> bool:
         """The int8 kernel is exact at the shape a step with `batch` rows uses (probed once)."""
@@ -442,9 +472,11 @@ class ScreenedArgmax:
     def _wide(self, keep: "torch.Tensor") -> list[int]:
         """The rows that take full logits on their own: more than `WIDE_ROW` candidates, at
         most `MAX_WIDE` of them, and a pair of rows gives the batch's bits here."""
+        import torch
+
         b = keep.shape[0]
-        wide = (keep.sum(1) > WIDE_ROW).nonzero().squeeze(1).tolist()
-        if not wide or len(wide) > MAX_WIDE or not pair_rows_match(self.head, b):
+        wide = (torch.count_nonzero(keep, 1) > WIDE_ROW).nonzero().squeeze(1).tolist()  # 4x a bool sum's speed
+        if not wide or len(wide) > MAX_WIDE or not (self._on_kernel(b) or pair_rows_match(self.head, b)):
             return []
         return wide
 
@@ -453,7 +485,11 @@ class ScreenedArgmax:
         out paired with itself; a batch of one row alone, its own shape), softcap included."""
         import torch
 
-        if x.shape[0] == 1:
+        if self._on_kernel(x.shape[0]):
+            from tunix_rt.eval.int8_kernel import f32_linear
+
+            z = f32_linear(x[rows].contiguous(), self.head)  # a row's bits whatever the batch
+        elif x.shape[0] == 1:
             z = torch.mm(x, self.head.t())
         else:
             z = torch.cat([torch.mm(x[(rows[i: i + 2] * 2)[:2]], self.head.t())[: len(rows[i: i + 2])]
@@ -732,7 +768,12 @@ class ScreenedArgmax:
         them (softcap included)."""
         import torch
 
-        if tokens.numel() == self.vocab:
+        if self._on_kernel(x.shape[0]):
+            from tunix_rt.eval.int8_kernel import f32_linear, f32_rows
+
+            x = x.contiguous()
+            z = f32_linear(x, self.head) if tokens.numel() == self.vocab else f32_rows(x, self.head, tokens)
+        elif tokens.numel() == self.vocab:
             z = torch.mm(x, self.head.t())
         else:  # the rows a block at a time: no copy of them all (each block a multiple of 256)
             z = torch.empty((x.shape[0], tokens.numel()), dtype=x.dtype)
