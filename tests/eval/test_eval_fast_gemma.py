@@ -113,8 +113,7 @@ def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, ada
     forward with live adapters) to float rounding step by step, the argmax everywhere the same."""
     from tunix_rt.eval import int8_kernel
 
-    if int8_kernel.library() is None:
-        pytest.skip(f"no kernel library here: {int8_kernel.WHY}")
+    kernel = int8_kernel.library() is not None  # else the same step on torch's product
     model, tok = model_and_tok
     target = decode_model(_with_lora(model)) if adapted else model
     calls = []
@@ -124,7 +123,8 @@ def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, ada
     assert lean is not None and lean.f32_kernel and lean.lora == adapted
     _match_transformers(target, lean, tok)
     per_step = 7 * target.config.num_hidden_layers
-    assert len(calls) == 30 * per_step and set(calls) == ({5} if adapted else {2})
+    assert len(calls) == (30 * per_step if kernel else 0)
+    assert set(calls) == (({5} if adapted else {2}) if kernel else set())
     assert not LeanGemma.for_model(target).f32_kernel  # eval, serving, chat: transformers' bits
 
 

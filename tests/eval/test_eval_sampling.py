@@ -507,9 +507,6 @@ def test_the_kernel_view_draws_as_the_kernels_full_logits(softcap):
     the pairing torch's matmul needs."""
     from tunix_rt.eval import int8_kernel
 
-    if int8_kernel.library() is None:
-        pytest.skip(f"no kernel library here: {int8_kernel.WHY}")
-
     def full(head, x):
         z = int8_kernel.f32_linear(x.contiguous(), head)
         return z if softcap is None else torch.tanh(z / softcap) * softcap
@@ -517,6 +514,9 @@ def test_the_kernel_view_draws_as_the_kernels_full_logits(softcap):
     head = near_tie_head(5003, 64, seed=21)
     plain = ScreenedArgmax(head, softcap=softcap, groups=8, pad_cols=1, certify_top_p=True)
     screen = plain.kernel_view()
+    if int8_kernel.library() is None:  # no kernel here: the view is the screen itself, on torch's logits
+        assert screen is plain and not screen.kernel
+        return
     assert screen.kernel and not plain.kernel and screen.kernel_view() is screen and plain.kernel_view() is screen
     for scale in (1.0, 0.2, 0.05):
         x = aimed_inputs(head, 8, seed=int(scale * 100)) * scale
