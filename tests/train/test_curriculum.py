@@ -172,6 +172,30 @@ def test_held_out_questions_and_overlong_prompts_keep_the_dataset_record():
     assert cur.end_step()["curriculum_kept_dataset"] == 1 and too_long.end_step()["curriculum_kept_dataset"] == 2
 
 
+def test_mix_keeps_an_exact_share_of_dataset_records_that_do_not_move_the_levels():
+    from tunix_rt.train.curriculum import online_seed
+
+    data = records(8)
+    cur = curriculum(json_spec(mix=0.25))
+    out = cur.prompts([(r, [0]) for r in data], 0, 0)
+    kept = [i for i, (r, _) in enumerate(out) if r.id == data[i].id]
+    assert kept == [3, 7] and cur.online == [i not in kept for i in range(8)]  # every fourth pick
+    fresh = records(6, seed=online_seed(0, TASK, 0, 0), config=cur.config_of(TASK))
+    assert [r.id for i, (r, _) in enumerate(out) if i not in kept] == [r.id for r in fresh]
+    assert [cur.mixed_at(i) for i in range(4)] == [False, False, False, True]
+    half = curriculum(json_spec(mix=0.5))
+    assert [half.mixed_at(i) for i in range(4)] == [False, True, False, True]
+    # the kept records are right, the online ones wrong: the window holds only the online answers
+    cur.observe([group(r, [int(i in kept)] * 4) for i, (r, _) in enumerate(out)], cur.online)
+    assert cur.windows[TASK] == [0, 0, 0, 0]
+    row = cur.end_step()
+    assert row["curriculum_mixed"] == 2 and row["curriculum_kept_dataset"] == 0
+    assert row[f"curriculum_window_accuracy_{TASK}"] == 0.0 and cur.end_step()["curriculum_mixed"] == 0
+    assert "curriculum_mixed" not in curriculum().end_step()  # only where mix > 0
+    with pytest.raises(ValueError, match="2 groups for the 8 picks"):
+        cur.observe([group(data[0], [1]), group(data[1], [1])], cur.online)
+
+
 def test_online_seeds_pass_over_the_dataset_own_item_seeds():
     from tunix_rt.train.curriculum import dataset_seeds, online_seed
 
@@ -230,6 +254,9 @@ def test_the_band_draws_within_the_budget():
     (["curriculum={start_level: near}"], "curriculum.start_level must be an integer >= 0, a mapping"),
     (["curriculum={start_level: {chain_sum: 1.5}}"], "curriculum.start_level must be an integer >= 0, a mapping"),
     (["curriculum={start_level: {1: 2}}"], "curriculum.start_level must be an integer >= 0, a mapping"),
+    (["curriculum={mix: 1}"], "curriculum.mix must be a number in [0, 1)"),
+    (["curriculum={mix: -0.1}"], "curriculum.mix must be a number in [0, 1)"),
+    (["curriculum={mix: half}"], "curriculum.mix must be a number in [0, 1)"),
     (["filter_pass_rate=[0.9, 0.1]"], "filter_pass_rate must be [low, high]"),
     (["filter_pass_rate=[0.1, 2]"], "filter_pass_rate must be [low, high]"),
     (["filter_pass_rate=[0.1]"], "filter_pass_rate must be [low, high]"),
@@ -253,7 +280,7 @@ def test_config_resolves_the_defaults():
 
     cfg = TrainConfig.load("smoke", ["method=grpo", "curriculum=true", "filter_pass_rate=0.1,0.9"])
     assert cfg.curriculum == {"window": 32, "raise_at": 0.75, "lower_below": 0.25, "start_level": 0,
-                              "ranges": "upper_bound"}
+                              "ranges": "upper_bound", "mix": 0.0}
     assert cfg.filter_pass_rate == [0.1, 0.9]
     off = TrainConfig.load("smoke", ["method=grpo", "curriculum=false"])
     assert off.curriculum is None and off.filter_pass_rate is None
@@ -312,6 +339,31 @@ def test_smoke_grpo_with_a_curriculum_on_torch(home, monkeypatch, capsys):
     assert code == 0, err[-3000:]
     assert START_LINE in err.splitlines()  # what the run trains on, beside the dataset it is tested on
     check_curriculum_run(next(p for p in home.runs.iterdir() if not p.name.startswith(".")))
+
+
+def test_a_run_with_mix_trains_on_dataset_records_that_do_not_move_the_levels(home, monkeypatch, capsys):
+    """mix 0.5 of 2 prompts a step: the second pick is the dataset's own record (data_order
+    names it), the first an online item at the level. Only the online item's 2 answers a step
+    enter the window of 4, so it fills at step 2 and the level goes 2 -> 1 there (were the
+    dataset's answers counted, it would fill and move at step 1)."""
+    from cli_testlib import cli_main
+    from tunix_rt.traces.dataset import load_dataset
+    from tunix_rt.train.curriculum import dataset_seeds, online_seed
+    from tunix_rt.train.metrics import read_jsonl
+
+    dataset = import_rg(monkeypatch, capsys)
+    args = [a if not a.startswith("curriculum=") else "curriculum={window: 4, start_level: 2, mix: 0.5}"
+            for a in smoke_args(dataset, "engine=torch")]
+    code, _out, err = cli_main(monkeypatch, capsys, "train", *args)
+    assert code == 0, err[-3000:]
+    run = next(p for p in home.runs.iterdir() if not p.name.startswith("."))
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
+    assert [(r[f"curriculum_level_{TASK}"], r["curriculum_mixed"]) for r in rows] == [(2, 1), (1, 1)]
+    ds = load_dataset(dataset, home)
+    avoid, train = dataset_seeds(ds.records)[TASK], {r.id for r in ds.split("train")}
+    order = [o["ids"] for o in read_jsonl(run / "data_order.jsonl")]
+    assert [ids[0] for ids in order] == [f"rg-{TASK}-{online_seed(0, TASK, s, 0, 1, avoid)}-0" for s in range(2)]
+    assert all(ids[1] in train for ids in order)
 
 
 def test_a_run_names_each_level_beside_the_datasets_config():

@@ -175,9 +175,10 @@ class TrainConfig:
     curriculum: dict[str, Any] | None = None
     """grpo, rft, dpo with pairs=rollouts, on a reasoning-gym dataset: each task's difficulty level moves with its rolling
     rollout accuracy, prompts generated online at the current levels (train.curriculum):
-    {window: 32, raise_at: 0.75, lower_below: 0.25, start_level: 0, ranges: upper_bound}
+    {window: 32, raise_at: 0.75, lower_below: 0.25, start_level: 0, ranges: upper_bound, mix: 0}
     (true: those defaults; resolved here); start_level may be {task: level} or nearest (each
-    task at the level nearest the dataset's config). None: the dataset's prompts as they are."""
+    task at the level nearest the dataset's config); mix: the share of prompts kept from the
+    dataset at its own config. None: the dataset's prompts as they are."""
     reward_timeout_s: float = 10.0
     """Most seconds one reward call may take (per completion and reward); a reward that runs
     longer fails the run naming the reward and the record. A judge reward's requests count:

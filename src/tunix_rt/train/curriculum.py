@@ -16,8 +16,15 @@ Curriculum (`curriculum:` in the config; datasets imported from reasoning-gym):
   a generated prompt too long for max_seq_len - rollout_max_new_tokens, or whose question is
   a held-out record's (the dataset's records outside the training split), keeps the
   dataset's record instead (counted: curriculum_kept_dataset);
+- `mix`: the share of each draw's picks that keep the dataset's own record (drawn at the
+  dataset's config, the one its test split was drawn with) instead of an online item at the
+  task's level, so a curriculum that starts easy keeps training on the target difficulty too;
+  pick i of a draw of n keeps it iff floor((i + 1) mix) > floor(i mix) (mix 0.5: every second
+  pick; an exact share, and the dataset's seeded order decides the tasks). Counted:
+  curriculum_mixed;
 - after every step each task's window of the last `window` rollout answers at its level
-  (correct as eval scores them, the rollout_accuracy figure) moves the level: up one when
+  (correct as eval scores them, the rollout_accuracy figure; a record the draw kept from the
+  dataset, by `mix` or as a fallback, is not at the level and does not count) moves the level: up one when
   the window is full and its accuracy >= raise_at, down one when full and < lower_below;
   the window empties on a move (what was measured at the old level says nothing of the
   new one). Levels stay fixed within a step: every draw of a step uses the same ones;
@@ -39,7 +46,7 @@ when configured; advantages.select_informative draws with it.
 
 Metrics (GRPO.draw_metrics, added to the row of every method that samples these rollouts): curriculum_level_<task>, curriculum_move_<task> (+1, 0, -1),
 curriculum_window_accuracy_<task> (once its window holds an answer), curriculum_moves,
-curriculum_kept_dataset; filter_skipped_share (groups drawn and skipped / drawn, where a
+curriculum_kept_dataset, curriculum_mixed (where mix > 0); filter_skipped_share (groups drawn and skipped / drawn, where a
 filter is configured).
 """
 
@@ -81,6 +88,10 @@ class CurriculumSpec:
     ranges: str = "upper_bound"
     """How a level becomes a generator config: upper_bound (that level's values) or inclusive
     (every level from 0 up to it)."""
+    mix: float = 0.0
+    """The share of each draw's prompts kept as the dataset's own records, at the dataset's
+    config (the test split's difficulty), beside the online items at the levels; in [0, 1).
+    Their answers do not move the levels."""
 
     @classmethod
     def from_mapping(cls, data: Any, where: str = "config: curriculum") -> "CurriculumSpec":
@@ -105,6 +116,9 @@ class CurriculumSpec:
         if start != "nearest" and not all(isinstance(k, str) and is_int(v) and v >= 0 for k, v in pairs):
             raise BadInput(f"{where}.start_level must be an integer >= 0, a mapping {{task: level}} or nearest "
                            f"(each task at the level nearest the dataset's config), got {start!r}")
+        if not is_number(spec.mix) or not Range(0, 1, high_open=True).holds(spec.mix):
+            raise BadInput(f"{where}.mix must be a number in [0, 1) (the share of prompts kept at the dataset's "
+                           f"config), got {spec.mix!r}")
         if spec.ranges not in RANGE_MODES:
             raise BadInput(f"{where}.ranges must be one of {'|'.join(RANGE_MODES)}, got {spec.ranges!r}")
         return spec
@@ -198,7 +212,10 @@ class Curriculum:
         self.levels = self.start_levels(spec.start_level)
         self.windows: dict[str, list[int]] = {t: [] for t in self.base}
         self.moves = {t: 0 for t in self.base}
-        self.kept_dataset = 0
+        self.kept_dataset = self.mixed = 0
+        self.online: list[bool] = []
+        """Of the last prompts() call's picks, which are online items at their task's level
+        (pass it to observe)."""
 
     def start_levels(self, start: Any) -> dict[str, int]:
         """Each task's first level of a spec's start_level (see CurriculumSpec.start_level)."""
@@ -258,12 +275,22 @@ class Curriculum:
         out = json.loads(json.dumps(dataclasses.asdict(made)))
         return {k: v for k, v in out.items() if k not in ("seed", "size")}
 
+    def mixed_at(self, i: int) -> bool:
+        """Whether pick i of a draw keeps the dataset's record by `mix` (the module docstring)."""
+        mix = self.spec.mix
+        return math.floor((i + 1) * mix) > math.floor(i * mix)
+
     def prompts(self, picked: list[tuple[Any, Any]], step: int, draw: int) -> list[tuple[Any, Any]]:
         """`picked` ((record, prompt) from the dataset's order) with each record replaced by a
-        fresh item of its task at the task's level (see the module docstring)."""
+        fresh item of its task at the task's level, but the picks `mix` keeps (see the module
+        docstring). Sets `online` for the observe() of these picks' groups."""
         wanted: dict[str, list[int]] = {}
+        self.online = [False] * len(picked)
         for i, (rec, _p) in enumerate(picked):
-            wanted.setdefault(task_of(rec), []).append(i)
+            if self.mixed_at(i):
+                self.mixed += 1
+            else:
+                wanted.setdefault(task_of(rec), []).append(i)
         out = list(picked)
         for task in sorted(wanted):
             rows = wanted[task]
@@ -275,14 +302,19 @@ class Curriculum:
                     self.kept_dataset += 1
                     continue
                 out[i] = (rec, prompt)
+                self.online[i] = True
         return out
 
     # ----------------------------------------------------------------- levels
-    def observe(self, groups: list) -> None:
-        """Add the answers of a draw's groups to their tasks' windows (newest last)."""
-        for g in groups:
+    def observe(self, groups: list, online: list[bool] | None = None) -> None:
+        """Add the answers of a draw's groups to their tasks' windows, newest last; with
+        `online` (prompts()'s, for the groups of its picks in order) only the online items at
+        their level count."""
+        if online is not None and len(groups) != len(online):
+            raise ValueError(f"observe: {len(groups)} groups for the {len(online)} picks of the last prompts()")
+        for g, at_level in zip(groups, online if online is not None else [True] * len(groups)):
             task = task_of(g.record)
-            if task in self.windows:
+            if at_level and task in self.windows:
                 self.windows[task] = (self.windows[task] + [int(bool(c)) for c in g.correct])[-self.spec.window:]
 
     def end_step(self) -> dict[str, Any]:
@@ -303,7 +335,9 @@ class Curriculum:
                 row[f"curriculum_window_accuracy_{task}"] = acc
         row["curriculum_moves"] = total
         row["curriculum_kept_dataset"] = self.kept_dataset
-        self.kept_dataset = 0
+        if self.spec.mix:
+            row["curriculum_mixed"] = self.mixed
+        self.kept_dataset = self.mixed = 0
         return row
 
     def state(self) -> dict[str, Any]:

@@ -195,7 +195,7 @@ class GRPO:
         outs = gen.generate([p for _, p in picked for _ in range(size)], decode)
         groups = [self._score(rec, prompt, outs[i * size:(i + 1) * size]) for i, (rec, prompt) in enumerate(picked)]
         if self.curriculum is not None:
-            self.curriculum.observe(groups)
+            self.curriculum.observe(groups, self.curriculum.online)
         return groups
 
     def _with_tools(self, decode):
