@@ -547,3 +547,67 @@ def test_the_kernel_view_draws_as_the_kernels_full_logits(softcap):
             assert torch.equal(wide_screen.sample(x, g, DecodeConfig(temperature=t)), sample_full(z, g, DecodeConfig(temperature=t)))
     if wide_screen.kernel_exact(8):
         assert wide_screen.wide_rows > 0
+
+
+def _keep_both_ways(screen, ap, seeds, t):
+    """(the bound-first mask and bits, the mask from the whole noise) for one step."""
+    up, span = screen._upper(ap)
+    want = screen._reachable(up.clone(), span, ap, gumbel(seeds, screen.vocab).index_select(1, screen.perm)
+                             .view_as(up), t)
+    keep, bits = screen._reach_bound_first(up.clone(), span, ap, sampling.seed_tensor(seeds), t)
+    return keep, bits, want, up / t
+
+
+def test_the_bound_first_draw_keeps_the_full_draws_tokens(monkeypatch):
+    """Lazy noise on the CPU: the screen takes the noise's logs only for the tokens whose up / T
+    plus a bound on their noise read off the counter's bits reaches a threshold below every
+    row's best; its keep mask equals the one from the whole row's noise, bit for bit, peaked to
+    flat rows, four temperatures, with the softcap; the draws equal full logits'. Some kept
+    tokens needed their bits' bound (up / T more than ln 2 below the threshold: a large noise).
+    Past BOUND_FIRST_SHARE every entry's noise is drawn, with the same mask; so where the
+    kernel is not loaded."""
+    from tunix_rt.eval import screened_head as sh
+    from tunix_rt.eval.int8_kernel import library
+
+    head = near_tie_head(5003, 64, seed=51)
+    by_bits = 0
+    for softcap in (None, 30.0):
+        screen = ScreenedArgmax(head, softcap=softcap, groups=8, pad_cols=1)
+        for scale in (1.0, 0.2, 0.05):
+            x = aimed_inputs(head, 8, seed=int(scale * 100) + 7) * scale
+            ap = screen.approx(x)
+            if ap is None:
+                continue
+            for t in TEMPERATURES:
+                for seed in range(3):
+                    seeds = [row_seed(seed, r, 0) for r in range(8)]
+                    keep, bits, want, sc = _keep_both_ways(screen, ap, seeds, t)
+                    assert torch.equal(keep, want), (softcap, scale, t, seed)
+                    assert torch.equal(bits, sampling.noise_bits_of(seeds, screen._perm_offsets()))
+                    top_lb = (sc.amax(2) - screen._upper(ap)[1] / t).amax(1)
+                    by_bits += int((keep & (sc.view(8, -1) < (top_lb + sh.G_MIN - 0.7)[:, None])).sum())
+                    cfg = DecodeConfig(temperature=t)
+                    lazy = sampling.Noise(seeds, 5003)
+                    assert torch.equal(screen.sample(x, lazy, cfg), sample_full(_full(head, x, softcap), lazy.full(), cfg))
+    if library() is not None and library().noise_ok:
+        assert by_bits > 0
+    screen = ScreenedArgmax(head, groups=8, pad_cols=1)
+    ap = screen.approx(aimed_inputs(head, 8, seed=9))
+    seeds = [row_seed(1, r, 0) for r in range(8)]
+    with monkeypatch.context() as m:
+        m.setattr(sh, "BOUND_FIRST_SHARE", 0.0)  # every entry's noise
+        keep, bits, want, _ = _keep_both_ways(screen, ap, seeds, 1.0)
+        assert torch.equal(keep, want) and torch.equal(bits, sampling.noise_bits_of(seeds, screen._perm_offsets()))
+    monkeypatch.setattr("tunix_rt.eval.int8_kernel.noise_screen", lambda *a: None)  # no kernel
+    keep, bits, want, _ = _keep_both_ways(screen, ap, seeds, 1.0)
+    assert torch.equal(keep, want) and torch.equal(bits, sampling.noise_bits_of(seeds, screen._perm_offsets()))
+
+
+def test_noise_bits_and_their_logs_are_the_full_draws():
+    seeds = [row_seed(4, r, 2) for r in range(3)]
+    ids = torch.randperm(5003, generator=torch.Generator().manual_seed(3))
+    bits = sampling.noise_bits_of(seeds, sampling.offsets(ids))
+    full = gumbel(seeds, 5003)
+    assert torch.equal(sampling.gumbel_of_bits(bits), full[:, ids])
+    assert torch.equal(sampling.gumbel_of_bits(bits[1, 7:300:3]), full[1, ids[7:300:3]])  # any subset alone
+    assert sampling.gumbel_of_bits(bits[:, :0]).shape == (3, 0)

@@ -542,7 +542,8 @@ done:
    bits as the numpy and torch paths; vectorised with AVX-512DQ's 64-bit multiply. */
 int tunix_noise_supported(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")
+        && __builtin_cpu_supports("avx512cd");
 }
 
 __attribute__((target("avx512f,avx512dq")))
@@ -560,6 +561,63 @@ void tunix_noise_bits(const uint64_t *restrict seed, long rows, const uint64_t *
             b[i] = (x >> 12) | (0x3FFULL << 52);
         }
     }
+}
+
+/* tunix_noise_bits, and the entries that may score at least thr[r] (the bound-first draw,
+   tunix_rt.eval.screened_head): those with sc[r, i] + gub >= thr[r], where gub bounds the noise
+   -log(-log U) above without a log: U = (2m + 1) / 2^53, k = 2^53 - 2m - 1 >= 1, and
+   -log U >= 1 - U = k / 2^53, so the noise is at most 53 ln 2 - ln k <= (clz(k) - 10) ln 2
+   (ln k >= floor(log2 k) ln 2 = (63 - clz(k)) ln 2). Their flat indices r * n + i go to pos,
+   ascending; returns how many, or -1 past cap (pos then holds cap of them). */
+__attribute__((target("avx512f,avx512dq,avx512cd")))
+long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
+                        const double *restrict sc, const double *restrict thr, uint64_t *restrict bits,
+                        long n, int64_t *restrict pos, long cap) {
+    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
+    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
+    const __m512i one = _mm512_set1_epi64((long long)(0x3FFULL << 52));
+    const __m512i top = _mm512_set1_epi64((long long)((1ULL << 53) - 1));
+    const __m512i ten = _mm512_set1_epi64(10);
+    const __m512d ln2 = _mm512_set1_pd(0.69314718055994530942);
+    long count = 0;
+    for (long r = 0; r < rows; r++) {
+        const __m512i s = _mm512_set1_epi64((long long)seed[r]);
+        const __m512d t = _mm512_set1_pd(thr[r]);
+        const double *restrict z = sc + r * n;
+        uint64_t *restrict b = bits + r * n;
+        long i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m512i x = _mm512_add_epi64(s, _mm512_loadu_si512((const void *)(off + i)));
+            x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), m1);
+            x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), m2);
+            x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+            const __m512i m = _mm512_srli_epi64(x, 12);
+            _mm512_storeu_si512((void *)(b + i), _mm512_or_si512(m, one));
+            const __m512i k = _mm512_sub_epi64(top, _mm512_slli_epi64(m, 1));
+            const __m512d gub = _mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(_mm512_lzcnt_epi64(k), ten)), ln2);
+            __mmask8 hit = _mm512_cmp_pd_mask(_mm512_add_pd(_mm512_loadu_pd(z + i), gub), t, _CMP_GE_OQ);
+            while (hit) {
+                const int j = __builtin_ctz(hit);
+                hit &= hit - 1;
+                if (count >= cap) return -1;
+                pos[count++] = r * n + i + j;
+            }
+        }
+        for (; i < n; i++) {
+            uint64_t x = seed[r] + off[i];
+            x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+            x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+            x ^= x >> 31;
+            const uint64_t m = x >> 12;
+            b[i] = m | (0x3FFULL << 52);
+            const double gub = (double)((long)__builtin_clzll((1ULL << 53) - 2 * m - 1) - 10) * 0.69314718055994530942;
+            if (z[i] + gub >= thr[r]) {
+                if (count >= cap) return -1;
+                pos[count++] = r * n + i;
+            }
+        }
+    }
+    return count;
 }
 """
 
@@ -644,6 +702,9 @@ def _load():
     lib.tunix_noise_bits.restype = None
     lib.tunix_noise_bits.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                                      ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    lib.tunix_noise_screen.restype = ctypes.c_long
+    lib.tunix_noise_screen.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
+                                       + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long])
     lib.noise_ok = bool(lib.tunix_noise_supported())
     return lib
 
@@ -668,6 +729,30 @@ def noise_bits(seed: "torch.Tensor", off: "torch.Tensor", bits: "torch.Tensor") 
     lib.tunix_noise_bits(seed.data_ptr(), r, off.data_ptr(), off.stride(0) if two_d else 0,
                          bits.data_ptr(), bits.stride(0), n)
     return True
+
+
+def noise_screen(seed: "torch.Tensor", off: "torch.Tensor", sc: "torch.Tensor", thr: "torch.Tensor",
+                 bits: "torch.Tensor", cap: int) -> "torch.Tensor | None":
+    """bits [r, n] := noise_bits', and the flat indices r * n + i (int64, ascending) of the
+    entries whose sc[r, i] (fp64) plus an upper bound on their noise reaches thr[r] (fp64 [r]):
+    the bound-first draw's candidates (see the C source). None where there are more than `cap`
+    (bits then written), and where the kernel does not apply (nothing written): no library, no
+    AVX-512DQ/CD, or operands not contiguous CPU tensors of those types."""
+    import torch
+
+    lib = library()
+    r, n = bits.shape
+    if lib is None or not lib.noise_ok or r == 0 or n == 0:
+        return None
+    want = ((seed, (r,), torch.int64), (off, (n,), torch.int64), (sc, (r, n), torch.float64),
+            (thr, (r,), torch.float64), (bits, (r, n), torch.int64))
+    if any(t.device.type != "cpu" or t.dtype != dt or tuple(t.shape) != shape or not t.is_contiguous()
+           for t, shape, dt in want):
+        return None
+    pos = torch.empty(max(0, int(cap)), dtype=torch.int64)
+    got = lib.tunix_noise_screen(seed.data_ptr(), r, off.data_ptr(), sc.data_ptr(), thr.data_ptr(),
+                                 bits.data_ptr(), n, pos.data_ptr(), pos.numel())
+    return None if got < 0 else pos[:got]
 
 
 SUM_ROWS = 4096

@@ -26,7 +26,10 @@ How (all per decode step, rows b of the batch, vocabulary rows v):
    comb ≥ T_bg.
    Sampling (token = argmax of z/T + g over the allowed tokens, `tunix_rt.eval.sampling`),
    per token with the row's noise g: without top-k/top-p, a token whose upper bound / T + g_v
-   is below the best lower bound / T + g_j cannot be drawn; with top-k, a token whose upper
+   is below the best lower bound / T + g_j cannot be drawn (with noise not yet drawn, its two
+   logs are taken only for the tokens whose upper bound / T plus a bound on g_v read off the
+   counter's bits reaches a threshold below every row's best: `_reach_bound_first`, the same
+   tokens kept); with top-k, a token whose upper
    bound is below the k-th largest lower bound cannot be in the top-k; with top-p alone, the
    tokens below a cut hold a bounded mass, so the normaliser lies between two bounds and each
    nucleus decision is taken only where it is the same at both (else full logits). Top-p
@@ -70,7 +73,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tunix_rt.eval.int8_kernel import int_mm, row_sums
-from tunix_rt.eval.sampling import Noise, allowed_ids, sample_full, scores
+from tunix_rt.eval.sampling import (Noise, allowed_ids, gumbel_of_bits, noise_bits_of, offsets, sample_full, scores,
+                                    seed_tensor)
 
 if TYPE_CHECKING:
     import torch
@@ -109,6 +113,11 @@ hidden state of outsized norm, whose bound spans tens of logits: in a GRPO rollo
 bounds 20-47) at 72 of 127 steps, and every row paid for its union. On the 2-core Xeon a 2-row
 matmul over the whole vocabulary takes 26 ms; gathering 87k head rows for 8 rows, 94 ms."""
 MAX_WIDE = 2
+G_MIN = -3.61
+"""Below the smallest Gumbel noise the counter can give: -log(-log(2**-53)) = -3.6037."""
+BOUND_FIRST_SHARE = 0.25
+"""Sampling without top-k/top-p, noise drawn bound first (`_reach_bound_first`): past this share
+of the entries needing their noise's logs, every entry's are taken."""
 INT32_MIN = -(2**31)
 
 
@@ -546,6 +555,8 @@ class ScreenedArgmax:
         return self._sample_gumbel(x, g, cfg, up, span, ap)
 
     def _sample_gumbel(self, x, g: Noise, cfg, up, span, ap: Approx) -> "torch.Tensor":
+        if g.drawn_on_cpu():
+            return self._sample_bound_first(x, g, cfg, up, span, ap)
         b, t = x.shape[0], cfg.temperature
         gp = g.at(self.perm).view_as(up)  # the noise in screen order, drawn once
         keep = self._reachable(up, span, ap, gp, t)
@@ -566,12 +577,82 @@ class ScreenedArgmax:
 
         return self._decide(x, keep, pick)
 
+    def _sample_bound_first(self, x, g: Noise, cfg, up, span, ap: Approx) -> "torch.Tensor":
+        """_sample_gumbel with noise not yet drawn (CPU): the same keep mask and ids, but the
+        two logs of the noise (about 10 ms for 8 rows of Gemma's 262K tokens, against 1 ms for
+        the counter's bits) only where they can matter (`_reach_bound_first`)."""
+        b, t = x.shape[0], cfg.temperature
+        seeds = seed_tensor(g.seeds)
+        keep, bits = self._reach_bound_first(up, span, ap, seeds, t)
+        if self.refine_at is not None and ap.residual is None and int(keep.any(0).sum()) > self.refine_at:
+            fine = self.refine(ap)
+            if fine is not None:
+                up, span = self._upper(fine)
+                keep, bits = self._reach_bound_first(up, span, fine, seeds, t)
+                self.refined += b
+
+        def pick(z, rows, tokens):  # the noise of those rows at those tokens (None: every id)
+            if tokens is None:  # a wide row or two: their noise in id order
+                noise = gumbel_of_bits(bits[rows].index_select(1, self.inv))
+            else:
+                noise = gumbel_of_bits(bits.index_select(1, self.inv.index_select(0, tokens))[rows])
+            return scores(z, noise, t).argmax(dim=1)
+
+        return self._decide(x, keep, pick)
+
+    def _perm_offsets(self) -> "torch.Tensor":
+        """The noise counter's offsets of the screen's positions (its token ids), made once."""
+        if getattr(self, "_perm_off", None) is None:
+            self._perm_off = offsets(self.perm)
+        return self._perm_off
+
+    def _reach_bound_first(self, up, span, ap: Approx, seeds, t: float) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """(`_reachable`'s mask, the same bits; the noise's bits [B, V'] in screen order) for the
+        rows' seeds (`sampling.seed_tensor`), with the noise's logs only where they can matter.
+        thr = (the largest (up - span) / T) + G_MIN, minus margins, is below every row's best
+        lower bound whatever the noise; a token whose up / T plus an upper bound on its noise
+        read off its counter bits (int8_kernel.noise_screen: no log) stays below thr cannot be
+        kept. The others get their noise, their scores give the best lower bound (every token
+        that could hold it is among them, so it is the full draw's), and the keep test is
+        `_reachable`'s. Where the kernel does not apply, or past BOUND_FIRST_SHARE of the
+        entries, every entry's noise is drawn. `up` is consumed."""
+        import torch
+
+        from tunix_rt.eval.int8_kernel import noise_screen
+
+        b = up.shape[0]
+        sc = up.div_(t)  # up / T, as _reachable's first op
+        span_t = span / t
+        top_lb = (sc.amax(2) - span_t).amax(1)  # a lower bound on some token's z / T
+        # below the slack _reachable takes (|best| <= |top_lb| + 40: |g| < 37)
+        slack_hi = SCORE_SLACK * (top_lb.abs() + 40 + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
+        thr = top_lb + G_MIN - slack_hi - 1e-6 * (1 + top_lb.abs())
+        flat = sc.view(b, -1)
+        bits = torch.empty(flat.shape, dtype=torch.int64)
+        at = noise_screen(seeds, self._perm_offsets(), flat, thr, bits, int(BOUND_FIRST_SHARE * flat.numel()))
+        if at is None:  # every entry's noise (the kernel may not have written the bits)
+            bits = noise_bits_of(seeds.tolist(), self._perm_offsets())
+            return self._reachable_scaled(sc, span, ap, gumbel_of_bits(bits).view_as(sc), t), bits
+        r, p = at.div(flat.shape[1], rounding_mode="floor"), at.remainder(flat.shape[1])
+        s = flat[r, p].add_(gumbel_of_bits(bits[r, p]))  # up/T + g: _reachable's score bits
+        best = torch.full((b,), float("-inf"), dtype=torch.float64)
+        best.scatter_reduce_(0, r, s - span_t[r, p // self.per], reduce="amax")
+        slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
+        keep = torch.zeros(flat.shape, dtype=torch.bool)
+        keep[r, p] = s >= (best - slack)[r]
+        return keep, bits
+
     @staticmethod
     def _reachable(up, span, ap: Approx, gp, t: float) -> "torch.Tensor":
         """[B, V'] bool (screen order): the tokens whose upper bound on z/T + g reaches a lower
         bound on the row's best score (the others cannot be drawn). `up` is consumed."""
-        b = up.shape[0]
-        score = up.div_(t).add_(gp)  # upper bounds on z/T + g
+        return ScreenedArgmax._reachable_scaled(up.div_(t), span, ap, gp, t)
+
+    @staticmethod
+    def _reachable_scaled(sc, span, ap: Approx, gp, t: float) -> "torch.Tensor":
+        """_reachable from sc = up / T (consumed)."""
+        b = sc.shape[0]
+        score = sc.add_(gp)  # upper bounds on z/T + g
         best = (score.amax(2) - span / t).amax(1)  # a lower bound on each row's best score
         # |z / T + g| <= (||x||·nw + err) / T + 1e3 (-log of a positive double is below 745)
         slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
