@@ -554,7 +554,7 @@ def _keep_both_ways(screen, ap, seeds, t):
     up, span = screen._upper(ap)
     want = screen._reachable(up.clone(), span, ap, gumbel(seeds, screen.vocab).index_select(1, screen.perm)
                              .view_as(up), t)
-    keep, bits = screen._reach_bound_first(up.clone(), span, ap, sampling.seed_tensor(seeds), t)
+    keep, bits = screen._reach_bound_first(ap, sampling.seed_tensor(seeds), t)
     return keep, bits, want, up / t
 
 
@@ -564,41 +564,46 @@ def test_the_bound_first_draw_keeps_the_full_draws_tokens(monkeypatch):
     row's best; its keep mask equals the one from the whole row's noise, bit for bit, peaked to
     flat rows, four temperatures, with the softcap; the draws equal full logits'. Some kept
     tokens needed their bits' bound (up / T more than ln 2 below the threshold: a large noise).
-    Past BOUND_FIRST_SHARE every entry's noise is drawn, with the same mask; so where the
-    kernel is not loaded."""
+    Without a softcap the kernel makes the scores from the screen's integers (noise_screen_comb),
+    with it from `_upper`'s (noise_screen). Past BOUND_FIRST_SHARE every entry's noise is drawn,
+    with the same mask; so where the kernel is not loaded."""
     from tunix_rt.eval import screened_head as sh
     from tunix_rt.eval.int8_kernel import library
 
-    head = near_tie_head(5003, 64, seed=51)
-    by_bits = 0
-    for softcap in (None, 30.0):
+    near = near_tie_head(5003, 64, seed=51)  # loose bounds (spans of tens of logits)
+    plain = torch.randn(5003, 256, generator=torch.Generator().manual_seed(5)) * 0.05  # tight ones
+    cases = [(near, softcap, aimed_inputs(near, 8, seed=int(scale * 100) + 7) * scale)
+             for softcap in (None, 30.0) for scale in (1.0, 0.2, 0.05)]
+    cases += [(plain, None, torch.randn(8, 256, generator=torch.Generator().manual_seed(3)) * scale)
+              for scale in (5.0, 2.0)]
+    by_bits = {None: 0, 30.0: 0}
+    for head, softcap, x in cases:
         screen = ScreenedArgmax(head, softcap=softcap, groups=8, pad_cols=1)
-        for scale in (1.0, 0.2, 0.05):
-            x = aimed_inputs(head, 8, seed=int(scale * 100) + 7) * scale
-            ap = screen.approx(x)
-            if ap is None:
-                continue
-            for t in TEMPERATURES:
-                for seed in range(3):
-                    seeds = [row_seed(seed, r, 0) for r in range(8)]
-                    keep, bits, want, sc = _keep_both_ways(screen, ap, seeds, t)
-                    assert torch.equal(keep, want), (softcap, scale, t, seed)
-                    assert torch.equal(bits, sampling.noise_bits_of(seeds, screen._perm_offsets()))
-                    top_lb = (sc.amax(2) - screen._upper(ap)[1] / t).amax(1)
-                    by_bits += int((keep & (sc.view(8, -1) < (top_lb + sh.G_MIN - 0.7)[:, None])).sum())
-                    cfg = DecodeConfig(temperature=t)
-                    lazy = sampling.Noise(seeds, 5003)
-                    assert torch.equal(screen.sample(x, lazy, cfg), sample_full(_full(head, x, softcap), lazy.full(), cfg))
+        ap = screen.approx(x)
+        if ap is None:
+            continue
+        for t in TEMPERATURES:
+            for seed in range(3):
+                seeds = [row_seed(seed, r, 0) for r in range(8)]
+                keep, bits, want, sc = _keep_both_ways(screen, ap, seeds, t)
+                assert torch.equal(keep, want), (softcap, t, seed)
+                assert torch.equal(bits, sampling.noise_bits_of(seeds, screen._perm_offsets()))
+                top_lb = (sc.amax(2) - screen._upper(ap)[1] / t).amax(1)
+                by_bits[softcap] += int((keep & (sc.view(8, -1) < (top_lb + sh.G_MIN - 0.7)[:, None])).sum())
+                cfg = DecodeConfig(temperature=t)
+                lazy = sampling.Noise(seeds, 5003)
+                assert torch.equal(screen.sample(x, lazy, cfg), sample_full(_full(head, x, softcap), lazy.full(), cfg))
     if library() is not None and library().noise_ok:
-        assert by_bits > 0
-    screen = ScreenedArgmax(head, groups=8, pad_cols=1)
-    ap = screen.approx(aimed_inputs(head, 8, seed=9))
+        assert min(by_bits.values()) > 0, by_bits
+    screen = ScreenedArgmax(near, groups=8, pad_cols=1)
+    ap = screen.approx(aimed_inputs(near, 8, seed=9))
     seeds = [row_seed(1, r, 0) for r in range(8)]
     with monkeypatch.context() as m:
         m.setattr(sh, "BOUND_FIRST_SHARE", 0.0)  # every entry's noise
         keep, bits, want, _ = _keep_both_ways(screen, ap, seeds, 1.0)
         assert torch.equal(keep, want) and torch.equal(bits, sampling.noise_bits_of(seeds, screen._perm_offsets()))
     monkeypatch.setattr("tunix_rt.eval.int8_kernel.noise_screen", lambda *a: None)  # no kernel
+    monkeypatch.setattr("tunix_rt.eval.int8_kernel.noise_screen_comb", lambda *a: None)
     keep, bits, want, _ = _keep_both_ways(screen, ap, seeds, 1.0)
     assert torch.equal(keep, want) and torch.equal(bits, sampling.noise_bits_of(seeds, screen._perm_offsets()))
 

@@ -619,6 +619,69 @@ long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t
     }
     return count;
 }
+
+/* tunix_noise_screen with the screen's scores made on the fly from its integers: sc[r, i] =
+   (comb[r, i] * step[r, g] + width[r, g]) / t for i in group g (groups of `per`), the upper
+   bounds / T of screened_head._upper without a softcap or a fine level, so no [rows, n] fp64
+   copy is formed; rounded otherwise than torch's, inside the caller's margins. */
+__attribute__((target("avx512f,avx512dq,avx512cd")))
+long tunix_noise_screen_comb(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
+                             const int32_t *restrict comb, long groups, long per, const double *restrict step,
+                             const double *restrict width, double t, const double *restrict thr,
+                             uint64_t *restrict bits, int64_t *restrict pos, long cap) {
+    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
+    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
+    const __m512i one = _mm512_set1_epi64((long long)(0x3FFULL << 52));
+    const __m512i top = _mm512_set1_epi64((long long)((1ULL << 53) - 1));
+    const __m512i ten = _mm512_set1_epi64(10);
+    const __m512d ln2 = _mm512_set1_pd(0.69314718055994530942);
+    const __m512d vt = _mm512_set1_pd(t);
+    const long n = groups * per;
+    long count = 0;
+    for (long r = 0; r < rows; r++) {
+        const __m512i s = _mm512_set1_epi64((long long)seed[r]);
+        const __m512d th = _mm512_set1_pd(thr[r]);
+        for (long g = 0; g < groups; g++) {
+            const double st = step[r * groups + g], wd = width[r * groups + g];
+            const __m512d vst = _mm512_set1_pd(st), vwd = _mm512_set1_pd(wd);
+            const long base = r * n + g * per, ob = g * per;
+            long i = 0;
+            for (; i + 8 <= per; i += 8) {
+                __m512i x = _mm512_add_epi64(s, _mm512_loadu_si512((const void *)(off + ob + i)));
+                x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), m1);
+                x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), m2);
+                x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
+                const __m512i m = _mm512_srli_epi64(x, 12);
+                _mm512_storeu_si512((void *)(bits + base + i), _mm512_or_si512(m, one));
+                const __m512i k = _mm512_sub_epi64(top, _mm512_slli_epi64(m, 1));
+                const __m512d gub = _mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(_mm512_lzcnt_epi64(k), ten)), ln2);
+                const __m512d c = _mm512_cvtepi32_pd(_mm256_loadu_si256((const __m256i *)(comb + base + i)));
+                const __m512d sc = _mm512_div_pd(_mm512_add_pd(_mm512_mul_pd(c, vst), vwd), vt);
+                __mmask8 hit = _mm512_cmp_pd_mask(_mm512_add_pd(sc, gub), th, _CMP_GE_OQ);
+                while (hit) {
+                    const int j = __builtin_ctz(hit);
+                    hit &= hit - 1;
+                    if (count >= cap) return -1;
+                    pos[count++] = base + i + j;
+                }
+            }
+            for (; i < per; i++) {
+                uint64_t x = seed[r] + off[ob + i];
+                x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+                x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+                x ^= x >> 31;
+                const uint64_t m = x >> 12;
+                bits[base + i] = m | (0x3FFULL << 52);
+                const double gub = (double)((long)__builtin_clzll((1ULL << 53) - 2 * m - 1) - 10) * 0.69314718055994530942;
+                if (((double)comb[base + i] * st + wd) / t + gub >= thr[r]) {
+                    if (count >= cap) return -1;
+                    pos[count++] = base + i;
+                }
+            }
+        }
+    }
+    return count;
+}
 """
 
 _LOCK = threading.Lock()
@@ -705,6 +768,10 @@ def _load():
     lib.tunix_noise_screen.restype = ctypes.c_long
     lib.tunix_noise_screen.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
                                        + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long])
+    lib.tunix_noise_screen_comb.restype = ctypes.c_long
+    lib.tunix_noise_screen_comb.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 2
+                                            + [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_double]
+                                            + [ctypes.c_void_p] * 3 + [ctypes.c_long])
     lib.noise_ok = bool(lib.tunix_noise_supported())
     return lib
 
@@ -752,6 +819,31 @@ def noise_screen(seed: "torch.Tensor", off: "torch.Tensor", sc: "torch.Tensor", 
     pos = torch.empty(max(0, int(cap)), dtype=torch.int64)
     got = lib.tunix_noise_screen(seed.data_ptr(), r, off.data_ptr(), sc.data_ptr(), thr.data_ptr(),
                                  bits.data_ptr(), n, pos.data_ptr(), pos.numel())
+    return None if got < 0 else pos[:got]
+
+
+def noise_screen_comb(seed: "torch.Tensor", off: "torch.Tensor", comb: "torch.Tensor", step: "torch.Tensor",
+                      width: "torch.Tensor", t: float, thr: "torch.Tensor", bits: "torch.Tensor",
+                      cap: int) -> "torch.Tensor | None":
+    """noise_screen with sc = (comb * step + width) / t made on the fly from the screen's int32
+    comb [r, groups, per] and per group step and width [r, groups] (fp64): no fp64 copy of the
+    scores. bits [r, groups * per]. The same returns."""
+    import torch
+
+    lib = library()
+    if lib is None or not lib.noise_ok or comb.dim() != 3 or comb.numel() == 0:
+        return None
+    r, groups, per = comb.shape
+    want = ((seed, (r,), torch.int64), (off, (groups * per,), torch.int64), (comb, (r, groups, per), torch.int32),
+            (step, (r, groups), torch.float64), (width, (r, groups), torch.float64), (thr, (r,), torch.float64),
+            (bits, (r, groups * per), torch.int64))
+    if any(x.device.type != "cpu" or x.dtype != dt or tuple(x.shape) != shape or not x.is_contiguous()
+           for x, shape, dt in want):
+        return None
+    pos = torch.empty(max(0, int(cap)), dtype=torch.int64)
+    got = lib.tunix_noise_screen_comb(seed.data_ptr(), r, off.data_ptr(), comb.data_ptr(), groups, per,
+                                      step.data_ptr(), width.data_ptr(), float(t), thr.data_ptr(), bits.data_ptr(),
+                                      pos.data_ptr(), pos.numel())
     return None if got < 0 else pos[:got]
 
 

@@ -547,6 +547,8 @@ class ScreenedArgmax:
         ap = self.approx(x, fine=top_p_alone) if self.certify_top_p or not top_p_alone else None
         if ap is None:  # no bound holds, or top-p alone while certify_top_p is off
             return sample_full(self._full(x), g, cfg)
+        if not top_p_alone and not top_k and g.drawn_on_cpu():
+            return self._sample_bound_first(x, g, cfg, ap)
         up, span = self._upper(ap)  # [B, G, per] in screen order, [B, G]
         if top_p_alone:
             return self._sample_top_p(x, g, cfg, up, span)
@@ -555,8 +557,6 @@ class ScreenedArgmax:
         return self._sample_gumbel(x, g, cfg, up, span, ap)
 
     def _sample_gumbel(self, x, g: Noise, cfg, up, span, ap: Approx) -> "torch.Tensor":
-        if g.drawn_on_cpu():
-            return self._sample_bound_first(x, g, cfg, up, span, ap)
         b, t = x.shape[0], cfg.temperature
         gp = g.at(self.perm).view_as(up)  # the noise in screen order, drawn once
         keep = self._reachable(up, span, ap, gp, t)
@@ -577,18 +577,17 @@ class ScreenedArgmax:
 
         return self._decide(x, keep, pick)
 
-    def _sample_bound_first(self, x, g: Noise, cfg, up, span, ap: Approx) -> "torch.Tensor":
+    def _sample_bound_first(self, x, g: Noise, cfg, ap: Approx) -> "torch.Tensor":
         """_sample_gumbel with noise not yet drawn (CPU): the same keep mask and ids, but the
         two logs of the noise (about 10 ms for 8 rows of Gemma's 262K tokens, against 1 ms for
         the counter's bits) only where they can matter (`_reach_bound_first`)."""
         b, t = x.shape[0], cfg.temperature
         seeds = seed_tensor(g.seeds)
-        keep, bits = self._reach_bound_first(up, span, ap, seeds, t)
+        keep, bits = self._reach_bound_first(ap, seeds, t)
         if self.refine_at is not None and ap.residual is None and int(keep.any(0).sum()) > self.refine_at:
             fine = self.refine(ap)
             if fine is not None:
-                up, span = self._upper(fine)
-                keep, bits = self._reach_bound_first(up, span, fine, seeds, t)
+                keep, bits = self._reach_bound_first(fine, seeds, t)
                 self.refined += b
 
         def pick(z, rows, tokens):  # the noise of those rows at those tokens (None: every id)
@@ -606,41 +605,71 @@ class ScreenedArgmax:
             self._perm_off = offsets(self.perm)
         return self._perm_off
 
-    def _reach_bound_first(self, up, span, ap: Approx, seeds, t: float) -> tuple["torch.Tensor", "torch.Tensor"]:
-        """(`_reachable`'s mask, the same bits; the noise's bits [B, V'] in screen order) for the
-        rows' seeds (`sampling.seed_tensor`), with the noise's logs only where they can matter.
-        thr = (the largest (up - span) / T) + G_MIN, minus margins, is below every row's best
-        lower bound whatever the noise; a token whose up / T plus an upper bound on its noise
-        read off its counter bits (int8_kernel.noise_screen: no log) stays below thr cannot be
-        kept. The others get their noise, their scores give the best lower bound (every token
-        that could hold it is among them, so it is the full draw's), and the keep test is
-        `_reachable`'s. Where the kernel does not apply, or past BOUND_FIRST_SHARE of the
-        entries, every entry's noise is drawn. `up` is consumed."""
+    def _reach_bound_first(self, ap: Approx, seeds, t: float) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """(`_reachable`'s mask on `_upper(ap)`, the same bits; the noise's bits [B, V'] in screen
+        order) for the rows' seeds (`sampling.seed_tensor`), with the noise's logs only where
+        they can matter. thr = (the largest (up - span) / T) + G_MIN, minus margins, is below
+        every row's best lower bound whatever the noise; a token whose up / T plus an upper
+        bound on its noise read off its counter bits (int8_kernel.noise_screen: no log) stays
+        below thr cannot be kept. The others get their noise, their scores give the best lower
+        bound (every token that could hold it is among them, so it is the full draw's), and the
+        keep test is `_reachable`'s. Without a softcap or a fine level the kernel makes up / T
+        from the screen's integers itself (`noise_screen_comb`: no [B, V'] fp64 copy; the
+        candidates' up / T as `_upper` rounds them). Where the kernel does not apply, or past
+        BOUND_FIRST_SHARE of the entries, every entry's noise is drawn."""
         import torch
 
-        from tunix_rt.eval.int8_kernel import noise_screen
+        from tunix_rt.eval.int8_kernel import noise_screen, noise_screen_comb
 
-        b = up.shape[0]
+        b = ap.comb.shape[0]
+        n = self.groups * self.per
+        cap = int(BOUND_FIRST_SHARE * b * n)
+        bits = torch.empty((b, n), dtype=torch.int64)
+        if self.softcap is None and ap.residual is None and ap.comb.dtype == torch.int32:
+            width = self._width(ap)  # _upper's, without the [B, V'] copy
+            span_t = 2 * width / t
+            top = ap.comb.amax(2).double().mul_(ap.step).add_(width).div_(t)  # each group's largest up / T
+            thr = self._bound_first_threshold(top, span_t, ap, t)
+            at = noise_screen_comb(seeds, self._perm_offsets(), ap.comb, ap.step, width, t, thr, bits, cap)
+            if at is not None:
+                r, p = at.div(n, rounding_mode="floor"), at.remainder(n)
+                gi = p // self.per
+                sc = ap.comb.view(b, -1)[r, p].double().mul_(ap.step[r, gi]).add_(width[r, gi]).div_(t)
+                return self._keep_of(sc, r, p, span_t, ap, bits, t), bits
+        up, span = self._upper(ap)
         sc = up.div_(t)  # up / T, as _reachable's first op
         span_t = span / t
-        top_lb = (sc.amax(2) - span_t).amax(1)  # a lower bound on some token's z / T
-        # below the slack _reachable takes (|best| <= |top_lb| + 40: |g| < 37)
-        slack_hi = SCORE_SLACK * (top_lb.abs() + 40 + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
-        thr = top_lb + G_MIN - slack_hi - 1e-6 * (1 + top_lb.abs())
+        thr = self._bound_first_threshold(sc.amax(2), span_t, ap, t)
         flat = sc.view(b, -1)
-        bits = torch.empty(flat.shape, dtype=torch.int64)
-        at = noise_screen(seeds, self._perm_offsets(), flat, thr, bits, int(BOUND_FIRST_SHARE * flat.numel()))
+        at = noise_screen(seeds, self._perm_offsets(), flat, thr, bits, cap)
         if at is None:  # every entry's noise (the kernel may not have written the bits)
             bits = noise_bits_of(seeds.tolist(), self._perm_offsets())
             return self._reachable_scaled(sc, span, ap, gumbel_of_bits(bits).view_as(sc), t), bits
-        r, p = at.div(flat.shape[1], rounding_mode="floor"), at.remainder(flat.shape[1])
-        s = flat[r, p].add_(gumbel_of_bits(bits[r, p]))  # up/T + g: _reachable's score bits
+        r, p = at.div(n, rounding_mode="floor"), at.remainder(n)
+        return self._keep_of(flat[r, p], r, p, span_t, ap, bits, t), bits
+
+    @staticmethod
+    def _bound_first_threshold(top: "torch.Tensor", span_t: "torch.Tensor", ap: Approx, t: float) -> "torch.Tensor":
+        """[B]: below every row's best lower bound on a score whatever the noise, from each
+        group's largest up / T [B, G] (thr of `_reach_bound_first`)."""
+        top_lb = (top - span_t).amax(1)  # a lower bound on some token's z / T
+        # below the slack _reachable takes (|best| <= |top_lb| + 40: |g| < 37)
+        slack_hi = SCORE_SLACK * (top_lb.abs() + 40 + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
+        return top_lb + G_MIN - slack_hi - 1e-6 * (1 + top_lb.abs())
+
+    def _keep_of(self, sc, r, p, span_t, ap: Approx, bits, t: float) -> "torch.Tensor":
+        """_reachable's mask [B, V'] from the candidates (r, p) only: their up / T `sc`, their
+        noise from `bits`."""
+        import torch
+
+        b = span_t.shape[0]
+        s = sc.add_(gumbel_of_bits(bits[r, p]))  # up/T + g: _reachable's score bits
         best = torch.full((b,), float("-inf"), dtype=torch.float64)
         best.scatter_reduce_(0, r, s - span_t[r, p // self.per], reduce="amax")
         slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
-        keep = torch.zeros(flat.shape, dtype=torch.bool)
+        keep = torch.zeros(bits.shape, dtype=torch.bool)
         keep[r, p] = s >= (best - slack)[r]
-        return keep, bits
+        return keep
 
     @staticmethod
     def _reachable(up, span, ap: Approx, gp, t: float) -> "torch.Tensor":
