@@ -546,6 +546,14 @@ int tunix_noise_supported(void) {
         && __builtin_cpu_supports("avx512cd");
 }
 
+/* splitmix64's finaliser of x, its top 52 bits: the noise's m (U = (2m + 1) / 2^53). */
+static inline uint64_t noise_m(uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    x ^= x >> 31;
+    return x >> 12;
+}
+
 __attribute__((target("avx512f,avx512dq")))
 void tunix_noise_bits(const uint64_t *restrict seed, long rows, const uint64_t *restrict off, long off_stride,
                       uint64_t *restrict bits, long bits_stride, long n) {
@@ -553,13 +561,7 @@ void tunix_noise_bits(const uint64_t *restrict seed, long rows, const uint64_t *
         const uint64_t s = seed[r];
         const uint64_t *restrict o = off + r * off_stride;
         uint64_t *restrict b = bits + r * bits_stride;
-        for (long i = 0; i < n; i++) {
-            uint64_t x = s + o[i];
-            x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-            x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-            x ^= x >> 31;
-            b[i] = (x >> 12) | (0x3FFULL << 52);
-        }
+        for (long i = 0; i < n; i++) b[i] = noise_m(s + o[i]) | (0x3FFULL << 52);
     }
 }
 
@@ -569,55 +571,58 @@ void tunix_noise_bits(const uint64_t *restrict seed, long rows, const uint64_t *
    -log U >= 1 - U = k / 2^53, so the noise is at most 53 ln 2 - ln k <= (clz(k) - 10) ln 2
    (ln k >= floor(log2 k) ln 2 = (63 - clz(k)) ln 2). Their flat indices r * n + i go to pos,
    ascending; returns how many, or -1 past cap (pos then holds cap of them). */
+typedef struct { int64_t *pos; long cap, count; } Hits;
+
+static inline int hit_add(Hits *h, long at) {
+    if (h->count >= h->cap) return 0;
+    h->pos[h->count++] = at;
+    return 1;
+}
+
+/* One entry: its bits at *b, and whether sc + its noise's bound reaches thr (added to h). */
+static inline int screen1(uint64_t x, uint64_t *b, double sc, double thr, long at, Hits *h) {
+    const uint64_t m = noise_m(x);
+    *b = m | (0x3FFULL << 52);
+    const double gub = (double)((long)__builtin_clzll((1ULL << 53) - 2 * m - 1) - 10) * 0.69314718055994530942;
+    return sc + gub >= thr ? hit_add(h, at) : 1;
+}
+
+/* Eight entries at once: counters s + o[0..7], scores sc; as screen1. */
+__attribute__((target("avx512f,avx512dq,avx512cd")))
+static inline int screen8(__m512i s, const uint64_t *o, uint64_t *b, __m512d sc, __m512d thr, long at, Hits *h) {
+    __m512i x = _mm512_add_epi64(s, _mm512_loadu_si512((const void *)o));
+    x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL));
+    x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), _mm512_set1_epi64((long long)0x94D049BB133111EBULL));
+    const __m512i m = _mm512_srli_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 31)), 12);
+    _mm512_storeu_si512((void *)b, _mm512_or_si512(m, _mm512_set1_epi64((long long)(0x3FFULL << 52))));
+    const __m512i k = _mm512_sub_epi64(_mm512_set1_epi64((long long)((1ULL << 53) - 1)), _mm512_slli_epi64(m, 1));
+    const __m512d gub = _mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(_mm512_lzcnt_epi64(k), _mm512_set1_epi64(10))),
+                                      _mm512_set1_pd(0.69314718055994530942));
+    __mmask8 hit = _mm512_cmp_pd_mask(_mm512_add_pd(sc, gub), thr, _CMP_GE_OQ);
+    while (hit) {
+        const int j = __builtin_ctz(hit);
+        hit &= hit - 1;
+        if (!hit_add(h, at + j)) return 0;
+    }
+    return 1;
+}
+
 __attribute__((target("avx512f,avx512dq,avx512cd")))
 long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
                         const double *restrict sc, const double *restrict thr, uint64_t *restrict bits,
                         long n, int64_t *restrict pos, long cap) {
-    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
-    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
-    const __m512i one = _mm512_set1_epi64((long long)(0x3FFULL << 52));
-    const __m512i top = _mm512_set1_epi64((long long)((1ULL << 53) - 1));
-    const __m512i ten = _mm512_set1_epi64(10);
-    const __m512d ln2 = _mm512_set1_pd(0.69314718055994530942);
-    long count = 0;
+    Hits h = {pos, cap, 0};
     for (long r = 0; r < rows; r++) {
         const __m512i s = _mm512_set1_epi64((long long)seed[r]);
-        const __m512d t = _mm512_set1_pd(thr[r]);
-        const double *restrict z = sc + r * n;
-        uint64_t *restrict b = bits + r * n;
+        const __m512d th = _mm512_set1_pd(thr[r]);
+        const long base = r * n;
         long i = 0;
-        for (; i + 8 <= n; i += 8) {
-            __m512i x = _mm512_add_epi64(s, _mm512_loadu_si512((const void *)(off + i)));
-            x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), m1);
-            x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), m2);
-            x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
-            const __m512i m = _mm512_srli_epi64(x, 12);
-            _mm512_storeu_si512((void *)(b + i), _mm512_or_si512(m, one));
-            const __m512i k = _mm512_sub_epi64(top, _mm512_slli_epi64(m, 1));
-            const __m512d gub = _mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(_mm512_lzcnt_epi64(k), ten)), ln2);
-            __mmask8 hit = _mm512_cmp_pd_mask(_mm512_add_pd(_mm512_loadu_pd(z + i), gub), t, _CMP_GE_OQ);
-            while (hit) {
-                const int j = __builtin_ctz(hit);
-                hit &= hit - 1;
-                if (count >= cap) return -1;
-                pos[count++] = r * n + i + j;
-            }
-        }
-        for (; i < n; i++) {
-            uint64_t x = seed[r] + off[i];
-            x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-            x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-            x ^= x >> 31;
-            const uint64_t m = x >> 12;
-            b[i] = m | (0x3FFULL << 52);
-            const double gub = (double)((long)__builtin_clzll((1ULL << 53) - 2 * m - 1) - 10) * 0.69314718055994530942;
-            if (z[i] + gub >= thr[r]) {
-                if (count >= cap) return -1;
-                pos[count++] = r * n + i;
-            }
-        }
+        for (; i + 8 <= n; i += 8)
+            if (!screen8(s, off + i, bits + base + i, _mm512_loadu_pd(sc + base + i), th, base + i, &h)) return -1;
+        for (; i < n; i++)
+            if (!screen1(seed[r] + off[i], bits + base + i, sc[base + i], thr[r], base + i, &h)) return -1;
     }
-    return count;
+    return h.count;
 }
 
 /* tunix_noise_screen with the screen's scores made on the fly from its integers: sc[r, i] =
@@ -629,58 +634,27 @@ long tunix_noise_screen_comb(const uint64_t *restrict seed, long rows, const uin
                              const int32_t *restrict comb, long groups, long per, const double *restrict step,
                              const double *restrict width, double t, const double *restrict thr,
                              uint64_t *restrict bits, int64_t *restrict pos, long cap) {
-    const __m512i m1 = _mm512_set1_epi64((long long)0xBF58476D1CE4E5B9ULL);
-    const __m512i m2 = _mm512_set1_epi64((long long)0x94D049BB133111EBULL);
-    const __m512i one = _mm512_set1_epi64((long long)(0x3FFULL << 52));
-    const __m512i top = _mm512_set1_epi64((long long)((1ULL << 53) - 1));
-    const __m512i ten = _mm512_set1_epi64(10);
-    const __m512d ln2 = _mm512_set1_pd(0.69314718055994530942);
+    Hits h = {pos, cap, 0};
     const __m512d vt = _mm512_set1_pd(t);
-    const long n = groups * per;
-    long count = 0;
     for (long r = 0; r < rows; r++) {
         const __m512i s = _mm512_set1_epi64((long long)seed[r]);
         const __m512d th = _mm512_set1_pd(thr[r]);
         for (long g = 0; g < groups; g++) {
             const double st = step[r * groups + g], wd = width[r * groups + g];
             const __m512d vst = _mm512_set1_pd(st), vwd = _mm512_set1_pd(wd);
-            const long base = r * n + g * per, ob = g * per;
+            const long base = (r * groups + g) * per, ob = g * per;
             long i = 0;
             for (; i + 8 <= per; i += 8) {
-                __m512i x = _mm512_add_epi64(s, _mm512_loadu_si512((const void *)(off + ob + i)));
-                x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 30)), m1);
-                x = _mm512_mullo_epi64(_mm512_xor_si512(x, _mm512_srli_epi64(x, 27)), m2);
-                x = _mm512_xor_si512(x, _mm512_srli_epi64(x, 31));
-                const __m512i m = _mm512_srli_epi64(x, 12);
-                _mm512_storeu_si512((void *)(bits + base + i), _mm512_or_si512(m, one));
-                const __m512i k = _mm512_sub_epi64(top, _mm512_slli_epi64(m, 1));
-                const __m512d gub = _mm512_mul_pd(_mm512_cvtepi64_pd(_mm512_sub_epi64(_mm512_lzcnt_epi64(k), ten)), ln2);
                 const __m512d c = _mm512_cvtepi32_pd(_mm256_loadu_si256((const __m256i *)(comb + base + i)));
                 const __m512d sc = _mm512_div_pd(_mm512_add_pd(_mm512_mul_pd(c, vst), vwd), vt);
-                __mmask8 hit = _mm512_cmp_pd_mask(_mm512_add_pd(sc, gub), th, _CMP_GE_OQ);
-                while (hit) {
-                    const int j = __builtin_ctz(hit);
-                    hit &= hit - 1;
-                    if (count >= cap) return -1;
-                    pos[count++] = base + i + j;
-                }
+                if (!screen8(s, off + ob + i, bits + base + i, sc, th, base + i, &h)) return -1;
             }
-            for (; i < per; i++) {
-                uint64_t x = seed[r] + off[ob + i];
-                x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-                x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-                x ^= x >> 31;
-                const uint64_t m = x >> 12;
-                bits[base + i] = m | (0x3FFULL << 52);
-                const double gub = (double)((long)__builtin_clzll((1ULL << 53) - 2 * m - 1) - 10) * 0.69314718055994530942;
-                if (((double)comb[base + i] * st + wd) / t + gub >= thr[r]) {
-                    if (count >= cap) return -1;
-                    pos[count++] = base + i;
-                }
-            }
+            for (; i < per; i++)
+                if (!screen1(seed[r] + off[ob + i], bits + base + i, ((double)comb[base + i] * st + wd) / t, thr[r],
+                             base + i, &h)) return -1;
         }
     }
-    return count;
+    return h.count;
 }
 """
 
