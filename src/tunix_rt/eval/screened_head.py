@@ -121,6 +121,12 @@ of the entries needing their noise's logs, every entry's are taken."""
 INT32_MIN = -(2**31)
 
 
+def _score_slack(size: "torch.Tensor", ap: Approx, t: float) -> "torch.Tensor":
+    """[B] the rounding slack on fp64 scores z / T + g of a row whose best score is `size` in
+    magnitude: |z / T + g| <= (||x||·nw + err) / T + 1e3 (-log of a positive double is below 745)."""
+    return SCORE_SLACK * (size + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
+
+
 PROBED: dict[tuple[int, int, int], bool] = {}
 """(rows, dim, cols) -> whether the int8 matmul (`int_mm`) is exact at that shape, filled as the screen
 first serves each shape (this process)."""
@@ -653,8 +659,7 @@ class ScreenedArgmax:
         """[B]: below every row's best lower bound on a score whatever the noise, from each
         group's largest up / T [B, G] (thr of `_reach_bound_first`)."""
         top_lb = (top - span_t).amax(1)  # a lower bound on some token's z / T
-        # below the slack _reachable takes (|best| <= |top_lb| + 40: |g| < 37)
-        slack_hi = SCORE_SLACK * (top_lb.abs() + 40 + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
+        slack_hi = _score_slack(top_lb.abs() + 40, ap, t)  # above _reachable's (|best| <= |top_lb| + 40: |g| < 37)
         return top_lb + G_MIN - slack_hi - 1e-6 * (1 + top_lb.abs())
 
     def _keep_of(self, sc, r, p, span_t, ap: Approx, bits, t: float) -> "torch.Tensor":
@@ -666,9 +671,8 @@ class ScreenedArgmax:
         s = sc.add_(gumbel_of_bits(bits[r, p]))  # up/T + g: _reachable's score bits
         best = torch.full((b,), float("-inf"), dtype=torch.float64)
         best.scatter_reduce_(0, r, s - span_t[r, p // self.per], reduce="amax")
-        slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
         keep = torch.zeros(bits.shape, dtype=torch.bool)
-        keep[r, p] = s >= (best - slack)[r]
+        keep[r, p] = s >= (best - _score_slack(best.abs(), ap, t))[r]
         return keep
 
     @staticmethod
@@ -683,9 +687,7 @@ class ScreenedArgmax:
         b = sc.shape[0]
         score = sc.add_(gp)  # upper bounds on z/T + g
         best = (score.amax(2) - span / t).amax(1)  # a lower bound on each row's best score
-        # |z / T + g| <= (||x||·nw + err) / T + 1e3 (-log of a positive double is below 745)
-        slack = SCORE_SLACK * (best.abs() + (ap.bound_x.amax(1) + ap.err.amax(1)) / t + 1e3)
-        return (score >= (best - slack)[:, None, None]).view(b, -1)
+        return (score >= (best - _score_slack(best.abs(), ap, t))[:, None, None]).view(b, -1)
 
     def _sample_top_k(self, x, g: Noise, cfg, up, span) -> "torch.Tensor":
         import torch
