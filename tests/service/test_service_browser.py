@@ -232,16 +232,23 @@ def test_a_page_answered_late_never_draws_over_the_newer_one(site, home):
     _retag(other, "gsm8k", "test")
     record_eval(other)
     _login(page, srv)
-    # the page's own fetch, with the tiny board's rows held back 1.5 s
-    page.evaluate("""() => { const f = window.fetch; window.slowDone = false;
-      window.fetch = (u, o) => String(u).includes('leaderboard?') && String(u).includes('dataset=tiny')
-        ? new Promise((r) => setTimeout(r, 1500)).then(() => { window.slowDone = true; return f(u, o); }) : f(u, o); }""")
+    # the page's own fetch, with the tiny board's rows held back 1.5 s; slowAsked once the page
+    # has asked for them, slowSettled once the held-back answer (or its refusal) is in
+    page.evaluate("""() => { const f = window.fetch; window.slowAsked = false; window.slowSettled = false;
+      window.fetch = (u, o) => {
+        if (!(String(u).includes('leaderboard?') && String(u).includes('dataset=tiny'))) return f(u, o);
+        window.slowAsked = true;
+        const p = new Promise((r) => setTimeout(r, 1500)).then(() => f(u, o));
+        p.finally(() => setTimeout(() => { window.slowSettled = true; }, 0)).catch(() => {});
+        return p; }; }""")
     page.select_option("#board", label="tiny@v1 / dev (2)")
-    page.wait_for_function("location.hash.includes('dataset=tiny')")
+    # the second pick once the first page waits on its rows (not before: a pick while the first
+    # page still reads the board list would cut it off before it asks, on a loaded machine)
+    page.wait_for_function("window.slowAsked", timeout=60000)
     page.select_option("#board", label="gsm8k@v1 / test (1)")  # the tiny board's rows not come yet
-    page.wait_for_selector("[data-testid=leaderboard-row]:has-text('gsm-test-1')")
-    page.wait_for_function("window.slowDone")
-    page.wait_for_timeout(500)  # what the late answer would draw, drawn by now
+    page.wait_for_selector("[data-testid=leaderboard-row]:has-text('gsm-test-1')", timeout=60000)
+    page.wait_for_function("window.slowSettled", timeout=60000)
+    page.wait_for_timeout(300)  # what the late answer would draw, drawn by now
     assert page.locator("[data-testid=leaderboard-row]").count() == 1
     assert "gsm-test-1" in page.inner_text("[data-testid=leaderboard]")
     assert page.inner_text("#board option:checked") == "gsm8k@v1 / test (1)"
