@@ -109,11 +109,12 @@ def test_lean_step_applies_live_lora_adapters_as_peft_does(model_and_tok):
 @pytest.mark.parametrize("adapted", [False, True])
 def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, adapted, monkeypatch):
     """An RL run's rollouts (f32_kernel): every projection of the step, adapter included, goes
-    through the kernel library's fp32 product, and the logits still equal transformers' (PEFT's
-    forward with live adapters) to float rounding step by step, the argmax everywhere the same."""
+    through the kernel library's fp32 product, and so does the head (a vocabulary this small
+    has no screen), and the logits still equal transformers' (PEFT's forward with live
+    adapters) to float rounding step by step, the argmax everywhere the same."""
     from tunix_rt.eval import int8_kernel
 
-    kernel = int8_kernel.library() is not None  # else the same step on torch's product
+    kernel = int8_kernel.f32_library() is not None  # else the same step on torch's product
     model, tok = model_and_tok
     target = decode_model(_with_lora(model)) if adapted else model
     calls = []
@@ -122,9 +123,9 @@ def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, ada
     lean = LeanGemma.for_model(target, f32_kernel=True)
     assert lean is not None and lean.f32_kernel and lean.lora == adapted
     _match_transformers(target, lean, tok)
-    per_step = 7 * target.config.num_hidden_layers
+    per_step = 7 * target.config.num_hidden_layers + 1  # the projections and the head
     assert len(calls) == (30 * per_step if kernel else 0)
-    assert set(calls) == (({5} if adapted else {2}) if kernel else set())
+    assert set(calls) == (({5, 2} if adapted else {2}) if kernel else set())
     assert not LeanGemma.for_model(target).f32_kernel  # eval, serving, chat: transformers' bits
 
 

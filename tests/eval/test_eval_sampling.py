@@ -346,6 +346,45 @@ def test_lazy_noise_has_the_full_draws_bits_and_draws_only_what_is_looked_at():
             assert screen.full_rows == 0 and lazy._full is None, cfg  # no [B, vocab] draw
 
 
+def test_full_logits_draw_bound_first_with_the_full_draws_ids(monkeypatch):
+    """sample_full from lazy CPU noise without top-k/top-p (a decode step with no screen: a CPU
+    without the int8 kernel) takes the noise's logs only for the tokens that can reach the top
+    logit's score: the same ids as the whole draw, peaked to flat rows, integer logits (many
+    exact ties in z), masked tokens, four temperatures; no [B, vocab] noise is drawn for peaked
+    rows where the kernel library is loaded. Past BOUND_FIRST_SHARE (flat rows), or with a NaN,
+    every entry's noise."""
+    from tunix_rt.eval import int8_kernel
+
+    calls = []
+    real = sampling._draw_bound_first
+    monkeypatch.setattr(sampling, "_draw_bound_first", lambda *a: calls.append(real(*a)) or calls[-1])
+    g = torch.Generator().manual_seed(17)
+    cases = [torch.randn(8, 5003, generator=g) * scale for scale in (8.0, 2.0, 0.3, 0.01)]
+    cases.append(torch.randint(-3, 4, (8, 5003), generator=g).float())
+    masked = torch.randn(8, 5003, generator=g) * 2
+    masked[:, ::3] = float("-inf")
+    cases.append(masked)
+    for i, z in enumerate(cases):
+        for t in TEMPERATURES:
+            seeds = [row_seed(i, r, int(t * 10)) for r in range(8)]
+            lazy = sampling.Noise(seeds, 5003)
+            got = sample_full(z, lazy, DecodeConfig(temperature=t))
+            assert torch.equal(got, sample_full(z, gumbel(seeds, 5003), DecodeConfig(temperature=t))), (i, t)
+            if i < 2 or int8_kernel._loaded() is None:  # peaked rows (flat ones may pass the share)
+                assert (lazy._full is None) == (int8_kernel._loaded() is not None), (i, t)
+    assert sum(c is not None for c in calls) >= (8 if int8_kernel._loaded() is not None else 0)
+    seeds = [row_seed(9, r, 0) for r in range(8)]
+    z = cases[0].clone()
+    z[3, 11] = float("nan")
+    for zz, share in ((cases[0], 0.0), (z, 0.25)):
+        monkeypatch.setattr(sampling, "BOUND_FIRST_SHARE", share)
+        calls.clear()
+        lazy = sampling.Noise(seeds, 5003)
+        assert torch.equal(sample_full(zz, lazy, DecodeConfig(temperature=1.0)),
+                           sample_full(zz, gumbel(seeds, 5003), DecodeConfig(temperature=1.0)))
+        assert calls == [None] and lazy._full is not None
+
+
 def _noise_giving(score: torch.Tensor, z: torch.Tensor, t: float) -> torch.Tensor:
     """A noise value g (fp64) with z / t + g == score exactly, as the sampler computes it."""
     g = score - z.double() / t
@@ -514,7 +553,7 @@ def test_the_kernel_view_draws_as_the_kernels_full_logits(softcap):
     head = near_tie_head(5003, 64, seed=21)
     plain = ScreenedArgmax(head, softcap=softcap, groups=8, pad_cols=1, certify_top_p=True)
     screen = plain.kernel_view()
-    if int8_kernel.library() is None:  # no kernel here: the view is the screen itself, on torch's logits
+    if int8_kernel.f32_library() is None:  # no kernel here: the view is the screen itself, on torch's logits
         assert screen is plain and not screen.kernel
         return
     assert screen.kernel and not plain.kernel and screen.kernel_view() is screen and plain.kernel_view() is screen

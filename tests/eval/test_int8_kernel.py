@@ -17,6 +17,8 @@ from tests.requires import require_module
 
 torch = require_module("torch")
 
+import numpy as np  # noqa: E402
+
 from tunix_rt.eval import int8_kernel  # noqa: E402
 from tunix_rt.eval.int8_weights import QuantLinear, quantize, quantize_activations  # noqa: E402
 
@@ -211,12 +213,83 @@ def test_the_noise_bits_equal_numpys():
 
 
 def _kernel_here() -> bool:
-    """Whether the library loaded (on an AVX-512 VNNI CPU it must: the test above); where it
-    did not, f32_applies says so, and the decoders take torch's product."""
-    if int8_kernel.library() is None:
+    """Whether the fp32 products loaded: they must on a CPU with AVX-512 (the int8 kernel's)
+    or AVX2 with FMA, where the library builds; elsewhere f32_applies says no, and the
+    decoders take torch's product."""
+    if int8_kernel.f32_library() is None:
         assert int8_kernel.WHY and not int8_kernel.f32_applies(torch.zeros(1, 64), torch.zeros(16, 64))
+        assert not ({"avx2", "fma"} <= cpu_flags() and int8_kernel.library() is not None)
         return False
     return True
+
+
+def test_the_f32_products_load_on_avx2_too():
+    """The fp32 products need no VNNI: on AVX2 with FMA (AMD's Zen 1-3) they load with the
+    int8 kernel off, and take the AVX2 path; on the int8 kernel's CPU, the AVX-512 one."""
+    if os.environ.get("TUNIX_RT_INT8_KERNEL") == "torch" or not {"avx2", "fma"} <= cpu_flags():
+        return
+    lib = int8_kernel.f32_library()
+    assert lib is not None, int8_kernel.WHY
+    assert lib.f32_path == (2 if int8_kernel.library() is not None else 1)
+
+
+def _fma32(a, b, c):
+    """fp32 a * b + c rounded once (a fused multiply-add), in numpy: the product is exact in
+    fp64, the sum's fp64 rounding error is recovered (TwoSum), and where the fp64 sum falls on
+    a midpoint between two fp32 values the error decides the side."""
+    a, b, c = (np.asarray(v, dtype=np.float64) for v in (a, b, c))
+    p = a * b
+    s = p + c
+    bb = s - p
+    e = (p - (s - bb)) + (c - bb)
+    r = s.astype(np.float32)
+    r64 = r.astype(np.float64)
+    up, dn = np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf))
+    other = np.where(s > r64, up, dn).astype(np.float64)  # the fp32 value on s's other side
+    tie = (s != r64) & ((s - r64) * 2 == other - r64) & (e != 0)
+    lower, upper = np.where(s > r64, r, dn), np.where(s > r64, up, r)
+    return np.where(tie, np.where(e > 0, upper, lower), r)
+
+
+def _in_kernel_order(x, w, a=None, b=None, scale=1.0):
+    """f32_linear's outputs, in numpy, in the order its source fixes: per output 16 lanes of
+    fused multiply-adds along K (lane k mod 16, the tail's lanes zero), then the lanes summed
+    as ((q0 + q1) + (q2 + q3)), q_j = (l[4j] + l[4j+2]) + (l[4j+1] + l[4j+3]); an adapter's
+    t = sums(x, a) * scale, its sums(t, b) added to the base's."""
+    def sums(x, w):
+        (m, k), n = x.shape, w.shape[0]
+        kp = -(-k // 16) * 16
+        xp, wp = np.zeros((m, kp), np.float32), np.zeros((n, kp), np.float32)
+        xp[:, :k], wp[:, :k] = x, w
+        acc = np.zeros((m, n, 16), np.float32)
+        for k0 in range(0, kp, 16):
+            acc = _fma32(xp[:, None, k0: k0 + 16], wp[None, :, k0: k0 + 16], acc)
+        q = [(acc[..., 4 * j] + acc[..., 4 * j + 2]) + (acc[..., 4 * j + 1] + acc[..., 4 * j + 3]) for j in range(4)]
+        return (q[0] + q[1]) + (q[2] + q[3])
+
+    x, w = x.numpy(), w.numpy()
+    y = sums(x, w)
+    if a is not None:
+        y = y + sums(sums(x, a.numpy()) * np.float32(scale), b.numpy())
+    return torch.from_numpy(y)
+
+
+@pytest.mark.parametrize("n,k", [(37, 100), (33, 640), (20, 16), (5, 7)])
+def test_f32_linear_has_the_bits_its_order_fixes(n, k):
+    """The kernel's outputs equal, bit for bit, the same sums done in numpy in the order the
+    source fixes: so its AVX-512 and AVX2 paths give the same bits (each is held to this), and
+    an RL rollout decodes the same ids on either CPU."""
+    if not _kernel_here():
+        return
+    g = torch.Generator().manual_seed(n * 31 + k)
+    w = torch.randn(n, k, generator=g)
+    for m in (1, 2, 3, 4, 5, 8):
+        x = torch.randn(m, k, generator=g) * 3
+        assert torch.equal(int8_kernel.f32_linear(x, w), _in_kernel_order(x, w)), (m, n, k)
+        for r in (16, 3):
+            a, b = torch.randn(r, k, generator=g) * 0.1, torch.randn(n, r, generator=g) * 0.1
+            got = int8_kernel.f32_linear(x, w, a, b, 2.0)
+            assert torch.equal(got, _in_kernel_order(x, w, a, b, 2.0)), (m, n, k, r)
 
 
 def _f32_reference(x, w, a=None, b=None, scale=1.0):

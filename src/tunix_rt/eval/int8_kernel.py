@@ -328,11 +328,9 @@ static inline KERNEL void f32seg(long mp, __m512 *acc, const float *xp, const fl
     }
 }
 
-/* y [M, n] = x [M, K] @ w[ids].T (+ s * (x @ a [rank, K].T) @ b[ids].T where a and b are
-   given: PEFT's plain LoRA), w's rows taken in place at ids (NULL: rows 0 .. n - 1); M from 1
-   to 8, every operand contiguous. Returns 0, -1 if out of memory, -2 for M out of range. */
-KERNEL int tunix_f32_rows(const float *x, const float *w, const int64_t *ids, long n, const float *a,
-                          const float *b, float s, long rank, float *y, long M, long K, int threads) {
+/* tunix_f32_rows (below) on AVX-512 */
+static KERNEL int f32_rows_512(const float *x, const float *w, const int64_t *ids, long n, const float *a,
+                               const float *b, float s, long rank, float *y, long M, long K, int threads) {
     if (M < 1 || M > 8) return -2;
     long mp = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8, R = 16 / mp;
     long lora = a != NULL && b != NULL && rank > 0;
@@ -382,6 +380,159 @@ KERNEL int tunix_f32_rows(const float *x, const float *w, const int64_t *ids, lo
     free(xp);
     free(tp);
     return 0;
+}
+
+/* The same products on AVX2 with FMA (a CPU without AVX-512: AMD's Zen 1-3, Intel's client
+   cores), to the bit: each output's 16 lanes are held as two 8-lane halves (lanes 0-7 and
+   8-15), take the same fused multiply-adds along K (the tail's lanes zero, as the masked
+   loads give them), and are summed by hsum16f's tree, which for lane i of its result is
+   ((q0 + q1) + (q2 + q3)) with q_j = (l[4j] + l[4j+2]) + (l[4j+1] + l[4j+3]), l = v[i]'s lanes.
+   The adapter's terms the same way, then added to the base's sum. Four outputs at a time
+   (eight of AVX2's sixteen registers): four weight rows against one activation row, two
+   against two, or one against up to four (rows 5 to 8 of a batch take a second pass over the
+   weight row while it is in L1). */
+#define AVX2 __attribute__((target("avx2,fma")))
+
+static inline AVX2 __m256i tail8(long left) { /* the lanes below `left`: a maskload's mask */
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left < 0 ? 0 : left > 8 ? 8 : left)),
+                              _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* three vectors -> the pairwise sums hsum16f's first two levels make, within 128-bit halves:
+   half h of the result holds q_h of a, b, c, d (the halves' outputs 0..3) */
+static inline AVX2 __m256 quads(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    return _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(ab), _mm256_castps_pd(cd))));
+}
+
+/* four outputs (acc[2i], acc[2i + 1]: lanes 0-7 and 8-15 of output i) -> their sums */
+static inline AVX2 __m128 red4(const __m256 *acc) {
+    __m256 lo = quads(acc[0], acc[2], acc[4], acc[6]);  /* q0 | q1 */
+    __m256 hi = quads(acc[1], acc[3], acc[5], acc[7]);  /* q2 | q3 */
+    return _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1)),
+                      _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1)));
+}
+
+/* output r * NM + m (NR x NM <= 4) += xp[m, :K] * wr[r][:K] lane-wise, into acc[2i], acc[2i + 1];
+   pf, when given, the rows to prefetch */
+#define F32_BLK(NR, NM) \
+static inline AVX2 void f32blk##NR##x##NM(__m256 *acc, const float *xp, const float *const *wr, long K, \
+                                          const float *const *pf) { \
+    long k = 0; \
+    for (; k + 16 <= K; k += 16) { \
+        __m256 xl[NM], xh[NM]; \
+        for (int m = 0; m < NM; m++) { xl[m] = _mm256_loadu_ps(xp + m * K + k); xh[m] = _mm256_loadu_ps(xp + m * K + k + 8); } \
+        for (int r = 0; r < NR; r++) { \
+            if (pf) _mm_prefetch((const char *)(pf[r] + k), _MM_HINT_T0); \
+            __m256 wl = _mm256_loadu_ps(wr[r] + k), wh = _mm256_loadu_ps(wr[r] + k + 8); \
+            for (int m = 0; m < NM; m++) { \
+                acc[2 * (r * NM + m)] = _mm256_fmadd_ps(xl[m], wl, acc[2 * (r * NM + m)]); \
+                acc[2 * (r * NM + m) + 1] = _mm256_fmadd_ps(xh[m], wh, acc[2 * (r * NM + m) + 1]); \
+            } \
+        } \
+    } \
+    if (k < K) { \
+        __m256i ml = tail8(K - k), mh = tail8(K - k - 8); \
+        __m256 xl[NM], xh[NM]; \
+        for (int m = 0; m < NM; m++) { xl[m] = _mm256_maskload_ps(xp + m * K + k, ml); xh[m] = _mm256_maskload_ps(xp + m * K + k + 8, mh); } \
+        for (int r = 0; r < NR; r++) { \
+            __m256 wl = _mm256_maskload_ps(wr[r] + k, ml), wh = _mm256_maskload_ps(wr[r] + k + 8, mh); \
+            for (int m = 0; m < NM; m++) { \
+                acc[2 * (r * NM + m)] = _mm256_fmadd_ps(xl[m], wl, acc[2 * (r * NM + m)]); \
+                acc[2 * (r * NM + m) + 1] = _mm256_fmadd_ps(xh[m], wh, acc[2 * (r * NM + m) + 1]); \
+            } \
+        } \
+    } \
+}
+F32_BLK(4, 1) F32_BLK(2, 2) F32_BLK(1, 1) F32_BLK(1, 2) F32_BLK(1, 3) F32_BLK(1, 4)
+
+/* o[r * nm + m] := the sums of xp[m, :K] * wr[r][:K] for an nr x nm block (4x1, 2x2, 1x1..1x4) */
+static inline AVX2 void f32block(long nr, long nm, float *o, const float *xp, const float *const *wr, long K,
+                                 const float *const *pf) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    if (nr == 4) f32blk4x1(acc, xp, wr, K, pf);
+    else if (nr == 2) f32blk2x2(acc, xp, wr, K, pf);
+    else if (nm == 1) f32blk1x1(acc, xp, wr, K, pf);
+    else if (nm == 2) f32blk1x2(acc, xp, wr, K, pf);
+    else if (nm == 3) f32blk1x3(acc, xp, wr, K, pf);
+    else f32blk1x4(acc, xp, wr, K, pf);
+    _mm_storeu_ps(o, red4(acc));
+}
+
+#ifndef PFR
+#define PFR 4
+#endif
+
+static AVX2 int f32_rows_avx2(const float *x, const float *w, const int64_t *ids, long n, const float *a,
+                              const float *b, float s, long rank, float *y, long M, long K, int threads) {
+    if (M < 1 || M > 8) return -2;
+    long lora = a != NULL && b != NULL && rank > 0;
+    float *tp = NULL;
+    if (lora) { /* t = s * (x @ a.T), as f32_rows_512's */
+        tp = malloc(sizeof(float) * (size_t)(M * rank));
+        if (!tp) return -1;
+        for (long j = 0; j < rank; j++)
+            for (long m = 0; m < M; m++) {
+                const float *ar = a + j * K;
+                float o[4];
+                f32block(1, 1, o, x + m * K, &ar, K, NULL);
+                tp[m * rank + j] = o[0] * s;
+            }
+    }
+    const long nr = M == 1 ? 4 : M == 2 ? 2 : 1, blocks = n / nr;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (n * K >= 65536)
+    for (long blk = 0; blk <= blocks; blk++) {
+        const long j0 = blk * nr, rows = blk < blocks ? nr : n - j0;  /* the last block: n % nr rows, one at a time */
+        for (long r0 = 0; r0 < rows; r0 += (blk < blocks ? nr : 1)) {
+            const long br = blk < blocks ? nr : 1;
+            const float *wr[4], *bp[4], *pf[4];
+            long ahead = blk + PFR < blocks;
+            for (long r = 0; r < br; r++) {
+                long row = ids ? ids[j0 + r0 + r] : j0 + r0 + r;
+                wr[r] = w + row * K;
+                if (lora) bp[r] = b + row * rank;
+                if (ahead) pf[r] = w + (ids ? ids[j0 + r0 + r + PFR * nr] : j0 + r0 + r + PFR * nr) * K;
+            }
+            for (long m0 = 0; m0 < M; m0 += 4) {
+                const long nm = br > 1 ? M : (M - m0 < 4 ? M - m0 : 4);
+                float o[4], t[4];
+                f32block(br, nm, o, x + m0 * K, wr, K, ahead && m0 == 0 ? pf : NULL);
+                if (lora) {
+                    f32block(br, nm, t, tp + m0 * rank, bp, rank, NULL);
+                    for (int i = 0; i < 4; i++) o[i] = o[i] + t[i];
+                }
+                for (long r = 0; r < br; r++)
+                    for (long m = 0; m < nm; m++) y[(m0 + m) * n + j0 + r0 + r] = o[r * nm + m];
+                if (br > 1) break;  /* 4x1 and 2x2 take every activation row at once */
+            }
+        }
+    }
+    free(tp);
+    return 0;
+}
+
+/* Which path the fp32 products take here: 2 AVX-512 (the CPU the int8 kernel needs), 1 AVX2
+   with FMA, 0 none. */
+int tunix_f32_supported(void) {
+    __builtin_cpu_init();
+    if (tunix_i8mm_supported()) return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
+}
+
+/* y [M, n] = x [M, K] @ w[ids].T (+ s * (x @ a [rank, K].T) @ b[ids].T where a and b are
+   given: PEFT's plain LoRA), w's rows taken in place at ids (NULL: rows 0 .. n - 1); M from 1
+   to 8, every operand contiguous; the same bits on either path. Returns 0, -1 if out of
+   memory, -2 for M out of range, -3 on a CPU with neither path. */
+int tunix_f32_rows(const float *x, const float *w, const int64_t *ids, long n, const float *a,
+                   const float *b, float s, long rank, float *y, long M, long K, int threads) {
+    static int path = -1;
+    if (path < 0) path = tunix_f32_supported();
+    if (path == 2) return f32_rows_512(x, w, ids, n, a, b, s, rank, y, M, K, threads);
+    if (path == 1) return f32_rows_avx2(x, w, ids, n, a, b, s, rank, y, M, K, threads);
+    return -3;
 }
 
 /* ---- One decoder layer of Gemma 3 / Gemma 2 on int8 weights (tunix_rt.eval.int8_weights's
@@ -570,7 +721,7 @@ void tunix_noise_bits(const uint64_t *restrict seed, long rows, const uint64_t *
    -log(-log U) above without a log: U = (2m + 1) / 2^53, k = 2^53 - 2m - 1 >= 1, and
    -log U >= 1 - U = k / 2^53, so the noise is at most 53 ln 2 - ln k <= (clz(k) - 10) ln 2
    (ln k >= floor(log2 k) ln 2 = (63 - clz(k)) ln 2). Their flat indices r * n + i go to pos,
-   ascending; returns how many, or -1 past cap (pos then holds cap of them). */
+   ascending; returns how many, or -1 past cap (pos then holds some of them), -2 out of memory. */
 typedef struct { int64_t *pos; long cap, count; } Hits;
 
 static inline int hit_add(Hits *h, long at) {
@@ -608,9 +759,9 @@ static inline int screen8(__m512i s, const uint64_t *o, uint64_t *b, __m512d sc,
 }
 
 __attribute__((target("avx512f,avx512dq,avx512cd")))
-long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
-                        const double *restrict sc, const double *restrict thr, uint64_t *restrict bits,
-                        long n, int64_t *restrict pos, long cap) {
+static long noise_screen_512(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
+                             const double *restrict sc, const double *restrict thr, uint64_t *restrict bits,
+                             long n, int64_t *restrict pos, long cap) {
     Hits h = {pos, cap, 0};
     for (long r = 0; r < rows; r++) {
         const __m512i s = _mm512_set1_epi64((long long)seed[r]);
@@ -623,6 +774,43 @@ long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t
             if (!screen1(seed[r] + off[i], bits + base + i, sc[base + i], thr[r], base + i, &h)) return -1;
     }
     return h.count;
+}
+
+/* tunix_noise_screen on any x86-64 CPU: the same entries one at a time (screen1), the rows
+   shared by the threads (each row's hits in a buffer of its own, then joined in row order) */
+static long noise_screen_any(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
+                             const double *restrict sc, const double *restrict thr, uint64_t *restrict bits,
+                             long n, int64_t *restrict pos, long cap, int threads) {
+    const long per = cap < n ? cap : n;
+    int64_t *buf = malloc(sizeof(int64_t) * (size_t)(rows * (per > 0 ? per : 1)));
+    long *got = malloc(sizeof(long) * (size_t)rows);
+    if (!buf || !got) { free(buf); free(got); return -2; }
+    #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && n >= 4096)
+    for (long r = 0; r < rows; r++) {
+        Hits h = {buf + r * per, per, 0};
+        got[r] = 0;
+        for (long i = 0; i < n; i++)
+            if (!screen1(seed[r] + off[i], bits + r * n + i, sc[r * n + i], thr[r], r * n + i, &h)) { got[r] = -1; break; }
+        if (got[r] == 0) got[r] = h.count;
+    }
+    long total = 0;
+    for (long r = 0; r < rows && total >= 0; r++) {
+        if (got[r] < 0 || total + got[r] > cap) { total = -1; break; }
+        memcpy(pos + total, buf + r * per, sizeof(int64_t) * (size_t)got[r]);
+        total += got[r];
+    }
+    free(buf);
+    free(got);
+    return total;
+}
+
+long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
+                        const double *restrict sc, const double *restrict thr, uint64_t *restrict bits,
+                        long n, int64_t *restrict pos, long cap, int threads) {
+    static int wide = -1;
+    if (wide < 0) wide = tunix_noise_supported();
+    return wide ? noise_screen_512(seed, rows, off, sc, thr, bits, n, pos, cap)
+                : noise_screen_any(seed, rows, off, sc, thr, bits, n, pos, cap, threads);
 }
 
 /* tunix_noise_screen with the screen's scores made on the fly from its integers: sc[r, i] =
@@ -695,8 +883,8 @@ def _build(path: Path) -> None:
         os.replace(out, path)
 
 
-def library():
-    """The loaded kernel (ctypes), or None where it does not apply (`WHY` says why)."""
+def _loaded():
+    """The built library (ctypes) whatever the CPU, or None (`WHY` says why)."""
     if _LIB:
         return _LIB[0]
     with _LOCK:
@@ -704,6 +892,21 @@ def library():
             return _LIB[0]
         _LIB.append(_load())
         return _LIB[0]
+
+
+def library():
+    """The loaded kernel (ctypes) for its int8 products, or None where it does not apply: no
+    library, or a CPU without AVX-512 VNNI (`WHY` says why)."""
+    lib = _loaded()
+    return lib if lib is not None and lib.i8_ok else None
+
+
+def f32_library():
+    """The loaded library for its fp32 products (`f32_linear`, `f32_rows`), or None where it
+    does not apply: no library, or a CPU with neither AVX-512 (the int8 kernel's) nor AVX2 with
+    FMA. Both paths give the same bits (see SOURCE)."""
+    lib = _loaded()
+    return lib if lib is not None and lib.f32_path else None
 
 
 def _load():
@@ -721,9 +924,10 @@ def _load():
     except (OSError, subprocess.SubprocessError) as e:
         WHY.append(f"no kernel: {e}")
         return None
-    if not lib.tunix_i8mm_supported():
+    lib.i8_ok = bool(lib.tunix_i8mm_supported())
+    if not lib.i8_ok:
         WHY.append("the CPU lacks AVX-512 VNNI")
-        return None
+    lib.f32_path = int(lib.tunix_f32_supported())
     lib.tunix_i8mm.restype = ctypes.c_int
     lib.tunix_i8mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.tunix_qlinear.restype = ctypes.c_int
@@ -741,12 +945,12 @@ def _load():
                                      ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
     lib.tunix_noise_screen.restype = ctypes.c_long
     lib.tunix_noise_screen.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
-                                       + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long])
+                                       + [ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_int])
     lib.tunix_noise_screen_comb.restype = ctypes.c_long
     lib.tunix_noise_screen_comb.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 2
                                             + [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_double]
                                             + [ctypes.c_void_p] * 3 + [ctypes.c_long])
-    lib.noise_ok = bool(lib.tunix_noise_supported())
+    lib.noise_ok = lib.i8_ok and bool(lib.tunix_noise_supported())
     return lib
 
 
@@ -777,13 +981,14 @@ def noise_screen(seed: "torch.Tensor", off: "torch.Tensor", sc: "torch.Tensor", 
     """bits [r, n] := noise_bits', and the flat indices r * n + i (int64, ascending) of the
     entries whose sc[r, i] (fp64) plus an upper bound on their noise reaches thr[r] (fp64 [r]):
     the bound-first draw's candidates (see the C source). None where there are more than `cap`
-    (bits then written), and where the kernel does not apply (nothing written): no library, no
-    AVX-512DQ/CD, or operands not contiguous CPU tensors of those types."""
+    (bits then written), and where the kernel does not apply (nothing written): no library, or
+    operands not contiguous CPU tensors of those types. Vectorised with AVX-512DQ/CD where the
+    int8 kernel runs, one entry at a time on any other x86-64 CPU (the same entries and bits)."""
     import torch
 
-    lib = library()
+    lib = _loaded()
     r, n = bits.shape
-    if lib is None or not lib.noise_ok or r == 0 or n == 0:
+    if lib is None or r == 0 or n == 0:
         return None
     want = ((seed, (r,), torch.int64), (off, (n,), torch.int64), (sc, (r, n), torch.float64),
             (thr, (r,), torch.float64), (bits, (r, n), torch.int64))
@@ -792,7 +997,9 @@ def noise_screen(seed: "torch.Tensor", off: "torch.Tensor", sc: "torch.Tensor", 
         return None
     pos = torch.empty(max(0, int(cap)), dtype=torch.int64)
     got = lib.tunix_noise_screen(seed.data_ptr(), r, off.data_ptr(), sc.data_ptr(), thr.data_ptr(),
-                                 bits.data_ptr(), n, pos.data_ptr(), pos.numel())
+                                 bits.data_ptr(), n, pos.data_ptr(), pos.numel(), torch.get_num_threads())
+    if got == -2:
+        raise MemoryError("noise screen: out of memory")
     return None if got < 0 else pos[:got]
 
 
@@ -928,7 +1135,7 @@ def f32_applies(x: "torch.Tensor", w: "torch.Tensor") -> bool:
     return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == torch.float32
             and w.dtype == torch.float32 and x.dim() == 2 and w.dim() == 2 and x.shape[1] == w.shape[1]
             and 1 <= x.shape[0] <= F32_MAX_ROWS and x.is_contiguous() and w.is_contiguous()
-            and library() is not None)
+            and f32_library() is not None)
 
 
 def f32_linear(x: "torch.Tensor", w: "torch.Tensor", a: "torch.Tensor | None" = None,
@@ -953,7 +1160,7 @@ def f32_linear(x: "torch.Tensor", w: "torch.Tensor", a: "torch.Tensor | None" = 
                 or not a.is_contiguous() or not b.is_contiguous() or a.device.type != "cpu" or b.device.type != "cpu"):
             raise ValueError(f"adapter factors must be fp32 contiguous a [r, {k}] and b [{n}, r]")
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    rc = library().tunix_f32_rows(x.data_ptr(), w.data_ptr(), None, n, a.data_ptr() if a is not None else None,
+    rc = f32_library().tunix_f32_rows(x.data_ptr(), w.data_ptr(), None, n, a.data_ptr() if a is not None else None,
                                   b.data_ptr() if b is not None else None, float(scale),
                                   a.shape[0] if a is not None else 0, out.data_ptr(), x.shape[0], k,
                                   torch.get_num_threads())
@@ -978,7 +1185,7 @@ def f32_rows(x: "torch.Tensor", w: "torch.Tensor", ids: "torch.Tensor") -> "torc
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= w.shape[0]):
         raise ValueError(f"ids out of range for {w.shape[0]} rows")
     out = torch.empty((x.shape[0], ids.numel()), dtype=torch.float32)
-    if ids.numel() and library().tunix_f32_rows(x.data_ptr(), w.data_ptr(), ids.data_ptr(), ids.numel(), None, None,
+    if ids.numel() and f32_library().tunix_f32_rows(x.data_ptr(), w.data_ptr(), ids.data_ptr(), ids.numel(), None, None,
                                                1.0, 0, out.data_ptr(), x.shape[0], w.shape[1],
                                                torch.get_num_threads()) != 0:
         raise MemoryError("f32 kernel: out of memory")

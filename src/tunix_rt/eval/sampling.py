@@ -45,6 +45,10 @@ tuple of ints."""
 
 NUCLEUS_SLACK = 1e-9
 """Relative slack of the top-p pre-filter (the fp64 sums it compares are exact to ~1e-11)."""
+BOUND_FIRST_SHARE = 0.25
+"""Sampling without top-k/top-p from lazy CPU noise, drawn bound first (`_draw_bound_first`
+and the screened head's `_reach_bound_first`): past this share of the entries needing their
+noise's logs, every entry's are taken."""
 
 
 def row_seed(seed: int, key: Key, step: int) -> int:
@@ -364,14 +368,50 @@ def allowed_ids(z: "torch.Tensor", cfg) -> list["torch.Tensor"]:
     return out
 
 
+def _draw_bound_first(z: "torch.Tensor", g: "Noise", temperature: float) -> "torch.Tensor | None":
+    """sample_full's draw without top-k/top-p from full CPU logits z [B, V] and noise not yet
+    drawn, with the noise's two logs (most of a full draw's time) only where they can matter:
+    the same ids. Each row's best score is at least its top logit's, s* = z*/T + g*; a token
+    whose z/T plus an upper bound on its noise read off the counter's bits
+    (int8_kernel.noise_screen: no log) stays below s* (less a margin far above fp64 rounding)
+    cannot reach it. The others are scored as `scores` scores them, and the first maximum of
+    each row taken: every token scoring the row's maximum is among them, so it is the full
+    draw's argmax. None (the caller draws every entry) where the kernel library is not loaded,
+    a score is not finite, or past BOUND_FIRST_SHARE of the entries."""
+    import torch
+
+    from tunix_rt.eval.int8_kernel import noise_screen
+
+    b, v = z.shape
+    sc = z.double() / temperature  # scores' first op: the same bits
+    top = sc.argmax(dim=1, keepdim=True)
+    best_lb = sc.gather(1, top)[:, 0].add_(g.at(top)[:, 0])  # s*, as scores adds it
+    if not bool(torch.isfinite(best_lb).all()):
+        return None
+    bits = torch.empty((b, v), dtype=torch.int64)
+    at = noise_screen(seed_tensor(g.seeds), _vocab_offsets(v, sc.device)[1], sc,
+                      best_lb - 1e-6 * (1 + best_lb.abs()), bits, int(BOUND_FIRST_SHARE * b * v))
+    if at is None:
+        return None
+    r, p = at.div(v, rounding_mode="floor"), at.remainder(v)
+    s = sc.view(-1)[at].add_(gumbel_of_bits(bits.view(-1)[at]))  # their scores, as scores makes them
+    best = torch.full((b,), float("-inf"), dtype=torch.float64).scatter_reduce_(0, r, s, reduce="amax")
+    win = s == best[r]
+    return torch.full((b,), v, dtype=torch.int64).scatter_reduce_(0, r[win], p[win], reduce="amin")
+
+
 def sample_full(z: "torch.Tensor", g: "Noise | torch.Tensor", cfg) -> "torch.Tensor":
     """The draw of each row from full logits z [B, V] (fp32) and noise g [B, V] (fp64, or a
     Noise): argmax of z / T + g over the allowed tokens, the first maximum on ties. Computed on
     z's device (g is moved there if it is elsewhere)."""
     import torch
 
-    g = Noise.of(g).full().to(z.device)
     top_k = 0 < cfg.top_k < z.shape[-1]
+    if cfg.top_p >= 1.0 and not top_k and isinstance(g, Noise) and g.drawn_on_cpu() and z.device.type == "cpu":
+        picks = _draw_bound_first(z, g, cfg.temperature)
+        if picks is not None:
+            return picks
+    g = Noise.of(g).full().to(z.device)
     if cfg.top_p >= 1.0:
         s = scores(z, g, cfg.temperature)
         if top_k:  # the whole batch at once: a token outside the top-k cannot be the argmax

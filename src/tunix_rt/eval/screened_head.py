@@ -73,8 +73,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tunix_rt.eval.int8_kernel import int_mm, row_sums
-from tunix_rt.eval.sampling import (Noise, allowed_ids, gumbel_of_bits, noise_bits_of, offsets, sample_full, scores,
-                                    seed_tensor)
+from tunix_rt.eval.sampling import (BOUND_FIRST_SHARE, Noise, allowed_ids, gumbel_of_bits, noise_bits_of,
+                                    offsets, sample_full, scores, seed_tensor)
 
 if TYPE_CHECKING:
     import torch
@@ -115,9 +115,6 @@ matmul over the whole vocabulary takes 26 ms; gathering 87k head rows for 8 rows
 MAX_WIDE = 2
 G_MIN = -3.61
 """Below the smallest Gumbel noise the counter can give: -log(-log(2**-53)) = -3.6037."""
-BOUND_FIRST_SHARE = 0.25
-"""Sampling without top-k/top-p, noise drawn bound first (`_reach_bound_first`): past this share
-of the entries needing their noise's logs, every entry's are taken."""
 INT32_MIN = -(2**31)
 
 
