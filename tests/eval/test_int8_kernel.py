@@ -360,6 +360,11 @@ def test_f32_linear_takes_only_its_own_shapes():
         int8_kernel.f32_linear(torch.zeros(2, 64), w, torch.zeros(4, 64), torch.zeros(31, 4))
     with pytest.raises(ValueError, match="both factors"):
         int8_kernel.f32_linear(torch.zeros(2, 64), w, torch.zeros(4, 64), None)
+    x, out = torch.randn(3, 64), torch.full((3, 32), 7.0)
+    assert int8_kernel.f32_linear(x, torch.randn(32, 64), out=out) is out and not (out == 7.0).any()
+    for bad in (torch.zeros(3, 31), torch.zeros(3, 32, dtype=torch.float64), torch.zeros(32, 3).t()):
+        with pytest.raises(ValueError, match="out must be"):
+            int8_kernel.f32_linear(x, w, out=bad)
 
 
 def test_f32_rows_are_the_columns_of_the_whole_product():

@@ -174,6 +174,7 @@ class LeanGemma:
         self.rotary = inner.rotary_emb
         self._tables: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._screen = False  # not built yet (None: does not apply)
+        self._logit_buf: "torch.Tensor | None" = None  # the kernel's head logits, step after step
         self._screen_version = self._head_version()
         self.f32_kernel = f32_kernel and self.embed.device.type == "cpu" and self.embed.dtype == torch.float32
         """Whether the projections of up to 8 rows go through the kernel library's fp32
@@ -291,13 +292,13 @@ class LeanGemma:
             screen = screen.kernel_view()  # its rescoring on the kernel's logits, as the projections
         if screen is not None:
             return screen.argmax(x) if cfg.greedy else screen.sample(x, noise, cfg)
-        logits = self._logits(x)
+        logits = self._logits(x, reuse=True)  # read only here: the step's buffer may be the last step's
         return logits.argmax(dim=-1) if cfg.greedy else sample_full(logits, noise, cfg)
 
-    def _logits(self, x: "torch.Tensor") -> "torch.Tensor":
+    def _logits(self, x: "torch.Tensor", reuse: bool = False) -> "torch.Tensor":
         import torch
 
-        logits = self._head(x)
+        logits = self._head(x, reuse)
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
@@ -342,20 +343,27 @@ class LeanGemma:
         st.pos = st.pos + 1
         return self._rms(x[:, 0], self.final_norm)
 
-    def _head(self, x: "torch.Tensor") -> "torch.Tensor":
+    def _head(self, x: "torch.Tensor", reuse: bool = False) -> "torch.Tensor":
         """x @ head.T in vocabulary chunks: the same sums per logit (bit-identical to one
         matmul, checked in the tests) but each chunk's packed weights stay in cache, where
         one [B, 640] x [640, 262144] matmul streams the whole head through memory twice.
         With `f32_kernel` (where no screen applies: a CPU without the int8 kernel), one call
         of the kernel library's product instead, the logits a screen's kernel_view decides
-        on (Gemma 3 270M's head at 8 rows on a 2-core AVX2 EPYC: 39 ms against torch's 109)."""
+        on (Gemma 3 270M's head at 8 rows on a 2-core AVX2 EPYC: 39 ms against torch's 109),
+        written into one buffer kept for the next step where `reuse` (the caller reads it within
+        the step)."""
         import torch
 
         if self.f32_kernel:
             from tunix_rt.eval.int8_kernel import f32_applies, f32_linear
 
             if f32_applies(x, self.head):
-                return f32_linear(x, self.head)
+                shape = (x.shape[0], self.head.shape[0])
+                if not reuse:
+                    return f32_linear(x, self.head)
+                if self._logit_buf is None or self._logit_buf.shape != shape:
+                    self._logit_buf = torch.empty(shape, dtype=torch.float32)
+                return f32_linear(x, self.head, out=self._logit_buf)
         vocab = self.head.shape[0]
         out = torch.empty((x.shape[0], vocab), dtype=x.dtype, device=x.device)
         for i in range(0, vocab, HEAD_CHUNK):

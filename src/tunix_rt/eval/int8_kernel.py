@@ -388,9 +388,8 @@ static KERNEL int f32_rows_512(const float *x, const float *w, const int64_t *id
    loads give them), and are summed by hsum16f's tree, which for lane i of its result is
    ((q0 + q1) + (q2 + q3)) with q_j = (l[4j] + l[4j+2]) + (l[4j+1] + l[4j+3]), l = v[i]'s lanes.
    The adapter's terms the same way, then added to the base's sum. Four outputs at a time
-   (eight of AVX2's sixteen registers): four weight rows against one activation row, two
-   against two, or one against up to four (rows 5 to 8 of a batch take a second pass over the
-   weight row while it is in L1). */
+   (eight of AVX2's sixteen registers): four weight rows against one activation row, the
+   batch's other rows taking further passes over the four while they are in L1. */
 #define AVX2 __attribute__((target("avx2,fma")))
 
 static inline AVX2 __m256i tail8(long left) { /* the lanes below `left`: a maskload's mask */
@@ -446,15 +445,14 @@ static inline AVX2 void f32blk##NR##x##NM(__m256 *acc, const float *xp, const fl
         } \
     } \
 }
-F32_BLK(4, 1) F32_BLK(2, 2) F32_BLK(1, 1) F32_BLK(1, 2) F32_BLK(1, 3) F32_BLK(1, 4)
+F32_BLK(4, 1) F32_BLK(1, 1) F32_BLK(1, 2) F32_BLK(1, 3) F32_BLK(1, 4)
 
-/* o[r * nm + m] := the sums of xp[m, :K] * wr[r][:K] for an nr x nm block (4x1, 2x2, 1x1..1x4) */
+/* o[r * nm + m] := the sums of xp[m, :K] * wr[r][:K] for an nr x nm block (4x1, 1x1..1x4) */
 static inline AVX2 void f32block(long nr, long nm, float *o, const float *xp, const float *const *wr, long K,
                                  const float *const *pf) {
     __m256 acc[8];
     for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
     if (nr == 4) f32blk4x1(acc, xp, wr, K, pf);
-    else if (nr == 2) f32blk2x2(acc, xp, wr, K, pf);
     else if (nm == 1) f32blk1x1(acc, xp, wr, K, pf);
     else if (nm == 2) f32blk1x2(acc, xp, wr, K, pf);
     else if (nm == 3) f32blk1x3(acc, xp, wr, K, pf);
@@ -482,12 +480,16 @@ static AVX2 int f32_rows_avx2(const float *x, const float *w, const int64_t *ids
                 tp[m * rank + j] = o[0] * s;
             }
     }
-    const long nr = M == 1 ? 4 : M == 2 ? 2 : 1, blocks = n / nr;
+    /* blocks of 4 weight rows against one activation row at a time (the rows past the first
+       re-read the block from L1: measured faster at 8 rows than 2 x 2 or 1 x 4 blocks, which
+       hold more activations in registers); the last n % 4 rows one at a time, against up to 4
+       activation rows */
+    const long nr = 4, blocks = n / nr;
     #pragma omp parallel for num_threads(threads) schedule(static) if (n * K >= 65536)
     for (long blk = 0; blk <= blocks; blk++) {
-        const long j0 = blk * nr, rows = blk < blocks ? nr : n - j0;  /* the last block: n % nr rows, one at a time */
-        for (long r0 = 0; r0 < rows; r0 += (blk < blocks ? nr : 1)) {
-            const long br = blk < blocks ? nr : 1;
+        const long j0 = blk * nr, br = blk < blocks ? nr : 1, rows = blk < blocks ? nr : n - j0;
+        const long mstep = br == 4 ? 1 : 4;
+        for (long r0 = 0; r0 < rows; r0 += br) {
             const float *wr[4], *bp[4], *pf[4];
             long ahead = blk + PFR < blocks;
             for (long r = 0; r < br; r++) {
@@ -496,8 +498,8 @@ static AVX2 int f32_rows_avx2(const float *x, const float *w, const int64_t *ids
                 if (lora) bp[r] = b + row * rank;
                 if (ahead) pf[r] = w + (ids ? ids[j0 + r0 + r + PFR * nr] : j0 + r0 + r + PFR * nr) * K;
             }
-            for (long m0 = 0; m0 < M; m0 += 4) {
-                const long nm = br > 1 ? M : (M - m0 < 4 ? M - m0 : 4);
+            for (long m0 = 0; m0 < M; m0 += mstep) {
+                const long nm = M - m0 < mstep ? M - m0 : mstep;
                 float o[4], t[4];
                 f32block(br, nm, o, x + m0 * K, wr, K, ahead && m0 == 0 ? pf : NULL);
                 if (lora) {
@@ -506,7 +508,6 @@ static AVX2 int f32_rows_avx2(const float *x, const float *w, const int64_t *ids
                 }
                 for (long r = 0; r < br; r++)
                     for (long m = 0; m < nm; m++) y[(m0 + m) * n + j0 + r0 + r] = o[r * nm + m];
-                if (br > 1) break;  /* 4x1 and 2x2 take every activation row at once */
             }
         }
     }
@@ -1139,13 +1140,15 @@ def f32_applies(x: "torch.Tensor", w: "torch.Tensor") -> bool:
 
 
 def f32_linear(x: "torch.Tensor", w: "torch.Tensor", a: "torch.Tensor | None" = None,
-               b: "torch.Tensor | None" = None, scale: float = 1.0) -> "torch.Tensor":
+               b: "torch.Tensor | None" = None, scale: float = 1.0, out: "torch.Tensor | None" = None) -> "torch.Tensor":
     """x @ w.T in fp32, plus (x @ a.T) @ b.T * scale with a live LoRA adapter (a [r, K], b [N, r]),
     for the few rows of a decode step: each weight row is read once and multiplied by every
     row of x while in cache (torch's fp32 matmul at M = 8 ran at about a third of the bandwidth
     bound here). Not the bits of F.linear (another order of the same sums, see SOURCE), but a
     row's bits do not depend on the other rows of the batch or on the thread count. The caller
-    checks `f32_applies` first."""
+    checks `f32_applies` first. `out`: where to write ([M, N] fp32, contiguous), else a new
+    tensor (a decode step's head reuses one: fresh pages of 8 MB a step cost more than the
+    product's reads of them)."""
     import torch
 
     if not f32_applies(x, w):
@@ -1159,7 +1162,10 @@ def f32_linear(x: "torch.Tensor", w: "torch.Tensor", a: "torch.Tensor | None" = 
         if (a.dtype != torch.float32 or b.dtype != torch.float32 or a.shape != (r, k) or b.shape != (n, r)
                 or not a.is_contiguous() or not b.is_contiguous() or a.device.type != "cpu" or b.device.type != "cpu"):
             raise ValueError(f"adapter factors must be fp32 contiguous a [r, {k}] and b [{n}, r]")
-    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    if out is None:
+        out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    elif out.shape != (x.shape[0], n) or out.dtype != torch.float32 or not out.is_contiguous() or out.device.type != "cpu":
+        raise ValueError(f"out must be fp32 contiguous [{x.shape[0]}, {n}] on the CPU")
     rc = f32_library().tunix_f32_rows(x.data_ptr(), w.data_ptr(), None, n, a.data_ptr() if a is not None else None,
                                   b.data_ptr() if b is not None else None, float(scale),
                                   a.shape[0] if a is not None else 0, out.data_ptr(), x.shape[0], k,
