@@ -24,8 +24,9 @@ numbers are those of the policy the update trains.
 
 With `f32_kernel` (an RL run's rollouts and in-run evals: train.torch_engine's live generator)
 every projection of up to 8 rows, its adapter included, is one call of the kernel library's
-fp32 product (eval.int8_kernel.f32_linear), and the screened head rescores on that kernel's
-logits (ScreenedArgmax.kernel_view): the same arithmetic with the sums in another fixed order,
+fp32 product (eval.int8_kernel.f32_linear; AVX-512 or AVX2), and the screened head rescores on
+that kernel's logits (ScreenedArgmax.kernel_view), or, where no screen applies (a CPU without
+the int8 kernel), the head is that product too: the same arithmetic with the sums in another fixed order,
 so not transformers' bits; a GRPO step of bench_grpo's shape took 29.2 s against 40.4 (its
 rollouts 13.2 against 23.7 s) on the 2-core EPYC. Eval, serving and chat keep the exact path.
 

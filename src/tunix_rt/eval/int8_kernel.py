@@ -26,7 +26,8 @@ OpenMP threads; the library is linked against the OpenMP runtime torch already l
 (libgomp.so.1), so there is one pool of threads.
 
 The library also holds `f32_linear` (an fp32 projection of up to 8 rows, a live LoRA
-adapter in the same call: the decode step of an RL run's rollouts, see its doc), `qlinear` (a whole weight-only int8 projection: the activations'
+adapter in the same call: the decode step of an RL run's rollouts, see its doc; on AVX-512 or,
+with the same bits, on AVX2 with FMA: `f32_library`), `qlinear` (a whole weight-only int8 projection: the activations'
 two int8 levels, both levels' sums and their fp32 combination, the same bits as
 int8_weights's torch ops) and `tunix_gemma_layer` (one Gemma 3 / Gemma 2 decoder layer on
 int8 weights: norms, RoPE, the cache write, attention, the MLP; int8_weights.Int8Gemma calls
@@ -34,8 +35,8 @@ it once per layer where it applies, instead of ~70 torch ops).
 
 Where: built on first use with the system's C compiler (`cc`, -O3, the AVX-512 parts enabled
 per function) into a cache directory (`TUNIX_RT_KERNEL_DIR`, else ~/.cache/tunix-rt/kernels),
-named by the source's hash, written atomically; loaded with ctypes. Used only where the CPU
-reports avx512f, avx512bw and avx512_vnni, K is a multiple of 64 and both operands are
+named by the source's hash, written atomically; loaded with ctypes. The int8 products are
+used only where the CPU reports avx512f, avx512bw and avx512_vnni, K is a multiple of 64 and both operands are
 contiguous; everything else (no compiler, another CPU, `TUNIX_RT_INT8_KERNEL=torch`) takes
 torch._int_mm, with the same results (tests/eval/test_int8_kernel.py compares them).
 """
