@@ -416,35 +416,29 @@ static inline AVX2 __m128 red4(const __m256 *acc) {
 }
 
 /* output r * NM + m (NR x NM <= 4) += xp[m, :K] * wr[r][:K] lane-wise, into acc[2i], acc[2i + 1];
-   pf, when given, the rows to prefetch */
+   pf, when given, the rows to prefetch. One step of 16 along K: LOAD is a plain load, or the
+   tail's masked one (lanes past K read as zero) */
+#define LOAD_ALL(p, mask) _mm256_loadu_ps(p)
+#define LOAD_MASKED(p, mask) _mm256_maskload_ps(p, mask)
+#define F32_STEP(NR, NM, LOAD) { \
+        __m256 xl[NM], xh[NM]; \
+        for (int m = 0; m < NM; m++) { xl[m] = LOAD(xp + m * K + k, ml); xh[m] = LOAD(xp + m * K + k + 8, mh); } \
+        for (int r = 0; r < NR; r++) { \
+            if (pf) _mm_prefetch((const char *)(pf[r] + k), _MM_HINT_T0); \
+            __m256 wl = LOAD(wr[r] + k, ml), wh = LOAD(wr[r] + k + 8, mh); \
+            for (int m = 0; m < NM; m++) { \
+                acc[2 * (r * NM + m)] = _mm256_fmadd_ps(xl[m], wl, acc[2 * (r * NM + m)]); \
+                acc[2 * (r * NM + m) + 1] = _mm256_fmadd_ps(xh[m], wh, acc[2 * (r * NM + m) + 1]); \
+            } \
+        } \
+    }
 #define F32_BLK(NR, NM) \
 static inline AVX2 void f32blk##NR##x##NM(__m256 *acc, const float *xp, const float *const *wr, long K, \
                                           const float *const *pf) { \
     long k = 0; \
-    for (; k + 16 <= K; k += 16) { \
-        __m256 xl[NM], xh[NM]; \
-        for (int m = 0; m < NM; m++) { xl[m] = _mm256_loadu_ps(xp + m * K + k); xh[m] = _mm256_loadu_ps(xp + m * K + k + 8); } \
-        for (int r = 0; r < NR; r++) { \
-            if (pf) _mm_prefetch((const char *)(pf[r] + k), _MM_HINT_T0); \
-            __m256 wl = _mm256_loadu_ps(wr[r] + k), wh = _mm256_loadu_ps(wr[r] + k + 8); \
-            for (int m = 0; m < NM; m++) { \
-                acc[2 * (r * NM + m)] = _mm256_fmadd_ps(xl[m], wl, acc[2 * (r * NM + m)]); \
-                acc[2 * (r * NM + m) + 1] = _mm256_fmadd_ps(xh[m], wh, acc[2 * (r * NM + m) + 1]); \
-            } \
-        } \
-    } \
-    if (k < K) { \
-        __m256i ml = tail8(K - k), mh = tail8(K - k - 8); \
-        __m256 xl[NM], xh[NM]; \
-        for (int m = 0; m < NM; m++) { xl[m] = _mm256_maskload_ps(xp + m * K + k, ml); xh[m] = _mm256_maskload_ps(xp + m * K + k + 8, mh); } \
-        for (int r = 0; r < NR; r++) { \
-            __m256 wl = _mm256_maskload_ps(wr[r] + k, ml), wh = _mm256_maskload_ps(wr[r] + k + 8, mh); \
-            for (int m = 0; m < NM; m++) { \
-                acc[2 * (r * NM + m)] = _mm256_fmadd_ps(xl[m], wl, acc[2 * (r * NM + m)]); \
-                acc[2 * (r * NM + m) + 1] = _mm256_fmadd_ps(xh[m], wh, acc[2 * (r * NM + m) + 1]); \
-            } \
-        } \
-    } \
+    __m256i ml = tail8(K % 16), mh = tail8(K % 16 - 8); \
+    for (; k + 16 <= K; k += 16) F32_STEP(NR, NM, LOAD_ALL) \
+    if (k < K) F32_STEP(NR, NM, LOAD_MASKED) \
 }
 F32_BLK(4, 1) F32_BLK(1, 1) F32_BLK(1, 2) F32_BLK(1, 3) F32_BLK(1, 4)
 
