@@ -301,10 +301,11 @@ class Int8Gemma(LeanGemma):
         st.pos = st.pos + 1
         return self._rms(x, self.final_norm)
 
-    def _head(self, x: "torch.Tensor") -> "torch.Tensor":
+    def _head(self, x: "torch.Tensor", reuse: bool = False) -> "torch.Tensor":
         """x @ dequantised(head).T: one int8 matmul over the whole vocabulary (measured
         fastest here: 27 ms against 55 ms in 16K-row chunks for Gemma 3's head at batch 1,
-        one thread), or on the dequant path in vocabulary chunks (as LeanGemma's head)."""
+        one thread), or on the dequant path in vocabulary chunks (as LeanGemma's head); a new
+        tensor every step (`reuse` is LeanGemma's kernel buffer, not kept here)."""
         import torch
 
         self._last = (None, None, None)
