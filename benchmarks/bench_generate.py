@@ -19,9 +19,11 @@ Last line: RESULT speed_ratio=<ours/HF tokens/s> ours_tok_s=… hf_tok_s=… ide
 in fp32 (the screened head on), alternating as above, greedy, single-stream by default there
 (--batch 1); ids need not be identical (int8 changes the model): the share of positions
 where they agree is printed. Each side's tokens/s is also given as a share of the bandwidth
-bound of its format (benchmarks/roofline.py's copy rate over the weight bytes a step reads).
+bound of its format: benchmarks/roofline.py's rate over the weight bytes a step reads, both
+its read-only rate (`*_read_frac`: a decode step only reads its weights, so this is its
+bound) and its copy rate (`*_bw_frac`, reads and writes counted, kept for the earlier rows).
 Last line: RESULT int8_speed_ratio=<int8/fp32 tokens/s> int8_tok_s=… fp32_tok_s=…
-int8_bw_frac=… fp32_bw_frac=… same_ids=<share>
+int8_bw_frac=… fp32_bw_frac=… int8_read_frac=… fp32_read_frac=… same_ids=<share>
 
 `--mode llama` puts llama.cpp (llama-cpp-python, `pip install llama-cpp-python==0.3.36`:
 it builds from source, ~15 min on 2 cores; not a test dependency) beside ours on the very
@@ -36,7 +38,8 @@ counted whole as its output head reads it all every step). The ids
 are not expected to be identical (llama.cpp quantises activations to 8 bits in its Q4_K and
 Q6_K dot products); the share of positions that agree with ours in fp32 is printed.
 Last line: RESULT llama_b1_ratio=<ours fp32 / llama.cpp tokens/s at batch 1> … and per batch
-size b: ours_fp32_b<b>_tok_s, ours_int8_b<b>_tok_s, llama_b<b>_tok_s, *_bw_frac
+size b: ours_fp32_b<b>_tok_s, ours_int8_b<b>_tok_s, llama_b<b>_tok_s, *_bw_frac (copy rate),
+*_read_frac (read-only rate)
 
 `--mode sample` measures sampling instead (T = 1; top_p 1, top_p 0.95, and top_k 64 with
 top_p 0.95; the same seed):
@@ -305,19 +308,23 @@ def weights_bench(args) -> None:
     same = sum(a == b for a, b in pairs) / max(1, len(pairs))
     prefix = [next((i for i, (a, b) in enumerate(zip(ra, rb)) if a != b), min(len(ra), len(rb)))
               for ra, rb in zip(got["fp32"], got["int8"])]
-    bw = bounds(0.5)["copy_gbs"] * 1e9
-    frac = {k: tps[k] / args.batch * step_bytes(g.lean)["weights"] / bw for k, g in (("fp32", fp32), ("int8", int8))}
+    machine = bounds(0.5)
+    bw, rd = machine["copy_gbs"] * 1e9, machine["read_gbs"] * 1e9
+    moved = {k: tps[k] / args.batch * step_bytes(g.lean)["weights"] for k, g in (("fp32", fp32), ("int8", int8))}
+    frac = {k: v / bw for k, v in moved.items()}
+    rfrac = {k: v / rd for k, v in moved.items()}
     print()
-    print(f"{'weights':<10}{'median s':>10}{'tokens/s':>10}{'GB/step':>9}{'bound tok/s':>13}{'of bound':>10}")
+    print(f"{'weights':<10}{'median s':>10}{'tokens/s':>10}{'GB/step':>9}{'read-bound tok/s':>18}{'of read':>9}"
+          f"{'of copy':>9}")
     for k, g in (("fp32", fp32), ("int8", int8)):
         gb = step_bytes(g.lean)["weights"]
         print(f"{k:<10}{statistics.median(times[k]):>10.2f}{tps[k]:>10.1f}{gb / 1e9:>9.3f}"
-              f"{bw / gb * args.batch:>13.1f}{fraction(frac[k], 1.0):>10}")
-    print(f"copy bandwidth (roofline, measured now) {bw / 1e9:.2f} GB/s; ids agree at {same:.1%} of positions; "
-          f"rows agree for their first {prefix} tokens")
+              f"{rd / gb * args.batch:>18.1f}{fraction(rfrac[k], 1.0):>9}{fraction(frac[k], 1.0):>9}")
+    print(f"read-only bandwidth {rd / 1e9:.2f} GB/s, copy {bw / 1e9:.2f} GB/s (roofline, measured now); ids agree at "
+          f"{same:.1%} of positions; rows agree for their first {prefix} tokens")
     print(f"RESULT int8_speed_ratio={tps['int8'] / tps['fp32']:.2f} int8_tok_s={tps['int8']:.1f} "
           f"fp32_tok_s={tps['fp32']:.1f} int8_bw_frac={frac['int8']:.2f} fp32_bw_frac={frac['fp32']:.2f} "
-          f"same_ids={same:.2f}")
+          f"int8_read_frac={rfrac['int8']:.2f} fp32_read_frac={rfrac['fp32']:.2f} same_ids={same:.2f}")
 
 
 class LlamaCppGreedy:
@@ -409,7 +416,8 @@ def llama_bench(args) -> None:
     stop = set(tok.stop_ids)
     step_gb = {"fp32": step_bytes(fp32.lean)["weights"], "int8": step_bytes(int8.lean)["weights"],
                "llama": gguf_weight_bytes(gguf)}
-    bw = bounds(0.5)["copy_gbs"] * 1e9
+    machine = bounds(0.5)
+    bw, rd = machine["copy_gbs"] * 1e9, machine["read_gbs"] * 1e9
     print(f"model {model_dir}  gguf {gguf.name} (sha256 {sha[:12]})  torch threads {torch.get_num_threads()}  "
           f"llama.cpp threads {threads}  new tokens {args.new_tokens}  batches {batches}")
     result: dict[str, float] = {}
@@ -429,18 +437,20 @@ def llama_bench(args) -> None:
             print(f"batch {n} round {r}: " + "  ".join(f"{k} {times[k][-1]:.2f}s" for k in runs), flush=True)
         for who in runs:
             tps = sum(len(x) for x in got[who]) / statistics.median(times[who])
-            frac = tps / n * step_gb[who] / bw
+            frac, rfrac = tps / n * step_gb[who] / bw, tps / n * step_gb[who] / rd
             pairs = [(a, b) for ra, rb in zip(got["fp32"], got[who]) for a, b in zip(ra, rb)]
             same = sum(a == b for a, b in pairs) / max(1, len(pairs))
-            rows.append((n, who, tps, step_gb[who], frac, same))
+            rows.append((n, who, tps, step_gb[who], rfrac, frac, same))
             result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_tok_s"] = tps
             result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_bw_frac"] = frac
+            result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_read_frac"] = rfrac
     print()
-    print(f"{'batch':<7}{'side':<12}{'tokens/s':>10}{'GB/step':>9}{'of bound':>10}{'ids as fp32':>13}")
+    print(f"{'batch':<7}{'side':<12}{'tokens/s':>10}{'GB/step':>9}{'of read':>9}{'of copy':>9}{'ids as fp32':>13}")
     names = {"fp32": "ours fp32", "int8": "ours int8", "llama": "llama.cpp"}
-    for n, who, tps, gb, frac, same in rows:
-        print(f"{n:<7}{names[who]:<12}{tps:>10.1f}{gb / 1e9:>9.3f}{fraction(frac, 1.0):>10}{same:>13.1%}")
-    print(f"copy bandwidth (roofline, measured now) {bw / 1e9:.2f} GB/s")
+    for n, who, tps, gb, rfrac, frac, same in rows:
+        print(f"{n:<7}{names[who]:<12}{tps:>10.1f}{gb / 1e9:>9.3f}{fraction(rfrac, 1.0):>9}{fraction(frac, 1.0):>9}"
+              f"{same:>13.1%}")
+    print(f"read-only bandwidth {rd / 1e9:.2f} GB/s, copy {bw / 1e9:.2f} GB/s (roofline, measured now)")
     head = {f"llama_b{n}_ratio": result[f"ours_fp32_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"] for n in batches}
     head.update({f"llama_int8_b{n}_ratio": result[f"ours_int8_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"] for n in batches})
     print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in {**head, **result}.items()))
