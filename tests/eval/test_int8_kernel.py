@@ -119,6 +119,38 @@ def test_qlinear_gives_the_bits_of_the_torch_path():
         int8_kernel.qlinear(x[:, :600].contiguous(), ql.q, ql.sums, ql.scale)
 
 
+@pytest.mark.parametrize("n, k", [(272, 640), (37, 128), (16, 64), (5, 64), (1552, 2048)])
+def test_qlinear_on_panels_gives_the_row_major_bits(n, k):
+    """`pack_rows` reorders the bytes of each whole block of 16 rows into panels (the tail rows
+    stay row-major); `qlinear(..., packed=True)` on them gives exactly the row-major call's
+    numbers (the same int32 sums), at 1 to 9 activation rows (the prefetch distance passes the
+    end of the panels at the last blocks), and `unpack_rows` gives the weight back."""
+    g = torch.Generator().manual_seed(n + k)
+    ql = quantize(torch.randn(n, k, generator=g))
+    panels = int8_kernel.pack_rows(ql.q)
+    assert panels.shape == ql.q.shape and torch.equal(int8_kernel.unpack_rows(panels), ql.q)
+    if n >= 16:  # piece j of row r of a block at byte 1024 j + 64 r of the block
+        flat = panels[:16].reshape(-1)
+        assert torch.equal(flat[64:128], ql.q[1, :64]) and torch.equal(flat[960:1024], ql.q[15, :64])
+        if k >= 128:
+            assert torch.equal(flat[1024 + 128: 1024 + 192], ql.q[2, 64:128])
+    assert torch.equal(panels[n // 16 * 16:], ql.q[n // 16 * 16:])
+    packed = QuantLinear(panels, ql.scale, ql.sums, packed=True)
+    assert torch.equal(packed.rows(), ql.q) and torch.equal(packed.dequantize(), ql.dequantize())
+    for m in (1, 2, 8, 9):
+        x = torch.randn(m, k, generator=g) * 3
+        if not int8_kernel.qlinear_applies(x, ql.q):
+            assert int8_kernel.library() is None
+            return
+        want = int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
+        assert torch.equal(int8_kernel.qlinear(x, panels, ql.sums, ql.scale, packed=True), want)
+        assert torch.equal(want, torch_path(x, ql))
+    with pytest.raises(ValueError, match="row sums must be given"):
+        int8_kernel.qlinear(x, panels, None, ql.scale, packed=True)
+    with pytest.raises(ValueError, match="needs its row sums"):
+        QuantLinear(panels, ql.scale, packed=True)
+
+
 def test_one_and_two_threads_give_the_same_numbers():
     g = torch.Generator().manual_seed(5)
     w = torch.randint(-127, 128, (8192, 640), dtype=torch.int8, generator=g)

@@ -9,8 +9,12 @@ matrix-vector product: its bound is the memory bandwidth. `torch._int_mm` goes t
 which is made for large M: measured on a 2-core AMD EPYC (AVX512-VNNI, 2 threads) for Gemma 3
 270M's head, [2, 640] x [640, 262144] took 8.9 ms (19 GB/s of weights, the machine copies at
 43), and each of a layer's small projections ~85 us where its weights take ~30 us to read.
-The kernel here reads each weight row once, in place ([N, K], no repacking and no copy), and
-multiplies it by every activation row while it is in L1.
+The kernel here reads each weight row once, in place ([N, K], no copy), and multiplies it by
+every activation row while it is in L1. `qlinear` also reads weights in a panel layout
+(`pack_rows`: each block of 16 rows with its rows' 64-byte pieces interleaved, so a block is
+one front-to-back stream instead of 16 streams a row apart), which int8_weights.Int8Gemma
+keeps its weights in: a single-stream decode step of Gemma 3 270M took 16.7-18.2 -> 12.2-12.7 ms
+(int8_weights).
 
 How: `vpdpbusd` multiplies unsigned by signed bytes and adds groups of four products into
 int32 lanes, without saturation. The activations (signed) are shifted to unsigned, a + 128,
@@ -108,6 +112,24 @@ static inline KERNEL __m512i dot16(const uint8_t *au, const int8_t *wb, long K, 
     return _mm512_sub_epi32(hsum16(acc), sums);
 }
 
+/* dot16 on a panel (`pack_rows`): the block's 16 rows stored as K / 64 groups of 16 64-byte
+   pieces (row r's bytes k..k+63 at wb + 16 k + 64 r), so the block is read front to back, one
+   1 KB step per 64 columns, where the row-major block is 16 streams K bytes apart. `pf`: bytes
+   ahead to prefetch (0: none). The same int32 sums as dot16 on the same rows. */
+static inline KERNEL __m512i dot16p(const uint8_t *au, const int8_t *wb, long K, __m512i sums, long pf) {
+    __m512i acc[16];
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_si512();
+    for (long k = 0; k < K; k += 64) {
+        __m512i av = _mm512_load_si512((const void *)(au + k));
+        const int8_t *p = wb + 16 * k;
+        if (pf)
+            for (int r = 0; r < 16; r++) _mm_prefetch((const char *)(p + pf + r * 64), _MM_HINT_T0);
+        for (int r = 0; r < 16; r++)
+            acc[r] = _mm512_dpbusd_epi32(acc[r], av, _mm512_loadu_si512((const void *)(p + r * 64)));
+    }
+    return _mm512_sub_epi32(hsum16(acc), sums);
+}
+
 static int32_t dot1(const int8_t *a, const int8_t *w, long K) {
     int32_t s = 0;
     for (long k = 0; k < K; k++) s += (int32_t)a[k] * (int32_t)w[k];
@@ -189,14 +211,19 @@ KERNEL int tunix_i8mm(const int8_t *a, const int8_t *w, const int32_t *wsum, int
     return 0;
 }
 
+/* A panel's prefetch distance: QPF bytes ahead of each 1 KB step (of 0, 4 and 16 KB, 16 was the
+   fastest), while that stays inside the panels. */
+#define QPF 16384
+
 /* A weight-only int8 projection, y = x @ (wscale * w).T, fp32 x [M, K] -> fp32 y [M, N], with
    the same operations in the same order as tunix_rt.eval.int8_weights's torch path (built
    with -ffp-contract=off: no fused multiply-adds):
    s = max(max|x| / 127, FLT_MIN), q1 = rint(x / s), q2 = rint((x - s * q1) * (127 / s)),
    step = s / 127, y = ((float(q1 . w) * 127 + float(q2 . w)) * step) * wscale.
-   Returns 0, or -1 if out of memory. */
+   `packed`: w's whole blocks of 16 rows are panels (`pack_rows`, read by dot16p), its last
+   N % 16 rows row-major after them (as in either layout). Returns 0, or -1 if out of memory. */
 KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
-                         float *y, long M, long N, long K, int threads) {
+                         float *y, long M, long N, long K, int threads, int packed) {
     int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
     float *step = malloc(sizeof(float) * (size_t)(M + 1));
     if (!a || !step) { free(a); free(step); return -1; }
@@ -226,9 +253,12 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
         const int8_t *wb = w + b * 16 * K;
         __m512i sums = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(wsum + b * 16)), 7);
         __m512 ws = _mm512_loadu_ps(wscale + b * 16);
+        long pf = packed && (b + 1) * 16 * K + QPF <= blocks * 16 * K ? QPF : 0;
         for (long m = 0; m < M; m++) {
-            __m512 f1 = _mm512_cvtepi32_ps(dot16(au + m * K, wb, K, sums, m == 0 && b + PF < blocks));
-            __m512 f2 = _mm512_cvtepi32_ps(dot16(au + (M + m) * K, wb, K, sums, 0));
+            __m512 f1 = _mm512_cvtepi32_ps(packed ? dot16p(au + m * K, wb, K, sums, m == 0 ? pf : 0)
+                                                  : dot16(au + m * K, wb, K, sums, m == 0 && b + PF < blocks));
+            __m512 f2 = _mm512_cvtepi32_ps(packed ? dot16p(au + (M + m) * K, wb, K, sums, 0)
+                                                  : dot16(au + (M + m) * K, wb, K, sums, 0));
             __m512 o = _mm512_add_ps(_mm512_mul_ps(f1, c127), f2);
             o = _mm512_mul_ps(_mm512_mul_ps(o, _mm512_set1_ps(step[m])), ws);
             _mm512_storeu_ps(y + m * N + b * 16, o);
@@ -612,7 +642,7 @@ KERNEL int tunix_gemma_layer(
         const int8_t *wd, const int32_t *sd, const float *cd,
         long H, long KV, long hd, long F,
         float *kc, float *vc, long T, long cur, long lo, const float *mask,
-        const float *cos, const float *sin, float scaling, float softcap, float eps, int threads) {
+        const float *cos, const float *sin, float scaling, float softcap, float eps, int threads, int packed) {
     long nqkv = (H + 2 * KV) * hd, rep = H / KV, span = cur + 1 - lo;
     float *h = malloc(sizeof(float) * (size_t)(B * D));
     float *qkv = malloc(sizeof(float) * (size_t)(B * nqkv));
@@ -624,7 +654,7 @@ KERNEL int tunix_gemma_layer(
     int rc = -1;
     if (!h || !qkv || !attn || !big || !m || !scores || !tmp) goto done;
     for (long b = 0; b < B; b++) rms(x + b * D, in_norm, h + b * D, D, eps);
-    if (tunix_qlinear(h, wqkv, sqkv, cqkv, qkv, B, nqkv, D, threads)) goto done;
+    if (tunix_qlinear(h, wqkv, sqkv, cqkv, qkv, B, nqkv, D, threads, packed)) goto done;
     for (long b = 0; b < B; b++) {
         float *q = qkv + b * nqkv, *k = q + H * hd, *v = k + KV * hd;
         for (long j = 0; j < H; j++) {
@@ -664,15 +694,15 @@ KERNEL int tunix_gemma_layer(
                 for (long i = 0; i < hd; i++) out[i] += p * vt[i];
             }
         }
-    if (tunix_qlinear(attn, wo, so, co, h, B, D, H * hd, threads)) goto done;
+    if (tunix_qlinear(attn, wo, so, co, h, B, D, H * hd, threads, packed)) goto done;
     for (long b = 0; b < B; b++) {
         rms(h + b * D, post_attn_norm, tmp, D, eps);
         for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
         rms(x + b * D, pre_ff_norm, h + b * D, D, eps);
     }
-    if (tunix_qlinear(h, wgu, sgu, cgu, big, B, 2 * F, D, threads)) goto done;
+    if (tunix_qlinear(h, wgu, sgu, cgu, big, B, 2 * F, D, threads, packed)) goto done;
     for (long b = 0; b < B; b++) gelu_mul(big + b * 2 * F, big + b * 2 * F + F, m + b * F, F);
-    if (tunix_qlinear(m, wd, sd, cd, h, B, D, F, threads)) goto done;
+    if (tunix_qlinear(m, wd, sd, cd, h, B, D, F, threads, packed)) goto done;
     for (long b = 0; b < B; b++) {
         rms(h + b * D, post_ff_norm, tmp, D, eps);
         for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
@@ -927,11 +957,11 @@ def _load():
     lib.tunix_i8mm.restype = ctypes.c_int
     lib.tunix_i8mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.tunix_qlinear.restype = ctypes.c_int
-    lib.tunix_qlinear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3 + [ctypes.c_int]
+    lib.tunix_qlinear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
     lib.tunix_gemma_layer.restype = ctypes.c_int
     lib.tunix_gemma_layer.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 18
                                       + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3
-                                      + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int])
+                                      + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int] * 2)
     lib.tunix_f32_rows.restype = ctypes.c_int
     lib.tunix_f32_rows.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 2
                                    + [ctypes.c_float, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 2
@@ -1098,22 +1128,51 @@ def qlinear_applies(x: "torch.Tensor", w: "torch.Tensor") -> bool:
     return _takes(x, w, torch.float32)
 
 
-def qlinear(x: "torch.Tensor", w: "torch.Tensor", wsum: "torch.Tensor | None", scale: "torch.Tensor") -> "torch.Tensor":
+def pack_rows(w: "torch.Tensor") -> "torch.Tensor":
+    """int8 w [N, K] (K a multiple of 64) as `qlinear(..., packed=True)` reads it: each whole
+    block of 16 rows a panel, its rows' 64-byte pieces interleaved (piece j of row r at byte
+    1024 j + 64 r of the block), so the kernel reads the block front to back; the last N % 16
+    rows stay row-major after the panels. The same shape and bytes in another order (a new
+    tensor); `unpack_rows` undoes it."""
+    import torch
+
+    n, k = w.shape
+    whole = n // 16 * 16
+    panels = w[:whole].reshape(n // 16, 16, k // ALIGN_K, ALIGN_K).transpose(1, 2).reshape(whole, k)
+    return torch.cat([panels, w[whole:]]).contiguous()
+
+
+def unpack_rows(w: "torch.Tensor") -> "torch.Tensor":
+    """The row-major [N, K] weight of a `pack_rows` result (a new tensor)."""
+    import torch
+
+    n, k = w.shape
+    whole = n // 16 * 16
+    rows = w[:whole].reshape(n // 16, k // ALIGN_K, 16, ALIGN_K).transpose(1, 2).reshape(whole, k)
+    return torch.cat([rows, w[whole:]]).contiguous()
+
+
+def qlinear(x: "torch.Tensor", w: "torch.Tensor", wsum: "torch.Tensor | None", scale: "torch.Tensor",
+            packed: bool = False) -> "torch.Tensor":
     """x fp32 [M, K] @ (scale[:, None] * w).T -> fp32 [M, N] with x taken as two int8 levels,
     in one call: the same bits as tunix_rt.eval.int8_weights's torch path (see SOURCE); the
-    caller checks `qlinear_applies` first."""
+    caller checks `qlinear_applies` first. `packed`: w is `pack_rows` of the weight (the same
+    numbers out), and `wsum` must be given (row_sums of the weight before packing)."""
     import torch
 
     if not qlinear_applies(x, w):
         raise ValueError("qlinear takes fp32 x [M, K] and int8 w [N, K], contiguous, K a multiple of 64, "
                          "on a CPU with the kernel (check qlinear_applies)")
+    if packed and wsum is None:
+        raise ValueError("a packed weight's row sums must be given (row_sums of the weight before packing)")
     wsum = _sums(w, wsum)
     if scale.dtype != torch.float32 or scale.shape != (w.shape[0],) or not scale.is_contiguous():
         raise ValueError(f"scale must be fp32 [{w.shape[0]}] and contiguous")
     m, n = x.shape[0], w.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
     if m and n and library().tunix_qlinear(x.data_ptr(), w.data_ptr(), wsum.data_ptr(), scale.data_ptr(),
-                                         out.data_ptr(), m, n, w.shape[1], torch.get_num_threads()) != 0:
+                                         out.data_ptr(), m, n, w.shape[1], torch.get_num_threads(),
+                                         int(packed)) != 0:
         raise MemoryError("int8 kernel: out of memory")
     return out
 
