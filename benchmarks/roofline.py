@@ -11,10 +11,10 @@ Measured, with torch threads = the cores:
 - memory bandwidth, STREAM-like: copy (b = a, 8 bytes moved per fp32 element) and triad
   (a = b + s·c, 12 bytes per element) over 256 MB arrays, far larger than the caches; and a
   read-only stream (read: the sum of one such array, 4 bytes per element), the bound a decode
-  step is under, which reads its weights and writes next to nothing. The two differ: a core
-  holds only so many reads in flight, and a copy's stores do not take those slots, so on a
-  2-core AMD EPYC (AVX512-VNNI) a 2-thread copy moved 29 GB/s (reads and writes counted) while
-  a read-only stream moved 21 GB/s (torch's sum; a hand-written C loop 16-24 GB/s).
+  step is under, which reads its weights and writes next to nothing. The copy rate is not a
+  bound on reading: on a 2-core AMD EPYC (AVX512-VNNI, a shared machine) the copy moved
+  28.6-29.2 GB/s (reads and writes counted), the sum 20.7 GB/s in one run and 28.5 in another,
+  a hand-written C read loop 16-24 GB/s.
 
 A decode projection's weights (at most 5 MB) stay in cache when one shape is timed in a loop,
 so its figure is an in-cache one; a real decode step streams every layer's weights, which is
