@@ -220,6 +220,8 @@ def test_fused_layers_equal_the_torch_ops_to_rounding(tiny):
         assert not fused.fused
         return
     assert fused.fused
+    lyr = fused.layers[0]  # the layer call and the head read every int8 weight as panels
+    assert fused.qhead.packed and lyr.wq.fused.packed and lyr.w_gate.fused.packed and lyr.wo.packed
     plain = Int8Gemma.for_model(load_model(d, None, "cpu"))
     plain.fused = False
     for a, b in zip(fused.model.parameters(), plain.model.parameters()):

@@ -90,7 +90,7 @@ class QuantLinear:
     q: "torch.Tensor"  # int8 [N, K]
     scale: "torch.Tensor"  # fp32 [N]
     sums: "torch.Tensor | None" = None  # int32 [N], Σ_k q[n, k]: what the int8 kernel needs
-    packed: bool = False  # q is int8_kernel.pack_rows of the rows (the kernel's panels; `packed()`)
+    packed: bool = False  # q is int8_kernel.pack_rows of the rows (the kernel's panels: `as_panels`)
 
     def __post_init__(self) -> None:
         if self.sums is None:
@@ -107,9 +107,8 @@ class QuantLinear:
 
     def as_panels(self) -> "QuantLinear":
         """The same weight with q in the kernel's panel layout (int8_kernel.pack_rows: each block
-        of 16 rows read front to back; Gemma 3 270M's head at batch 1 on a 2-core AVX512-VNNI
-        EPYC, 2 threads: 18.6-19.5 GB/s against 15-17 row-major): what `int8_linear` then
-        multiplies through `qlinear` only."""
+        of 16 rows read front to back; the module doc has the decode step's gain), which
+        `int8_linear` then multiplies through `qlinear` only."""
         if self.packed:
             return self
         return QuantLinear(pack_rows(self.q), self.scale, self.sums, packed=True)
