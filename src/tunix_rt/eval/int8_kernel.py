@@ -215,6 +215,14 @@ KERNEL int tunix_i8mm(const int8_t *a, const int8_t *w, const int32_t *wsum, int
    fastest in one run of a C harness over Gemma 3's head), while that stays inside the panels. */
 #define QPF 16384
 
+/* The least blocks x K (weight bytes / 16) that qlinear shares among its threads; below it,
+   one thread. At 65536 (1 MB of weights) a single-stream decode step of Gemma 3 270M ran its
+   q/k/v and o projections (0.98 and 0.66 MB) on one thread: its 18 layers took 5.7 -> 4.8 ms at
+   16384 (a C-level sweep over the layers, 2-core EPYC); 8192 was no faster. */
+#ifndef QPAR
+#define QPAR 16384
+#endif
+
 /* A weight-only int8 projection, y = x @ (wscale * w).T, fp32 x [M, K] -> fp32 y [M, N], with
    the same operations in the same order as tunix_rt.eval.int8_weights's torch path (built
    with -ffp-contract=off: no fused multiply-adds):
@@ -248,7 +256,7 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
     if (!au) { free(a); free(step); return -1; }
     long blocks = N / 16;
     const __m512 c127 = _mm512_set1_ps(127.0f);
-    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= 65536)
+    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= QPAR)
     for (long b = 0; b < blocks; b++) {
         const int8_t *wb = w + b * 16 * K;
         __m512i sums = _mm512_slli_epi32(_mm512_loadu_si512((const void *)(wsum + b * 16)), 7);
