@@ -12,6 +12,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -59,6 +61,7 @@ class Chat:
             self.proc.kill()
 
 
+@pytest.mark.serial
 def test_chat_history_commands_and_ctrl_c(tmp_path):
     from tunix_rt.eval.generate import DecodeConfig, TorchGenerator
     from tunix_rt.eval.runner import load_model

@@ -92,6 +92,7 @@ def test_judge_as_an_eval_metric(judge_server, key):
     assert sorted((home.root / "evals").iterdir()) == before  # nothing half-written
 
 
+@pytest.mark.serial
 def test_judge_fails_loudly(judge_server, key, monkeypatch):
     _, srv = judge_server
     args = (RECORD, "<answer>7</answer>", "", "7")

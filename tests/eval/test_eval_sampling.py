@@ -150,6 +150,7 @@ def _numpy_gumbel(seeds, vocab):
     return torch.from_numpy(np.negative(np.log(e, out=e), out=e))
 
 
+@pytest.mark.serial
 def test_noise_timing_against_numpy_generators():
     """64 rows x 262,144 ids (Gemma 3's vocabulary), best of 3 each, printed. On CPU the integer
     hash costs about what numpy's generators did (it is on the GPU that it matters: no copy of

@@ -100,6 +100,7 @@ def test_unknown_scorer_and_broken_record_raise():
         score(Trace(id="x", question="q", steps=[], answer="1", meta={"scorer": "rg:basic_arithmetic"}), "1")
 
 
+@pytest.mark.serial
 def test_a_verifier_that_hangs_or_raises_scores_zero(monkeypatch):
     from tunix_rt.traces import reasoning_gym
 

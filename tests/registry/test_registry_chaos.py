@@ -18,11 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from sqlalchemy import select
 
 from registry_testlib import upload as _upload
 from tunix_rt.registry import db, queue
 from tunix_rt.registry.models import Dataset
+
+pytestmark = pytest.mark.serial  # it times itself or races a lease: `make test` runs it alone (Makefile)
 
 # Kills come every 0.5 s while a worker holds a job: on a fast machine the 50 jobs take only
 # a few seconds, and a slower kill rate let them all finish before the chaos began.

@@ -25,6 +25,8 @@ from tunix_rt.registry.jobs import JobContext
 from tunix_rt.registry.models import Checkpoint, Job, JobLogChunk, Metric, Run
 from tunix_rt.registry.worker import LogSink, Worker, WorkerConfig, _Heartbeat
 
+pytestmark = pytest.mark.serial  # it times itself or races a lease: `make test` runs it alone (Makefile)
+
 HOUR = dt.timedelta(hours=1)
 
 

@@ -174,6 +174,7 @@ def test_defaults_come_from_decode_config_and_max_tokens_is_capped():
     assert asked.decode_config(cap=100) == DecodeConfig(max_new_tokens=100, seed=3)
 
 
+@pytest.mark.serial
 def test_client_disconnect_mid_stream_frees_the_row(served):
     _, srv, app, _ = served
     sched = app.state.models.get("tiny-gemma3").scheduler
@@ -312,6 +313,7 @@ def test_loading_a_model_never_fails_requests_in_flight(served):
     assert len(app.state.models.loaded()) <= 2
 
 
+@pytest.mark.serial
 def test_a_request_cancelled_while_its_model_loads_does_not_pin_it(tmp_path, one_thread):
     """A request cancelled (server shutdown, a client gone) while its model loads on a worker
     thread: what the thread acquired is released, so the model can still be unloaded later

@@ -304,6 +304,7 @@ def test_a_cli_run_is_visible_while_it_trains(site, home, monkeypatch):
         log.close()
 
 
+@pytest.mark.serial
 def test_playground_streams_two_models_side_by_side(site):
     import httpx
 

@@ -111,6 +111,7 @@ def test_declared_length_over_the_limit_is_refused_before_reading(live):
     assert r.status_code == 413 and "4,194,304 bytes" in r.json()["detail"]
 
 
+@pytest.mark.serial
 def test_health_answers_while_a_huge_message_is_refused(live):
     """A message of 3.5 million characters (inside the 4 MiB body limit) is more text than
     the tiny model's context could hold in any tokenization: 400 without tokenizing it, and
@@ -202,6 +203,7 @@ def test_lone_surrogates_are_refused_at_the_rest_entries(home):
         assert client.get("/api/jobs").json() == []  # nothing was queued
 
 
+@pytest.mark.serial
 def test_requests_waiting_for_a_model_slot_leave_the_api_its_threads(home):
     """With room for one model, busy with a long streamed answer: 45 requests for another
     model wait for the slot on /v1's own share of worker threads, so the /api routes (on

@@ -200,6 +200,7 @@ def one_trial(home):
     torch.set_num_threads(threads)
 
 
+@pytest.mark.serial
 def test_a_trial_stopped_for_shutdown_is_handed_back_and_resumed(one_trial):
     """What SIGTERM's handler does (worker.install_signals) while the trial trains: the run
     stops at a checkpoint, the job goes back to the queue with its trial RUNNING (not pruned,

@@ -19,10 +19,14 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from registry_testlib import import_tiny_dataset, pg_database, start_worker, wait_for
 from sweep_testlib import EVAL_EVERY, STEPS, manifest, run_dirs, train_steps, write_base, write_space
 from tunix_rt.registry import queue
 from tunix_rt.train import checkpoint
+
+pytestmark = pytest.mark.serial  # it times itself or races a lease: `make test` runs it alone (Makefile)
 
 LRS = [3e-3, 1e-2, 5e-3, 2e-3, 30.0, 30.0]
 SPACE = {"params": {"lr": {"type": "float", "low": 1e-3, "high": 30.0, "log": True}},

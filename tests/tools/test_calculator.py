@@ -48,6 +48,7 @@ def _random_expr(rng: random.Random, depth: int = 0) -> tuple[str, Fraction]:
     return expr, {"+": va + vb, "-": va - vb, "*": va * vb, "/": va / vb if vb else va}[op]
 
 
+@pytest.mark.serial
 def test_fuzz_thousands_of_random_expressions_against_fractions():
     rng = random.Random(24)
     start, checked = time.perf_counter(), 0
@@ -132,6 +133,7 @@ def test_bad_expressions_are_error_results(expr, reason):
         evaluate(expr)
 
 
+@pytest.mark.serial
 def test_huge_intermediates_are_refused_quickly():
     """No operation may grow a number without bound: every intermediate is checked."""
     big = "*".join(["999999999999999999999999999999"] * 6)  # 180 digits, 598 bits: still fine

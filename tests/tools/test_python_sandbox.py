@@ -20,6 +20,8 @@ from requires import missing, require_bwrap
 from tunix_rt.tools import Call, respond
 from tunix_rt.tools import python as tool
 
+pytestmark = pytest.mark.serial  # it times itself or races a lease: `make test` runs it alone (Makefile)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -127,6 +127,7 @@ def test_a_reward_that_raises_fails_the_run_naming_the_record(home, tmp_path):
     assert manifest["status"] == "failed" and "ZeroDivisionError" in manifest["error"]
 
 
+@pytest.mark.serial
 def test_a_reward_past_reward_timeout_s_fails_the_run_within_seconds_naming_the_record(home, tmp_path):
     """rl_rewards:sleeps sleeps 60 s a call; with reward_timeout_s=1 the CLI run fails at the
     first call, and the stuck call (a daemon thread) does not keep the process alive."""

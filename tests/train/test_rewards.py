@@ -427,6 +427,7 @@ def released():
     done.set()
 
 
+@pytest.mark.serial
 def test_a_reward_past_its_time_limit_fails_naming_the_reward_and_record(released):
     import time
 
@@ -449,6 +450,7 @@ def test_a_reward_past_its_time_limit_fails_naming_the_reward_and_record(release
         assert not isinstance(info.value, BadInput)  # exit 1: the run failed, the config was fine
 
 
+@pytest.mark.serial
 def test_after_a_timeout_the_next_call_gets_a_fresh_worker(released):
     def slow_once(record, completion, reasoning, answer):
         if completion == "slow":
