@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "service"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "registry"))
 
 from registry_testlib import import_tiny_dataset  # noqa: E402
-from service_testlib import TOKEN, LiveServer, live_app  # noqa: E402
+from service_testlib import TOKEN, LiveServer, live_app, models_of  # noqa: E402
 
 from tunix_rt.errors import BadInput  # noqa: E402
 from tunix_rt.eval.judge import JudgeConfig, JudgeError, judge_prompt, make_batch_judge, make_judge, parse_score  # noqa: E402
@@ -35,7 +35,7 @@ def judge_server(tmp_path_factory):
     app = live_app(home, home.database_url, serve_max_tokens=2000)
     with LiveServer(app) as srv:
         yield home, srv
-    app.state.models.close()
+    models_of(app).close()
 
 
 @pytest.fixture

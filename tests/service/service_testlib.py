@@ -15,6 +15,14 @@ def make_client(home, url: str):
     return TestClient(create_app(settings), headers={"Authorization": f"Bearer {TOKEN}"})
 
 
+def models_of(app):
+    """The app's loaded models: /v1's model cache, made on first use (a test that looks at it
+    before any request, or a teardown after none, gets the cache, not an AttributeError)."""
+    from tunix_rt.service.routers.openai import model_cache
+
+    return model_cache(app)
+
+
 class LiveServer:
     """The app served by a real uvicorn in a thread (what `tunix-rt serve` runs)."""
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from registry_testlib import import_tiny_dataset
-from service_testlib import TOKEN, LiveServer, live_app
+from service_testlib import TOKEN, LiveServer, live_app, models_of
 
 from tunix_rt.eval.generate import DecodeConfig
 from tunix_rt.home import Home
@@ -50,7 +50,7 @@ def served(tmp_path_factory, one_thread):
     app = live_app(home, home.database_url, serve_max_tokens=1500)
     with LiveServer(app) as srv:
         yield home, srv, app, run_dir.name
-    app.state.models.close()
+    models_of(app).close()
 
 
 def _client(srv, token: str = TOKEN) -> openai.OpenAI:
@@ -131,7 +131,7 @@ def test_sixteen_concurrent_requests_share_decode_steps(served):
                                               max_tokens=budget[p]).choices[0].message.content
 
     solo = [ask(p) for p in prompts]
-    sched = app.state.models.get("tiny-gemma3").scheduler
+    sched = models_of(app).get("tiny-gemma3").scheduler
     joined, peak = sched.joined_running, sched.peak_rows
     with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(ask, prompts))
@@ -177,7 +177,7 @@ def test_defaults_come_from_decode_config_and_max_tokens_is_capped():
 @pytest.mark.serial
 def test_client_disconnect_mid_stream_frees_the_row(served):
     _, srv, app, _ = served
-    sched = app.state.models.get("tiny-gemma3").scheduler
+    sched = models_of(app).get("tiny-gemma3").scheduler
     body = {"model": "tiny-gemma3", "messages": [{"role": "user", "content": "Tell me a long story."}],
             "max_tokens": 1500, "stream": True}
     with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60,
@@ -227,7 +227,7 @@ def test_full_queue_answers_429(tmp_path, one_thread):
                     return 429
 
             client.chat.completions.create(model="tiny-gemma3", messages=[{"role": "user", "content": "hi"}], max_tokens=1)
-            sched = app.state.models.get("tiny-gemma3").scheduler
+            sched = models_of(app).get("tiny-gemma3").scheduler
             go, step = threading.Event(), sched.batch.step
 
             def held(*a, **k):  # the real step, once the test lets it run
@@ -253,7 +253,7 @@ def test_full_queue_answers_429(tmp_path, one_thread):
                     go.set()
                 answered = [decoding.result(timeout=60), waiting.result(timeout=60)]
     finally:
-        app.state.models.close()
+        models_of(app).close()
     assert refused == [429, 429, 429] and answered == [200, 200], (refused, answered)
 
 
@@ -310,7 +310,7 @@ def test_loading_a_model_never_fails_requests_in_flight(served):
     assert set(codes) <= {200, 503}, [(c, t) for c, t, _ in results if c not in (200, 503)]
     assert all(int(h["retry-after"]) > 0 for c, _, h in results if c == 503)
     assert codes.count(200) >= 20, codes
-    assert len(app.state.models.loaded()) <= 2
+    assert len(models_of(app).loaded()) <= 2
 
 
 @pytest.mark.serial
@@ -343,6 +343,6 @@ def test_a_request_cancelled_while_its_model_loads_does_not_pin_it(tmp_path, one
 
     try:  # a hold never released: OpenAIError 503 "all 1 loaded models … are serving requests"
         served = asyncio.run(cancel_then_load_another())
-        assert served.id == "tiny-gemma2" and app.state.models.loaded() == ["tiny-gemma2"]
+        assert served.id == "tiny-gemma2" and models_of(app).loaded() == ["tiny-gemma2"]
     finally:
-        app.state.models.close()
+        models_of(app).close()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from requires import require_chromium
-from service_testlib import TOKEN, LiveServer, live_app
+from service_testlib import TOKEN, LiveServer, live_app, models_of
 
 pytestmark = pytest.mark.browser
 
@@ -43,7 +43,7 @@ def page_on(home):
         finally:
             browser.close()
             if getattr(srv.server.config.app.state, "models", None) is not None:
-                srv.server.config.app.state.models.close()
+                models_of(srv.server.config.app).close()
 
 
 def test_tool_results_are_marked_apart_from_the_model_text(page_on):

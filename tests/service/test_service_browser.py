@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from requires import require_chromium
-from service_testlib import TOKEN, LiveServer, live_app
+from service_testlib import TOKEN, LiveServer, live_app, models_of
 from registry_testlib import seed_home, write_dataset_file, write_eval, write_run
 
 pytestmark = pytest.mark.browser
@@ -42,7 +42,7 @@ def site(home, browser):
         yield srv, page, ids
         page.close()
         if getattr(srv.server.config.app.state, "models", None) is not None:
-            srv.server.config.app.state.models.close()  # the playground's decode threads
+            models_of(srv.server.config.app).close()  # the playground's decode threads
 
 
 def work_one_job(page, home) -> None:
@@ -333,7 +333,7 @@ def test_playground_streams_two_models_side_by_side(site):
     page.wait_for_selector("[data-testid=pane-0] [data-testid=pane-status]:has-text('streaming')")
     page.click("#stop")
     page.wait_for_selector("[data-testid=pane-0] [data-testid=pane-status]:has-text('stopped')")
-    sched = srv.server.config.app.state.models.get("tiny-gemma3").scheduler
+    sched = models_of(srv.server.config.app).get("tiny-gemma3").scheduler
     page.wait_for_function("true")  # let the abort reach the server
     import time
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from service_testlib import TOKEN, LiveServer, live_app, make_client
+from service_testlib import TOKEN, LiveServer, live_app, make_client, models_of
 
 SENT_AT_MOST = 32 << 20
 """Bytes a client may push before the 413 reaches it: the limit plus the socket buffers."""
@@ -71,7 +71,7 @@ def _serving(home, **settings):
             yield srv, app
     finally:
         if getattr(app.state, "models", None) is not None:
-            app.state.models.close()
+            models_of(app).close()
 
 
 @pytest.fixture
