@@ -60,8 +60,8 @@ def mlp_loss(lin, frozen, factors, x):
 def transposing_fusions(hlo: str) -> int:
     """kLoop fusions whose [F, B·T]-shaped output some dot contracts on its last axis."""
     out = 0
-    for m in re.finditer(r"%(\S+) = f32\[(\d+),(\d+)\]\{1,0\} fusion\([^\n]*kind=kLoop", hlo):
-        name, rows, cols = m.group(1), int(m.group(2)), int(m.group(3))
+    for m in re.finditer(r"%(\S+) = f32\[(\d+),\d+\]\{1,0\} fusion\([^\n]*kind=kLoop", hlo):
+        name, rows = m.group(1), int(m.group(2))
         if rows == F and re.search(rf"dot\([^)]*%{re.escape(name)}\)[^\n]*rhs_contracting_dims={{1}}", hlo):
             out += 1
     return out

@@ -87,3 +87,15 @@ def test_flat_projections_keep_the_values_and_the_lora_factors(name, tiny_dirs):
     kinds = {type(m).__name__ for layer in models[0].layers for m in (*vars(layer.attn).values(),
                                                                       *vars(layer.mlp).values())}
     assert {"FlatEinsum", "FlatLinear"} <= kinds
+
+
+def test_flattening_twice_changes_nothing(tiny_dirs):
+    from tunix_rt.models.jax_loader import flatten_projections, load_model, make_mesh
+
+    mesh = make_mesh()
+    with jax.set_mesh(mesh):
+        model, _ = load_model(tiny_dirs["tiny-gemma3"], mesh)
+    before = [type(m) for layer in model.layers for m in (*vars(layer.attn).values(), *vars(layer.mlp).values())]
+    flatten_projections(model)
+    after = [type(m) for layer in model.layers for m in (*vars(layer.attn).values(), *vars(layer.mlp).values())]
+    assert before == after and {c.__name__ for c in after} >= {"FlatEinsum", "FlatLinear"}

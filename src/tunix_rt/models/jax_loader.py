@@ -218,7 +218,9 @@ def _flat_class(base: type) -> type:
     have the same shapes, since they follow the weight's axes."""
     import jax.numpy as jnp
 
-    if hasattr(base, "einsum_str") or "Einsum" in base.__name__:
+    if base.__module__ == __name__:  # flat already
+        return base
+    if base.__name__ == "Einsum":  # Tunix's: its equation in the einsum_str attribute
         class FlatEinsum(base):
             def __call__(self, x):
                 flat = flat_einsum(self.einsum_str)
