@@ -16,6 +16,14 @@ inf or NaN, so it is not folded), and the schedule follows: the same train step'
 buffer is 0.83 GiB, the process's peak RSS 3.3 GiB instead of 5.2, step time unchanged
 within noise, losses and gradients the same as Tunix's remat.
 
+The layer's weights get the same tie. XLA:CPU copies a weight into the layout its product
+wants (q's [N, D, H] as [N·H, D], o's transposed for the input's gradient); untied, the
+recomputation's copies are the forward pass's (the same computation of the same parameter),
+made once at the start and alive until the layer's backward: every layer's copies at once.
+Measured on the same step (2-core AMD EPYC, AVX2): XLA's temp buffer 617 -> 332 MB, the
+step's peak RSS 2.44 -> 2.34 GiB, its time unchanged within noise; the cost is one layer's
+tied copy of its weights at a time.
+
 Where: only where XLA drops the barriers, i.e. when the backend is the CPU (`wanted()`).
 Accelerator compilers keep them, and there Tunix's own remat is left alone; the memory plan,
 which compiles for a TPU or GPU target on fake CPU devices, says which behaviour it models
@@ -46,8 +54,13 @@ def _fwd(fn, state, x, *rest):
 
 def _bwd(fn, res, g):
     state, x, rest = res
-    # The recomputation below must not start before g exists (see the module doc).
-    x = x + (g.reshape(-1)[0] * 0).astype(x.dtype)
+    # The recomputation below must not start before g exists (see the module doc); the
+    # layer's weights get the same tie, or the layout copies XLA makes of them for the
+    # recomputation's products are shared with the forward pass's and live in between.
+    zero = g.reshape(-1)[0] * 0
+    x = x + zero.astype(x.dtype)
+    state = jax.tree.map(lambda w: w + zero.astype(w.dtype) if jax.numpy.issubdtype(w.dtype, jax.numpy.floating)
+                         else w, state)
     _, vjp = jax.vjp(fn, state, x, *rest)
     return vjp(g)
 
