@@ -21,8 +21,9 @@ wants (q's [N, D, H] as [N·H, D], o's transposed for the input's gradient); unt
 recomputation's copies are the forward pass's (the same computation of the same parameter),
 made once at the start and alive until the layer's backward: every layer's copies at once.
 Measured on the same step (2-core AMD EPYC, AVX2): XLA's temp buffer 617 -> 332 MB, the
-step's peak RSS 2.44 -> 2.34 GiB, its time unchanged within noise; the cost is one layer's
-tied copy of its weights at a time.
+step's peak RSS 2.44 -> 2.34 GiB (benchmarks/bench_jax_loss.py, one run each in the working
+tree), its time unchanged within noise (8.57 against 8.97 s, medians of an alternating A/B in
+one process); the cost is one layer's tied copy of its weights at a time.
 
 Where: only where XLA drops the barriers, i.e. when the backend is the CPU (`wanted()`).
 Accelerator compilers keep them, and there Tunix's own remat is left alone; the memory plan,
