@@ -108,21 +108,25 @@ def main() -> None:
     else:
         phases.enter("after")
         m, d = phases.peaks, plan.details
-        compare = {  # planned part: (predicted, measured)
-            "update": (d["phases"]["update"], m["update"]),
-            "rollouts": (d["decodes"]["rollouts"]["peak"], m["rollout"])}
+        s = phases.starts
+        compare = {  # planned part: (predicted, measured peak, RSS when the phase starts)
+            "update": (d["phases"]["update"], m["update"], s["update"]),
+            "rollouts": (d["decodes"]["rollouts"]["peak"], m["rollout"], s["rollout"])}
         if "held-out eval" in d["decodes"]:
-            compare["held-out eval"] = (d["decodes"]["held-out eval"]["peak"], m["eval"])
-        # what the rollout phase adds to what is resident when it starts: the decode's cache and
-        # workspace, with the allocator's slack (plan.rl's rule), measured as the phase's peak
-        # over its starting RSS (free of the process baseline)
+            compare["held-out eval"] = (d["decodes"]["held-out eval"]["peak"], m["eval"], s["eval"])
+        # what a decode adds to what is resident when it starts: its cache and workspace, with
+        # the allocator's slack (plan.rl's rule), measured as the phase's peak over its
+        # starting RSS (free of the process baseline and of what earlier phases left)
         from tunix_rt.plan import SLACK
 
-        roll = d["decodes"]["rollouts"]
-        grows = (roll["cache"] + roll["workspace"]) * (1 + SLACK["cpu"])
-        out.update(measured_peak_rss=max(m.values()), measured_phases=m, phase_start_rss=phases.starts,
-                   details=d, compare=compare,
-                   rollout_growth=(int(grows), m["rollout"] - phases.starts["rollout"]))
+        def growth(decode: str, phase: str) -> tuple[int, int]:
+            x = d["decodes"][decode]
+            return int((x["cache"] + x["workspace"]) * (1 + SLACK["cpu"])), m[phase] - s[phase]
+
+        out.update(measured_peak_rss=max(m.values()), measured_phases=m, phase_start_rss=s,
+                   details=d, compare=compare, rollout_growth=growth("rollouts", "rollout"))
+        if "held-out eval" in d["decodes"]:
+            out["eval_growth"] = growth("held-out eval", "eval")
     print(json.dumps(out))
 
 

@@ -49,10 +49,21 @@ def run_child(fields: dict, home: Path, timeout: int = 240) -> dict:
     print(f"\n{fields.get('model')} {fields.get('method')}: predicted {out['predicted'] / 1e9:.3f} GB, "
           f"measured peak RSS {out['measured_peak_rss'] / 1e9:.3f} GB "
           f"(ratio {out['measured_peak_rss'] / out['predicted']:.2f}), train {out['train_s']} s")
-    for part, (predicted, measured) in out.get("compare", {}).items():
+    for part, (predicted, measured, start) in out.get("compare", {}).items():
         print(f"  {part}: predicted {predicted / 1e9:.3f} GB, measured {measured / 1e9:.3f} GB "
-              f"(ratio {measured / predicted:.2f})")
+              f"(ratio {measured / predicted:.2f}; from {start / 1e9:.3f} GB at the phase's start: "
+              f"{phase_ratio(predicted, measured, start):.2f})")
     return out
+
+
+def phase_ratio(predicted: int, measured: int, start: int) -> float:
+    """A phase's measured peak RSS over what it should be: its planned peak, or the RSS the
+    phase starts from where that is higher. The allocator keeps the pages an earlier, larger
+    phase freed (the update and the held-out decode start where the rollouts left the RSS),
+    and the plan counts each phase as if it started from its own resident bytes; so a later
+    phase is held to not growing past what it starts from by more than the band, and to its
+    plan where it starts below it (the first phase always does)."""
+    return measured / max(predicted, start)
 
 
 def test_tiny_full_finetune_rss_matches_the_plan(home, tmp_path):
@@ -123,8 +134,8 @@ def test_tiny_grpo_step_rss_matches_the_plan_in_each_phase(home, tmp_path):
     fields = grpo_fields("tiny-gemma3", write_questions(tmp_path / "q.jsonl"), 32, batch_size=4, _threads=1)
     out = run_child(fields, Path(os.environ["TUNIX_RT_HOME"]))
     assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < FRESH_VENV
-    for part, (predicted, measured) in out["compare"].items():
-        assert abs(measured / predicted - 1) < FRESH_VENV, part
+    for part, row in out["compare"].items():
+        assert abs(phase_ratio(*row) - 1) < FRESH_VENV, part
 
 
 @pytest.mark.slow
@@ -141,14 +152,24 @@ def test_gemma3_270m_grpo_step_rss_matches_the_plan_in_each_phase(gemma3_270m, t
     built from a full fp32 |head|, 671 MB), which is the run's peak: 2.943 for 2.879.
     A fresh clone (2026-11-26): rollouts 2.911 for 2.692 (1.08), update 2.484 for 2.332 (1.07),
     the held-out decode 2.905 for 2.520 (1.15: its phase starts at the RSS the rollouts left,
-    plus the fresh venv's file-backed pages); hence 20%."""
+    plus the fresh venv's file-backed pages); hence 20%.
+    The CI of a5484ea (2026-12-07, 572 s of training beside the suite's other process):
+    rollouts 2.567 for 2.231 (1.15), update 2.287 for 1.962 (1.17), held-out decode 2.535 for
+    2.079 (1.22, failed): the later phases measured the pages the rollouts left. Hence each
+    phase is held to the larger of its plan and the RSS it starts from (phase_ratio), and the
+    held-out decode's growth to its planned cache and workspace (one-sided). On a 2-core Xeon
+    (AMX) with that rule: rollouts 2.324 for 2.231 (1.04), update 2.188 from 2.164 at its
+    start (1.01), held-out decode 2.274 from 2.178 (1.04), its growth 96 MB for 366 planned."""
     fields = grpo_fields(str(gemma3_270m), write_questions(tmp_path / "q.jsonl", filler=28), 64,
                          batch_size=1, gradient_checkpointing=True, _threads=2)
     out = run_child(fields, tmp_path / "home", timeout=5400)
     assert out["details"]["peak_phase"] == "rollout" and out["details"]["rollout_decode"] == "rollouts"
     assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < 0.20
-    for part, (predicted, measured) in out["compare"].items():
-        assert abs(measured / predicted - 1) < 0.20, part
+    for part, row in out["compare"].items():
+        assert abs(phase_ratio(*row) - 1) < 0.20, part
+    predicted, measured = out["eval_growth"]  # the held-out decode adds no more than its plan
+    print(f"  held-out eval growth: predicted {predicted / 1e6:.0f} MB, measured {measured / 1e6:.0f} MB")
+    assert measured < 1.2 * predicted
 
 
 @pytest.mark.parametrize("method", ["rft", "dpo-rollouts", "distill-on-policy"])
@@ -178,8 +199,8 @@ def test_tiny_sampling_methods_rss_matches_the_plan_in_each_phase(method, home, 
     assert set(d["decodes"]) == ({"rollouts"} if method == "distill-on-policy" else {"rollouts", "held-out eval"})
     assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < FRESH_VENV
     assert set(out["compare"]) >= {"update", "rollouts"}
-    for part, (predicted, measured) in out["compare"].items():
-        assert abs(measured / predicted - 1) < FRESH_VENV, part
+    for part, row in out["compare"].items():
+        assert abs(phase_ratio(*row) - 1) < FRESH_VENV, part
 
 
 def test_tiny_on_policy_distill_of_long_prompts_grows_by_the_planned_rollouts(home, tmp_path):
@@ -206,5 +227,5 @@ def test_tiny_on_policy_distill_of_long_prompts_grows_by_the_planned_rollouts(ho
     print(f"  rollout growth: predicted {predicted / 1e6:.0f} MB, measured {measured / 1e6:.0f} MB")
     assert abs(measured / predicted - 1) < 0.20
     assert abs(out["measured_peak_rss"] / out["predicted"] - 1) < FRESH_VENV
-    for part, (predicted, measured) in out["compare"].items():
-        assert abs(measured / predicted - 1) < FRESH_VENV, part
+    for part, row in out["compare"].items():
+        assert abs(phase_ratio(*row) - 1) < FRESH_VENV, part
