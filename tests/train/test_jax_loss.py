@@ -110,3 +110,38 @@ def test_one_logits_buffer_per_chunk():
     fn = jax.jit(jax.grad(lambda a: chunked_ce_sum(a, emb, t, w, chunk)))
     temp = fn.lower(h).compile().memory_analysis().temp_size_in_bytes
     assert one <= temp < 1.5 * one, temp / one
+
+
+def test_a_chunk_runs_only_the_prefix_that_holds_its_labelled_rows():
+    """The labelled rows are sorted first, so the last chunk that holds any runs the head on the
+    smallest prefix size that covers them (a quarter of a chunk at a time) and a chunk without
+    any runs nothing; the loss and gradients are the plain reference's at every count around
+    the prefix sizes, with the head frozen (the prefixes) or trained (whole chunks)."""
+    import jax.numpy as jnp
+
+    from tunix_rt.train.jax_loss import _by_prefix, chunked_ce_sum, plain_ce_sum, prefix_sizes
+
+    assert prefix_sizes(256) == (64, 128, 192, 256) and prefix_sizes(5) == (2, 3, 4, 5) and prefix_sizes(1) == (1,)
+    for chunk in (1, 5, 8, 256):
+        sizes = prefix_sizes(chunk)
+        pick = jax.jit(lambda m: _by_prefix(m, lambda: jnp.int32(0), lambda r: jnp.int32(r)))
+        for n in range(chunk + 1):
+            got = int(pick(jnp.arange(chunk) < n))
+            assert got == (0 if n == 0 else min(s for s in sizes if s >= n)), (chunk, n, got)
+
+    rng = np.random.default_rng(3)
+    h = jnp.asarray(rng.normal(size=(2, 12, 8)), jnp.float32)
+    emb = jnp.asarray(rng.normal(size=(40, 8)), jnp.float32)
+    t = jnp.asarray(rng.integers(0, 40, size=(2, 12)), jnp.int32)
+    for labelled in (1, 2, 3, 6, 7, 8, 9, 13, 24):  # chunk 8: prefixes 2, 4, 6, 8
+        w = np.zeros(24, np.float32)
+        w[rng.permutation(24)[:labelled]] = rng.uniform(0.5, 1.5, size=labelled)
+        w = jnp.asarray(w.reshape(2, 12))
+        ref = plain_ce_sum(h, emb, t, w)
+        assert abs(float(chunked_ce_sum(h, emb, t, w, 8)) - float(ref)) < 1e-4, labelled
+        # the head frozen (only h differentiated: the prefixes) and trained (whole chunks)
+        g_ref = jax.grad(lambda a, b: plain_ce_sum(a, b, t, w), argnums=(0, 1))(h, emb)
+        g_got = jax.grad(lambda a, b: chunked_ce_sum(a, b, t, w, 8), argnums=(0, 1))(h, emb)
+        g_h = jax.grad(lambda a: chunked_ce_sum(a, emb, t, w, 8))(h)
+        for a, b in zip((*g_got, g_h), (*g_ref, g_ref[0])):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
