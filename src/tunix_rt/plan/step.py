@@ -229,6 +229,11 @@ def _loss_head_bytes(inp: PlanInputs, f: Facts) -> float:
     if inp.loss_impl == "plain":
         head = f.tokens * p.vocab_size * (12 + (f.wb if f.wb == 2 else 0))
     else:
+        # The JAX engine's frozen head now forms a chunk's logits a slice of the vocabulary at a
+        # time (train.jax_loss._online_head, ~30 MB for the 270M at 256 rows), but the three
+        # whole-vocabulary buffers stay counted: XLA's estimate of the 270M's LoRA step (4 x 256,
+        # plan.xla) fell 3.48 -> 3.02 GiB with it, against 3.20 analytic; counted as sliced, the
+        # analytic falls to 2.45 (0.81 of XLA's): something else XLA holds is not counted
         head = _chunk_tokens(inp, f) * p.vocab_size * 4 * (3 if f.jax else 2)
         if not f.jax and not f.full:
             # a frozen head's logits go a vocabulary slice at a time, in FROZEN_ROWS times taller

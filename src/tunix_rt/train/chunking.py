@@ -38,6 +38,12 @@ VOCAB_PARTS = 16
 #: against 3.44 s in one of 338 x V/16, 676 rows 7.16 s (3 x 226 x V/2) against 6.50 s
 #: (676 x V/16), for less memory held.
 FROZEN_ROWS = 8
+#: the JAX engine's frozen head goes over the vocabulary this many head rows at a time (an
+#: online softmax: jax_loss._online_head), where the vocabulary is larger. Measured on Gemma 3
+#: 270M's head (fp32, 2-core Xeon, 256 rows, loss and dloss/dh of a chunk, XLA temp): whole
+#: vocabulary 1061 ms, 268 MB; slices of 32768 rows 863 ms, 118 MB; 16384: 688 ms, 59 MB;
+#: 8192: 627-647 ms, 30 MB; 4096: 669 ms, 15 MB
+JAX_SLICE_ROWS = 8192
 
 
 def chunk_tokens(chunk_bytes: int, vocab_size: int, logits_bytes: int = LOGITS_BYTES) -> int:

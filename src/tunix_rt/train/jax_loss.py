@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_rt.models import tunix_lean
-from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, chunk_tokens
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, JAX_SLICE_ROWS, chunk_tokens
 from tunix_rt.train.engine import NLL, Objective
 
 tunix_lean.install()  # before any tunix module: tunix/__init__.py imports every trainer (and torch)
@@ -142,6 +142,53 @@ def _chunk_terms(h, emb, t, c, m, a, softcap, objective, want_grad: bool):
     return loss, stats, (dense, own)
 
 
+def _online_head(h, emb, t, softcap):
+    """A frozen head's terms for rows h [r, D] over the vocabulary JAX_SLICE_ROWS rows of emb
+    at a time (an online softmax: a running max, the sum of exponentials and the [r, D] sum
+    of each row's exp(z_v - max) dz_v/draw_v emb_v, rescaled as the max grows): (lse [r], the
+    target's logit [r], that sum over the sum of exponentials [r, D], i.e. sum_v p_v
+    dz_v/draw_v emb_v, and the target's dz/draw [r]). The largest buffer is one slice's
+    [r, JAX_SLICE_ROWS] logits, where the whole vocabulary's were [r, V]."""
+    r, d = h.shape
+    v = emb.shape[0]
+    s = min(v, JAX_SLICE_ROWS)
+    parts, rem = divmod(v, s)
+
+    def step(carry, e, lo):
+        mx, total, acc, zt = carry
+        z = jnp.dot(h, e.T, preferred_element_type=jnp.float32)
+        w = None
+        if softcap is not None:
+            sc = jnp.tanh(z / softcap)
+            z, w = sc * softcap, 1.0 - sc * sc
+        top = jnp.maximum(mx, jnp.max(z, axis=-1))
+        scale = jnp.exp(mx - top)
+        p = jnp.exp(z - top[:, None])
+        total = total * scale + jnp.sum(p, axis=-1)
+        acc = acc * scale[:, None] + jnp.dot(p if w is None else p * w, e, preferred_element_type=jnp.float32)
+        local = t - lo
+        inside = (local >= 0) & (local < e.shape[0])
+        picked = jnp.take_along_axis(z, jnp.clip(local, 0, e.shape[0] - 1)[:, None], axis=-1)[:, 0]
+        return top, total, acc, zt + jnp.where(inside, picked, 0.0)
+
+    carry = (jnp.full((r,), -jnp.inf, jnp.float32), jnp.zeros((r,), jnp.float32), jnp.zeros((r, d), jnp.float32),
+             jnp.zeros((r,), jnp.float32))
+    carry = jax.lax.fori_loop(0, parts, lambda i, c: step(c, jax.lax.dynamic_slice_in_dim(emb, i * s, s), i * s),
+                              carry)
+    if rem:
+        carry = step(carry, emb[parts * s:], parts * s)
+    mx, total, acc, zt = carry
+    own = jnp.ones_like(zt) if softcap is None else 1.0 - (zt / softcap) ** 2
+    return mx + jnp.log(total), zt, acc / total[:, None], own
+
+
+def _objective_terms(logp, c, m, a, objective):
+    """sum of c * phi, the summed statistics and dloss/dlogp per row."""
+    value, dphi, st = phi(objective, logp, a)
+    stats = jnp.zeros(len(STAT_NAMES), jnp.float32) if st is None else jnp.sum(st * m[:, None], axis=0)
+    return jnp.sum(value * c), stats, c * dphi
+
+
 def _chunks(h, targets, coef, mask, aux, chunk):
     """Flatten to tokens, labelled ones first, padded to whole chunks: ([k, chunk, ...] arrays,
     the sort order, the token count)."""
@@ -195,9 +242,11 @@ def _fused(hc, emb, tc, cc, mc, ac, softcap, objective):
 def _fused_fwd(hc, emb, tc, cc, mc, ac, softcap, objective):
     """With gradients: each chunk's dloss/dh (and, when the head trains, dloss/demb,
     accumulated) computed right away. A frozen head (LoRA: emb not differentiated, which
-    symbolic_zeros tells here) runs each chunk's labelled prefix only (_by_prefix); a trained
-    one runs whole chunks, since the switch's branches would each hold a copy of the [V, D]
-    accumulator (XLA's temp for the 270M's full step +403 MB)."""
+    symbolic_zeros tells here) runs each chunk's labelled prefix only (_by_prefix), over the
+    vocabulary a slice at a time where it is larger than JAX_SLICE_ROWS (_online_head); a
+    trained one runs whole chunks and whole vocabularies, since the switch's branches would
+    each hold a copy of the [V, D] accumulator (XLA's temp for the 270M's full step +403 MB)
+    and its gradient needs each row's whole softmax."""
     head_trains = emb.perturbed
     hc, emb, tc, cc, mc, ac = (x.value for x in (hc, emb, tc, cc, mc, ac))
 
@@ -209,9 +258,17 @@ def _fused_fwd(hc, emb, tc, cc, mc, ac, softcap, objective):
     def zeros(h):  # a chunk without labelled tokens: no loss, no gradient
         return jnp.zeros((), jnp.float32), jnp.zeros(len(STAT_NAMES), jnp.float32), jnp.zeros_like(h)
 
+    def online(h, t, c, m, a):  # dloss/dh = g * (own * emb[t] - sum_v p_v dz_v/draw_v emb_v)
+        lse, zt, mean, own = _online_head(h, emb, t, softcap)
+        loss, stats, g = _objective_terms(zt - lse, c, m, a, objective)
+        gh = g[:, None] * (own[:, None] * emb[t].astype(jnp.float32) - mean)
+        return loss, stats, None, None, gh
+
     if not head_trains:
+        sliced = emb.shape[0] > JAX_SLICE_ROWS
+
         def rows(r, h, t, c, m, a):  # the chunk's first r rows; the rest hold no target
-            loss, stats, _, _, gh = terms(h[:r], t[:r], c[:r], m[:r], a[:r])
+            loss, stats, _, _, gh = (online if sliced else terms)(h[:r], t[:r], c[:r], m[:r], a[:r])
             return loss, stats, jnp.pad(gh.astype(h.dtype), ((0, h.shape[0] - r), (0, 0)))
 
         def frozen(carry, xs):
