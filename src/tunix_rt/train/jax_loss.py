@@ -10,7 +10,9 @@ of tokens; each chunk computes its logits, the log-sum-exp and the target logit 
 (no one-hot), phi and, under differentiation, its gradient right away (a custom VJP:
 dloss/dz = coef * phi'(logp) * (onehot - softmax), then dh = dz @ W and dW += dz^T h).
 Backward only scales the stored [N, D] gradient, so nothing is recomputed and the peak extra
-memory is one [chunk, V] block.
+memory is one [chunk, V] block; a frozen head over a vocabulary larger than JAX_SLICE_ROWS
+forms it a slice at a time (an online softmax, `_online_head`), one [chunk, JAX_SLICE_ROWS]
+block.
 
 The tokens with a target are moved to the front first (a stable sort), so the chunks after
 them hold only prompt and padding and are skipped at run time, and the last chunk that holds
@@ -129,12 +131,9 @@ def _chunk_terms(h, emb, t, c, m, a, softcap, objective, want_grad: bool):
         z = s * softcap
     lse = jax.nn.logsumexp(z, axis=-1)
     logp = jnp.take_along_axis(z, t[:, None], axis=-1)[:, 0] - lse
-    value, dphi, st = phi(objective, logp, a)
-    loss = jnp.sum(value * c)
-    stats = jnp.zeros(len(STAT_NAMES), jnp.float32) if st is None else jnp.sum(st * m[:, None], axis=0)
+    loss, stats, g = _objective_terms(logp, c, m, a, objective)
     if not want_grad:
         return loss, stats, None
-    g = c * dphi  # dloss/dlogp per row
     dense, own = -jnp.exp(z - lse[:, None]) * g[:, None], g
     if s is not None:  # through the softcap: d tanh = 1 - s^2, the target's own entry too
         s_t = jnp.take_along_axis(s, t[:, None], axis=-1)[:, 0]
@@ -261,14 +260,17 @@ def _fused_fwd(hc, emb, tc, cc, mc, ac, softcap, objective):
     def online(h, t, c, m, a):  # dloss/dh = g * (own * emb[t] - sum_v p_v dz_v/draw_v emb_v)
         lse, zt, mean, own = _online_head(h, emb, t, softcap)
         loss, stats, g = _objective_terms(zt - lse, c, m, a, objective)
-        gh = g[:, None] * (own[:, None] * emb[t].astype(jnp.float32) - mean)
-        return loss, stats, None, None, gh
+        return loss, stats, g[:, None] * (own[:, None] * emb[t].astype(jnp.float32) - mean)
+
+    def whole(h, t, c, m, a):
+        loss, stats, _, _, gh = terms(h, t, c, m, a)
+        return loss, stats, gh
 
     if not head_trains:
-        sliced = emb.shape[0] > JAX_SLICE_ROWS
+        head = online if emb.shape[0] > JAX_SLICE_ROWS else whole
 
         def rows(r, h, t, c, m, a):  # the chunk's first r rows; the rest hold no target
-            loss, stats, _, _, gh = (online if sliced else terms)(h[:r], t[:r], c[:r], m[:r], a[:r])
+            loss, stats, gh = head(h[:r], t[:r], c[:r], m[:r], a[:r])
             return loss, stats, jnp.pad(gh.astype(h.dtype), ((0, h.shape[0] - r), (0, 0)))
 
         def frozen(carry, xs):
