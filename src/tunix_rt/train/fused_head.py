@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from tunix_rt.train import cpu_matmul
+
 
 def head_forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, n_stats: int, chunk: int, one) -> tuple:
     """The forward of a fused head objective over `hidden`'s rows in chunks of `chunk`, shared by
@@ -26,9 +28,9 @@ def head_forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, n_stats: int, 
         total += loss
         if st is not None:
             stats += st
-        grad_h[sl] = g @ weight
+        grad_h[sl] = cpu_matmul.mm(g, weight)
         if want_w:
-            grad_w.addmm_(g.t().float(), h.float())
+            grad_w.addmm_(g.t().float(), h.float())  # in place: no second [V, H] buffer
     ctx.save_for_backward(grad_h, grad_w if want_w else torch.empty(0))
     ctx.want_w, ctx.w_dtype = want_w, weight.dtype
     ctx.mark_non_differentiable(stats)

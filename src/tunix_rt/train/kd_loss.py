@@ -38,6 +38,7 @@ import math
 
 import torch
 
+from tunix_rt.train import cpu_matmul
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, rows_per_chunk
 from tunix_rt.train.data import IGNORE
 from tunix_rt.train.fused_head import head_backward, head_forward
@@ -84,9 +85,9 @@ def _chunk(hs, ws, ht, wt, y, c, objective, softcaps, want_grad: bool):
     """One chunk: sum_t c_t * loss_t, the statistics [4] and (want_grad) dloss/dz [c, V]."""
     T, alpha = objective.temperature, objective.alpha
     beta = jsd_beta(objective.kd_loss, objective.kd_beta)
-    zs, ts = capped(hs @ ws.t(), softcaps[0])
+    zs, ts = capped(cpu_matmul.mm(hs, ws.t()), softcaps[0])
     with torch.no_grad():
-        zt, _ = capped(ht @ wt.t(), softcaps[1])
+        zt, _ = capped(cpu_matmul.mm(ht, wt.t()), softcaps[1])
         log_p = torch.log_softmax(zt / T, dim=-1)
     del zt
     log_q = torch.log_softmax(zs / T, dim=-1)

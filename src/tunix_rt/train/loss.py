@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tunix_rt.train import cpu_matmul
 from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, VOCAB_PARTS, rows_per_chunk
 from tunix_rt.train.data import IGNORE
 from tunix_rt.train.engine import NLL, POLICY_AUX, Objective
@@ -75,8 +76,12 @@ def _block(buf: torch.Tensor | None, rows: int, cols: int) -> torch.Tensor | Non
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, softcap: float | None, buf: torch.Tensor | None = None):
     """fp32 logits of one chunk (into `buf`'s first rows when given: logits_buffer); with a
     cap, also tanh(z / cap) for the derivative."""
-    z = torch.mm(h, weight.t(), out=_block(buf, h.shape[0], weight.shape[0])) if buf is not None \
-        else (h @ weight.t()).float()
+    if cpu_matmul.applies(h, weight):  # oneDNN writes a fresh block (train.cpu_matmul)
+        z = cpu_matmul.mm(h, weight.t())
+    elif buf is not None:
+        z = torch.mm(h, weight.t(), out=_block(buf, h.shape[0], weight.shape[0]))
+    else:
+        z = (h @ weight.t()).float()
     if softcap is None:
         return z, None
     t = z.div_(softcap).tanh_()  # in place: one [c, V] buffer
@@ -158,7 +163,7 @@ def frozen_head_rows(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, sof
             cap_y = torch.where(inside, d[rows, idx], cap_y)
             p.mul_(d)
         if want_grad:
-            a = (p.to(weight.dtype) @ w).float()
+            a = cpu_matmul.mm(p.to(weight.dtype), w).float()
             if acc is None:
                 acc, top = a, m
             else:

@@ -64,6 +64,7 @@ class TorchEngine:
         from tunix_rt.evidence import cpu_facts
         from tunix_rt.heap import allocator, tune_cpu_allocator
         from tunix_rt.train.common import check_dtype
+        from tunix_rt.train.cpu_matmul import backend as matmul_backend
 
         self.device = torch_device(self.cfg.device, dist.local_rank())  # torchrun: one GPU per process
         check_dtype(self.cfg, self.device.type)
@@ -73,7 +74,7 @@ class TorchEngine:
 
             return {"platform": "cpu", "count": 1, "names": [cpu_facts()["model"]],
                     "memory_bytes": [int(psutil.virtual_memory().total)], "threads": torch.get_num_threads(),
-                    "processes": dist.world(), "allocator": allocator()}
+                    "processes": dist.world(), "allocator": allocator(), "matmul": matmul_backend()}
         props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
         return {"platform": "cuda", "count": len(props), "names": [p.name for p in props],
                 "memory_bytes": [int(p.total_memory) for p in props], "used_index": self.device.index or 0,
@@ -486,6 +487,7 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
     import torch
 
     from tunix_rt.models.hf import load_causal_lm
+    from tunix_rt.train.cpu_matmul import route_linears
     from tunix_rt.train.fused_mlp import fuse_gated_mlps
     from tunix_rt.train.recompute import keep_recipes
 
@@ -500,6 +502,7 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
         model = get_peft_model(model, lora)
     else:
         model.requires_grad_(True)
+    route_linears(model)  # fp32 on an AVX-512 AMD CPU: oneDNN's products (train.cpu_matmul)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:  # the projections' inputs remade in backward (gradient checkpointing remakes everything)
