@@ -237,3 +237,15 @@ class _disabled:
 
     def __exit__(self, *exc):
         self.layer.enable_adapters(True)
+
+
+def test_flop_counter_counts_onednn_products(lib):
+    """FlopCounterMode counts both overloads (2·M·K·N; the add post-op is no product)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    lib("onednn")
+    x, w, other = torch.randn(2, 5, 24), torch.randn(40, 24), torch.randn(10, 40)
+    with FlopCounterMode(display=False) as counter:
+        cpu_matmul.linear(x, w)
+        cpu_matmul._add_product(x.reshape(10, 24), w, other)
+    assert counter.get_total_flops() == 2 * (2 * 10 * 24 * 40)

@@ -86,6 +86,30 @@ def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b
 
 
+def _onednn_flops(x_shape, *args, **kwargs) -> int:
+    """torch.utils.flop_counter's count of one oneDNN product: 2·M·K·N (its add post-op not
+    counted, as FlopCounterMode counts no addition). Overloads: (X, W, B, attr, ...) and
+    .binary (X, other, W, B, attr)."""
+    w_shape = args[0] if isinstance(args[2], str) else args[1]  # .default's attr, or .binary's B
+    m = 1
+    for d in x_shape[:-1]:
+        m *= d
+    return 2 * m * x_shape[-1] * w_shape[0]
+
+
+def _count_flops() -> None:
+    """Let FlopCounterMode count oneDNN's products (benchmarks and tests count the FLOPs a step
+    runs; tests/benchmarks/test_sft_flops)."""
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    packet = torch.ops.mkldnn._linear_pointwise
+    if packet not in flop_registry:
+        register_flop_formula(packet)(_onednn_flops)
+
+
+_count_flops()
+
+
 class _Linear(torch.autograd.Function):
     """x @ W^T (+ bias) with oneDNN's products forward and backward: dx = dy @ W, and where W
     trains dW = dy^T @ x (x is kept only then)."""
