@@ -253,6 +253,8 @@ ALLOWED_PRIVATE = {
     "_version": "torch.Tensor._version: the in-place version counter (fast_gemma's head cache); torch has no "
                 "public accessor",
     "_int_mm": "torch._int_mm: the int8 matmul kernel (screened_head); torch has no public int8 matmul",
+    "_linear_pointwise": "torch.ops.mkldnn._linear_pointwise: oneDNN's fp32 product (train.cpu_matmul); torch's "
+                         "public fp32 CPU products always call MKL, whose AVX2 code is half of an AVX-512 AMD CPU",
     "_trial_id": "optuna FrozenTrial._trial_id: a worker reopens the running trial the sweep enqueued; optuna "
                  "has no public way to build a Trial of another process's trial",
 }
