@@ -197,7 +197,7 @@ def main() -> None:
     def show(r: int, side: str, res: dict) -> None:
         print(f"round {r + 1} {side:5s}: {statistics.median(res['step_s']):.2f} s/step, "
               f"{res['pairs_per_s']:.3f} pairs/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB "
-              f"({res.get('allocator')} malloc)", flush=True)
+              f"({res.get('allocator')} malloc, {res.get('matmul')} products)", flush=True)
 
     results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
     med = {s: {"pairs_per_s": statistics.median(x["pairs_per_s"] for x in v),

@@ -459,7 +459,7 @@ def main() -> None:
     def show(r: int, side: str, res: dict) -> None:
         print(f"round {r + 1} {side:5s}: {res['s_per_step']:.1f} s/step, {res['completions_per_s']:.3f} "
               f"completions/s, {res['tokens_per_step']:.0f} completion tokens/step, {res['tokens_per_s']:.1f} "
-              f"tokens/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB ({res.get('allocator')} malloc)", flush=True)
+              f"tokens/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB ({res.get('allocator')} malloc, {res.get('matmul')} products)", flush=True)
 
     results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
     keys = ("completions_per_s", "s_per_step", "tokens_per_step", "tokens_per_s", "s_per_1k_tokens", "peak_rss")

@@ -97,7 +97,7 @@ def run_side(side: str, data: Path, args) -> dict:
     return {"side": "torch", "step_s": statistics.median(steps), "tokens_per_s": res["tokens_per_s"],
             "cpu_s_per_step": tokens / res["tokens_per_cpu_s"], "peak_rss": res["peak_rss"],
             "rss_after_load": None, "losses": res["losses"], "compile_s_taken_out": 0.0,
-            "allocator": res["allocator"]}
+            "allocator": res["allocator"], "matmul": res.get("matmul")}
 
 
 # --------------------------------------------------------------------------- worker
@@ -288,7 +288,7 @@ def main() -> None:
         after = f" (after load {res['rss_after_load'] / 2**30:.2f})" if res["rss_after_load"] else ""
         print(f"round {r + 1} {side:5s}: {res['step_s']:.2f} s/step ({res['cpu_s_per_step']:.1f} CPU-s), "
               f"{res['tokens_per_s']:.0f} tok/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB{after}, "
-              f"first loss {res['losses'][0]:.5f}, {res.get('allocator')} malloc"
+              f"first loss {res['losses'][0]:.5f}, {res.get('allocator')} malloc, {res.get('matmul')} products"
               + (f", compilation taken out {res['compile_s_taken_out']:.1f} s" if res["compile_s_taken_out"] else ""),
               flush=True)
 

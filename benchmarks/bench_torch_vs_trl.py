@@ -167,7 +167,7 @@ def main(args) -> None:
     def show(r: int, side: str, res: dict) -> None:
         print(f"  round {r + 1} {side:4s}: {res['step_s_mean']:.2f} s/step, {res['tokens_per_s']:.1f} tokens/s, "
               f"peak RSS {res['peak_rss'] / 2**30:.2f} GiB, last loss {res['last_loss']:.4f} "
-              f"(load avg {os.getloadavg()[0]:.1f}; {res.get('allocator')} malloc)", flush=True)
+              f"(load avg {os.getloadavg()[0]:.1f}; {res.get('allocator')} malloc, {res.get('matmul')} products)", flush=True)
 
     results = alternate(("ours", "trl"), args.rounds, lambda side: run_side(side, data, args), show)
     measured = {side: sum(f["total"] for f in fs[args.warmup:]) for side, fs in flops.items()}

@@ -44,10 +44,18 @@ def run_worker(script: str | Path, side: str, data: Path, flags: Sequence[str]) 
     return json.loads(line[len(TAG):])
 
 
+def matmul() -> str:
+    """Whose fp32 CPU products this worker ran: "onednn" where tunix_rt.train.cpu_matmul routed a
+    model's layers, "torch" (MKL) where torch ran without that, "xla" in a JAX-only worker."""
+    routed = getattr(sys.modules.get("tunix_rt.train.cpu_matmul"), "routed", 0)
+    return "onednn" if routed else ("torch" if "torch" in sys.modules else "xla")
+
+
 def print_result(side: str, res: dict) -> None:
     """A worker's last act: print `res` as its TAG line, with its side, this process's peak
     RSS (model loading included) and CPU seconds added."""
-    res.update({"side": side, "peak_rss": peak_rss_bytes(), "cpu_s": time.process_time(), "allocator": allocator()})
+    res.update({"side": side, "peak_rss": peak_rss_bytes(), "cpu_s": time.process_time(), "allocator": allocator(),
+                "matmul": matmul()})
     print(TAG + json.dumps(res), flush=True)
 
 

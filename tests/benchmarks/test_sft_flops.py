@@ -42,6 +42,8 @@ def _batch(lengths=(12, 9), prompt=4) -> list[list[dict]]:
 
 def _counted(worker, data: dict, args) -> tuple[int, int]:
     """(attention FLOPs, all other matmul FLOPs) FlopCounterMode counts over `worker`'s run."""
+    import tunix_rt.train.cpu_matmul  # noqa: F401  its FLOP formula for oneDNN's products, registered on
+    # import, must be in place before the mode copies the registry (the worker imports it only later)
     with FlopCounterMode(display=False, custom_mapping=MISSING) as fc:
         worker(data, args)
     counts = fc.get_flop_counts()["Global"]

@@ -37,6 +37,8 @@ import torch.nn as nn
 
 ENV = "TUNIX_RT_CPU_MATMUL"
 CHOICES = ("auto", "onednn", "mkl")
+routed = 0
+"""Layers route_linears has given oneDNN's products in this process (benchmarks report it)."""
 
 
 def _cpu_vendor() -> str:
@@ -234,4 +236,6 @@ def route_linears(model: nn.Module) -> int:
         elif LoraLayer is not None and type(m) is LoraLayer:
             m.forward = types.MethodType(_lora_forward(type(m).forward), m)
             n += 1
+    global routed
+    routed += n
     return n
