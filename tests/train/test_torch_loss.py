@@ -250,16 +250,21 @@ def test_the_policy_objective_keeps_every_tensor_on_the_logits_device():
         assert value.device.type == grad.device.type == stats.device.type == "meta" and stats.shape == (4,)
 
 
+@pytest.mark.parametrize("matmul", ["mkl", "onednn"])
 @pytest.mark.parametrize("parts", [1, 2, 3, 16])
 @pytest.mark.parametrize("cap", [None, 3.0])
-def test_frozen_head_rows_in_vocabulary_slices(parts, cap):
+def test_frozen_head_rows_in_vocabulary_slices(parts, cap, matmul, monkeypatch):
     """A frozen head's rows, the vocabulary in slices (an online softmax): log p(y) and
     ((onehot - softmax) * cap') @ W equal autograd through the full fp64 logits, on a
     vocabulary the slices do not divide; the no-gradient pass gives the same log-probs to
     the bit, and the whole-vocabulary path (a training head) the same to rounding (the bits
     of one [c, V] matmul and of its slices' may differ with the threads' split)."""
+    from tunix_rt.train import cpu_matmul
     from tunix_rt.train.loss import _chunk_logits, _target_logp, frozen_head_rows, logits_buffer
 
+    monkeypatch.setenv(cpu_matmul.ENV, matmul)  # either library's products (train.cpu_matmul)
+    cpu_matmul.backend.cache_clear()
+    monkeypatch.setattr(cpu_matmul, "SLICE_ROWS", 7)  # the whole-vocabulary block filled in slices
     torch.manual_seed(0)
     v = 50 if parts < 16 else 16 * 40 + 7  # slices at least 17 wide (narrower ones take other matmul kernels)
     h = torch.randn(13, 16, dtype=torch.float64, requires_grad=True)
@@ -272,10 +277,16 @@ def test_frozen_head_rows_in_vocabulary_slices(parts, cap):
     (ref_g,) = torch.autograd.grad(ref.sum(), h)
     h32, w32 = h.detach().float(), w.float()
     buf = logits_buffer(13, 13, w32, parts)
-    assert buf.numel() == 13 * -(-v // parts)
+    if parts > 1 and matmul == "onednn":
+        assert buf is None  # each slice's block is oneDNN's own, small and freed before the next
+    else:
+        assert buf.numel() == 13 * -(-v // parts)
     logp, g = frozen_head_rows(h32, w32, y, cap, buf, parts)
     torch.testing.assert_close(logp.double(), ref.detach(), atol=2e-6, rtol=1e-6)  # fp32 of |logp| ~ 23
     torch.testing.assert_close(g.double(), ref_g, atol=2e-6, rtol=0)
     assert torch.equal(frozen_head_rows(h32, w32, y, cap, None, parts, want_grad=False)[0], logp)
-    zz, _ = _chunk_logits(h32, w32, cap, logits_buffer(13, 13, w32))
+    whole = logits_buffer(13, 13, w32)
+    zz, tt = _chunk_logits(h32, w32, cap, whole)
+    assert (zz if cap is None else tt).data_ptr() == whole.data_ptr()  # the block is the buffer, either library
     torch.testing.assert_close(_target_logp(zz, y, False, parts)[1], logp, atol=1e-5, rtol=0)
+    cpu_matmul.backend.cache_clear()

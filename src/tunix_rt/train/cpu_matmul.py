@@ -37,6 +37,9 @@ import torch.nn as nn
 
 ENV = "TUNIX_RT_CPU_MATMUL"
 CHOICES = ("auto", "onednn", "mkl")
+SLICE_ROWS = 4096
+"""A whole-vocabulary block of logits (a trained head's chunk) is written into its buffer this
+many of the head's rows at a time (oneDNN's products have no out=)."""
 routed = 0
 """Layers route_linears has given oneDNN's products in this process (benchmarks report it)."""
 

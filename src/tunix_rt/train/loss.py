@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from tunix_rt.train import cpu_matmul
-from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, VOCAB_PARTS, rows_per_chunk
+from tunix_rt.train.chunking import DEFAULT_CHUNK_BYTES, rows_per_chunk, vocab_parts
 from tunix_rt.train.data import IGNORE
 from tunix_rt.train.engine import NLL, POLICY_AUX, Objective
 from tunix_rt.train.fused_head import head_backward, head_forward
@@ -63,8 +63,8 @@ def logits_buffer(rows: int, chunk: int, weight: torch.Tensor, parts: int = 1) -
     blocks to the OS: heap.tune_cpu_allocator). Measured on the 270M's DPO step
     (benchmarks/bench_dpo.py's pairs, 2-core AVX2 EPYC, 9 steps each): peak RSS 2.94-2.97 GiB
     against 3.13-3.21, median step 14.98 s against 16.49."""
-    if weight.dtype != torch.float32 or rows == 0:
-        return None
+    if weight.dtype != torch.float32 or rows == 0 or (parts > 1 and cpu_matmul.applies(weight)):
+        return None  # (oneDNN's products are fresh blocks: a slice's is small, freed before the next)
     return torch.empty(min(rows, chunk) * -(-weight.shape[0] // parts), dtype=torch.float32, device=weight.device)
 
 
@@ -76,8 +76,13 @@ def _block(buf: torch.Tensor | None, rows: int, cols: int) -> torch.Tensor | Non
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, softcap: float | None, buf: torch.Tensor | None = None):
     """fp32 logits of one chunk (into `buf`'s first rows when given: logits_buffer); with a
     cap, also tanh(z / cap) for the derivative."""
-    if cpu_matmul.applies(h, weight):  # oneDNN writes a fresh block (train.cpu_matmul)
-        z = cpu_matmul.mm(h, weight.t())
+    if cpu_matmul.applies(h, weight):  # oneDNN (train.cpu_matmul) writes fresh blocks: into the buffer
+        if buf is None:  # a slice at a time where there is one (no second whole-vocabulary block)
+            z = cpu_matmul.mm(h, weight.t())
+        else:
+            z = _block(buf, h.shape[0], weight.shape[0])
+            for v0 in range(0, weight.shape[0], cpu_matmul.SLICE_ROWS):
+                z[:, v0:v0 + cpu_matmul.SLICE_ROWS] = cpu_matmul.mm(h, weight[v0:v0 + cpu_matmul.SLICE_ROWS].t())
     elif buf is not None:
         z = torch.mm(h, weight.t(), out=_block(buf, h.shape[0], weight.shape[0]))
     else:
@@ -106,14 +111,14 @@ def _slice_stats(zs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return m.squeeze(1), zs.sub_(m).exp_().sum(dim=-1)
 
 
-def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int = VOCAB_PARTS):
+def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int | None = None):
     """log softmax(z)[y] of a chunk's whole-vocabulary fp32 logits (the head trains, or a
     no-gradient objective), and (want_p) the softmax itself, left in z's own buffer (no second
     [c, V] buffer): (rows, logp, p). The sums go slice by slice as in frozen_head_rows (the
     two agree to rounding: one [c, V] matmul's bits and its slices' may differ with the
     threads' split); a trained head's no-gradient log-probs come from here too (chunked_logprobs)."""
     c, v = z.shape
-    width = -(-v // parts)
+    width = -(-v // (parts or vocab_parts(z.device.type)))
     rows = torch.arange(c, device=z.device)
     target = z[rows, y]
     maxes, sums = [], []
@@ -129,7 +134,7 @@ def _target_logp(z: torch.Tensor, y: torch.Tensor, want_p: bool, parts: int = VO
 
 
 def frozen_head_rows(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, softcap: float | None,
-                     buf: torch.Tensor | None = None, parts: int = VOCAB_PARTS, want_grad: bool = True):
+                     buf: torch.Tensor | None = None, parts: int | None = None, want_grad: bool = True):
     """For one chunk of rows through a head that does not train: log p(y) [c] and (want_grad)
     G = ((onehot_y - softmax) * cap') @ W [c, H], with the vocabulary in `parts` slices, one
     [c, V / parts] block of logits at a time (in `buf`: logits_buffer with these parts). An
@@ -142,7 +147,7 @@ def frozen_head_rows(h: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, sof
     pass; token_objective without autograd) come from here too, in the same chunks, so they
     equal the training pass's to the bit."""
     c, v = h.shape[0], weight.shape[0]
-    width = -(-v // parts)
+    width = -(-v // (parts or vocab_parts(weight.device.type)))
     rows = torch.arange(c, device=h.device)
     target = torch.zeros(c, dtype=torch.float32, device=h.device)  # the logits are fp32 (_chunk_logits)
     cap_y = torch.ones(c, dtype=torch.float32, device=h.device)
@@ -202,7 +207,7 @@ def _frozen_head_objective(ctx, hidden, weight, targets, coef, aux, chunk, softc
     grad_h = torch.empty_like(hidden)
     total = torch.zeros((), dtype=torch.float32, device=hidden.device)
     stats = torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=hidden.device)
-    buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS)
+    buf = logits_buffer(hidden.shape[0], chunk, weight, vocab_parts(weight.device.type))
     for s in range(0, hidden.shape[0], chunk):
         sl = slice(s, s + chunk)
         logp, g = frozen_head_rows(hidden[sl], weight, targets[sl], softcap, buf)
@@ -253,7 +258,7 @@ def token_objective(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.T
     with torch.no_grad():  # the training pass's chunks and log-probs, to the bit
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         stats = torch.zeros(len(STAT_NAMES), dtype=torch.float32, device=hidden.device)
-        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS if frozen else 1)
+        buf = logits_buffer(hidden.shape[0], chunk, weight, vocab_parts(weight.device.type) if frozen else 1)
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, s + chunk)
             a = None if aux is None else aux[sl]
@@ -276,7 +281,7 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     frozen = not weight.requires_grad
     chunk = rows_per_chunk(hidden.shape[0], chunk_bytes, weight.shape[0], frozen)
     with torch.no_grad():  # the training pass's chunks and rule (a frozen or a trained head's): its log-probs to the bit
-        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS if frozen else 1)
+        buf = logits_buffer(hidden.shape[0], chunk, weight, vocab_parts(weight.device.type) if frozen else 1)
         for s in range(0, hidden.shape[0], chunk):
             h, y = hidden[s:s + chunk], targets[s:s + chunk]
             out[s:s + chunk] = frozen_head_rows(h, weight, y, softcap, buf, want_grad=False)[0] if frozen \
@@ -297,7 +302,7 @@ class FusedSequenceLogprobs(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, chunk: int, softcap: float | None):
         out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden)
-        buf = logits_buffer(hidden.shape[0], chunk, weight, VOCAB_PARTS)
+        buf = logits_buffer(hidden.shape[0], chunk, weight, vocab_parts(weight.device.type))
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, s + chunk)
             out[sl], grad_h[sl] = frozen_head_rows(hidden[sl], weight, targets[sl], softcap, buf)
