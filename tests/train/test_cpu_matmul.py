@@ -249,3 +249,80 @@ def test_flop_counter_counts_onednn_products(lib):
         cpu_matmul.linear(x, w)
         cpu_matmul._add_product(x.reshape(10, 24), w, other)
     assert counter.get_total_flops() == 2 * (2 * 10 * 24 * 40)
+
+
+def test_a_routed_output_may_change_in_place_and_empty_inputs_fall_back(lib):
+    """Callers may add into a routed layer's output, as into F.linear's (PEFT's adapter_names
+    path does); an input with no rows goes to torch (oneDNN builds no product with an empty
+    side), with zero gradients; `mm` under autograd is torch's (oneDNN's op has no gradient)."""
+    lib("onednn")
+    x = torch.randn(3, 24, requires_grad=True)
+    w = torch.randn(40, 24, requires_grad=True)
+    y = cpu_matmul.linear(x, w)
+    y.add_(1.0)
+    y.sum().backward()
+    close(x.grad, torch.ones(3, 40, dtype=torch.float64) @ w.detach().double())
+    close(w.grad, torch.ones(40, 3, dtype=torch.float64) @ x.detach().double())
+    empty = torch.randn(0, 24, requires_grad=True)
+    out = cpu_matmul.linear(empty, w)
+    assert out.shape == (0, 40) and type(out.grad_fn).__name__ != "_LinearBackward"
+    model = _lora_block(8)
+    cpu_matmul.route_linears(model)
+    assert model(torch.randn(2, 0, 24)).shape == (2, 0, 40)
+    a = torch.randn(4, 24, requires_grad=True)
+    prod = cpu_matmul.mm(a, w.detach().t())
+    assert prod.grad_fn is not None  # recorded by autograd: torch's product
+    prod.sum().backward()
+    close(a.grad, torch.ones(4, 40, dtype=torch.float64) @ w.detach().double())
+    assert cpu_matmul.mm(torch.randn(0, 24), w.detach().t()).shape == (0, 40)
+
+
+def test_peft_mixed_adapter_batches_train_through_routed_layers(lib):
+    """PEFT's adapter_names path (its own forward, adding into the base's output in place)
+    through routed factors: values and gradients equal the unrouted layer's to rounding."""
+    import copy
+
+    lib("onednn")
+    model = _lora_block(8)
+    ref = copy.deepcopy(model)
+    cpu_matmul.route_linears(model)
+    x = torch.randn(2, 3, 24)
+    xs = [x.clone().requires_grad_(), x.clone().requires_grad_()]
+    ys = [m.proj(xi, adapter_names=["default", "default"]) for m, xi in zip((model, ref), xs)]
+    up = torch.randn(2, 3, 40)
+    for y in ys:
+        y.backward(up)
+    close(ys[0], ys[1].double())
+    close(xs[0].grad, xs[1].grad.double())
+    close(model.proj.lora_A["default"].weight.grad, ref.proj.lora_A["default"].weight.grad.double())
+
+
+@pytest.mark.parametrize("name", ["onednn", "mkl"])
+def test_a_full_runs_reference_equals_its_policy_at_step_0_to_the_bit(lib, name, tmp_path):
+    """finetune=full's reference model (TorchEngine.reference_module) goes through the same
+    library as the policy, so their log-probs at step 0 are equal to the bit."""
+    from types import SimpleNamespace
+
+    from tunix_rt.models.catalog import get_preset
+    from tunix_rt.models.tiny import build_tiny
+    from tunix_rt.train.config import TrainConfig
+    from tunix_rt.train.torch_engine import TorchEngine
+
+    lib(name)
+    model_dir = build_tiny(get_preset("tiny-gemma3"), tmp_path / "tiny")
+    cfg = TrainConfig(model=str(model_dir), dataset="x", finetune="full", batch_size=2, max_seq_len=32,
+                      dtype="fp32", device="cpu", engine="torch")
+    engine = TorchEngine(cfg)
+    engine.devices()
+    engine.setup(model_dir, SimpleNamespace(pad_id=0))
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 200, (2, 24), generator=g)
+    labels = ids.clone()
+    labels[:, :8] = -100
+    t = {"input_ids": ids, "labels": labels, "position_ids": torch.arange(24).expand(2, 24),
+         "coef": torch.ones(2, 24)}
+    with torch.no_grad():
+        engine.module.eval()
+        policy = engine.module(t, logprobs=True)
+        reference = engine.reference_module()(t, logprobs=True)
+    assert torch.equal(policy, reference)

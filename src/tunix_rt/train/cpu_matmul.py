@@ -20,10 +20,13 @@ Which library a process uses (`backend()`), decided once and the same for the wh
   was measured faster; torch's own (MKL) everywhere else: on Intel CPUs MKL uses their full
   width, and on AVX2-only CPUs nothing was measured.
 Where it applies: fp32 tensors on the CPU (`applies`). The training model's nn.Linear layers
-and PEFT LoRA layers (`route_linears`; a plain LoRA layer as one fused op, _LoraLinear) and the fused loss head's products (train.loss,
-train.fused_head, train.kd_loss through `mm`). Evaluation, serving and chat keep torch's
-products (their logits equal transformers' to the bit); the rollouts' decode has its own
-kernel (eval.int8_kernel.f32_linear).
+and PEFT LoRA layers (`route_linears`; a plain LoRA layer as one fused op, _LoraLinear), a
+full fine-tuning run's reference model (so its log-probs equal the policy's at step 0), and
+the fused loss head's products (train.loss, train.fused_head, train.kd_loss through `mm`).
+So whatever a run computes with its own model goes through them too: its held-out loss, the
+prefill of its rollouts and in-run evaluations. `tunix-rt eval`, serving and chat load their
+own models and keep torch's products (their logits equal transformers' to the bit); the
+rollouts' decode steps have their own kernel (eval.int8_kernel.f32_linear).
 """
 
 from __future__ import annotations
@@ -83,10 +86,16 @@ def _onednn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [None], "")
 
 
+def _autograd(*ts: torch.Tensor) -> bool:
+    """Whether autograd would record a product of these (oneDNN's op has no gradient formula)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [M, K] @ b [K, N] (b may be a transposed view), through oneDNN where it applies; for
-    the loss head's products, which run without autograd."""
-    if applies(a, b) and a.dim() == 2 and b.dim() == 2:
+    """a [M, K] @ b [K, N] (b may be a transposed view), through oneDNN where it applies and no
+    gradient is recorded (the loss head's products run inside its Function's forward); empty
+    operands go to torch (oneDNN builds no product with an empty side)."""
+    if applies(a, b) and a.dim() == 2 and b.dim() == 2 and a.numel() and b.numel() and not _autograd(a, b):
         return _onednn(a, b.t())
     return a @ b
 
@@ -123,8 +132,12 @@ class _Linear(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
         ctx.want = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
         ctx.save_for_backward(x if ctx.want[1] else None, weight)
-        y = _onednn(x.reshape(-1, x.shape[-1]), weight).view(*x.shape[:-1], weight.shape[0])
-        return y if bias is None else y.add_(bias)
+        y = _onednn(x.reshape(-1, x.shape[-1]), weight)
+        if bias is not None:
+            y.add_(bias)
+        # detached: not a view of the Function's own tensor, so callers may change it in place
+        # (PEFT's adapter_names path adds into it), as they may F.linear's output
+        return y.view(*x.shape[:-1], weight.shape[0]).detach()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -143,7 +156,8 @@ class _Linear(torch.autograd.Function):
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear, through oneDNN (with autograd) where it applies."""
-    if applies(x, weight) and (bias is None or applies(bias)) and weight.dim() == 2 and x.dim() >= 1:
+    if applies(x, weight) and (bias is None or applies(bias)) and weight.dim() == 2 and x.dim() >= 1 \
+            and x.numel() and weight.numel():  # (oneDNN builds no product with an empty side)
         return _Linear.apply(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
@@ -172,7 +186,7 @@ class _LoraLinear(torch.autograd.Function):
         y = _add_product(t, b, _onednn(x2, w))
         ctx.s, ctx.want = s, ctx.needs_input_grad[:4]
         ctx.save_for_backward(x, t, w, a, b)
-        return y.view(*x.shape[:-1], w.shape[0])
+        return y.view(*x.shape[:-1], w.shape[0]).detach()  # not a view: see _Linear
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -212,7 +226,7 @@ def _plain_lora(m) -> tuple | None:
 
 def _lora_forward(orig):
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        parts = None if args or kwargs else _plain_lora(self)
+        parts = None if args or kwargs or not x.numel() else _plain_lora(self)
         if parts is None or not applies(x, *parts[:3]):
             return orig(self, x, *args, **kwargs)
         return _LoraLinear.apply(x, *parts)

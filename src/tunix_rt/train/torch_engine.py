@@ -202,17 +202,19 @@ class TorchEngine:
     def reference_module(self):
         """finetune=full's reference policy: the model the run started from (model_dir: the base,
         or the `init` run's merged model; a resumed run reads it there too, never a checkpoint),
-        frozen, built as the trained one is (the fused MLPs: at step 0 its log-probs are the
-        policy's to the bit), on every process whole; loaded once, at the first reference pass,
-        without touching the RNG streams a checkpoint holds."""
+        frozen, built as the trained one is (the fused MLPs, the products' library: at step 0 its
+        log-probs are the policy's to the bit), on every process whole; loaded once, at the first
+        reference pass, without touching the RNG streams a checkpoint holds."""
         if self._reference is None:
             from tunix_rt.models.hf import load_causal_lm
+            from tunix_rt.train.cpu_matmul import route_linears
             from tunix_rt.train.fused_mlp import fuse_gated_mlps
             from tunix_rt.train.loss import ObjectiveModule
 
             model = load_causal_lm(self.model_dir, dtype=self.cfg.dtype, device=str(self.device.type),
                                    attn=self.module.attn)
             fuse_gated_mlps(model)
+            route_linears(model)
             model.requires_grad_(False).eval()
             self._reference = ObjectiveModule(model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes,
                                               attn=self.module.attn)
