@@ -129,6 +129,16 @@ def test_route_linears_changes_fp32_cpu_layers_only_under_onednn(lib):
         torch.nn.functional.gelu(torch.nn.functional.linear(x, model[0].weight)), model[2].weight, model[2].bias))
 
 
+def _batch() -> dict[str, torch.Tensor]:
+    """Two rows of 24 tokens for a tiny model, the first 8 of each unlabelled."""
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 200, (2, 24), generator=g)
+    labels = ids.clone()
+    labels[:, :8] = -100
+    return {"input_ids": ids, "labels": labels, "position_ids": torch.arange(24).expand(2, 24),
+            "coef": torch.ones(2, 24)}
+
+
 def test_a_lora_training_step_on_either_library_agrees(lib, tmp_path):
     """The torch engine's model (tiny Gemma 3 with PEFT LoRA, train.recompute's hooks, the fused
     loss) through oneDNN and through MKL: losses and LoRA gradients equal to float rounding, and
@@ -142,12 +152,7 @@ def test_a_lora_training_step_on_either_library_agrees(lib, tmp_path):
     model_dir = build_tiny(get_preset("tiny-gemma3"), tmp_path / "tiny")
     cfg = TrainConfig(model=str(model_dir), dataset="x", finetune="lora", lora_rank=4, lora_alpha=8,
                       batch_size=2, max_seq_len=32, dtype="fp32", device="cpu", engine="torch")
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(3, 200, (2, 24), generator=g)
-    labels = ids.clone()
-    labels[:, :8] = -100
-    batch = {"input_ids": ids, "labels": labels, "position_ids": torch.arange(24).expand(2, 24),
-             "coef": torch.ones(2, 24)}
+    batch = _batch()
     out = {}
     for name in ("mkl", "onednn"):
         lib(name)
@@ -315,12 +320,7 @@ def test_a_full_runs_reference_equals_its_policy_at_step_0_to_the_bit(lib, name,
     engine = TorchEngine(cfg)
     engine.devices()
     engine.setup(model_dir, SimpleNamespace(pad_id=0))
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(3, 200, (2, 24), generator=g)
-    labels = ids.clone()
-    labels[:, :8] = -100
-    t = {"input_ids": ids, "labels": labels, "position_ids": torch.arange(24).expand(2, 24),
-         "coef": torch.ones(2, 24)}
+    t = _batch()
     with torch.no_grad():
         engine.module.eval()
         policy = engine.module(t, logprobs=True)
