@@ -130,7 +130,7 @@ class _Linear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
-        ctx.want = (x.requires_grad, weight.requires_grad, bias is not None and bias.requires_grad)
+        ctx.want = ctx.needs_input_grad[:3]  # (x, weight, bias), as _LoraLinear reads its own
         ctx.save_for_backward(x if ctx.want[1] else None, weight)
         y = _onednn(x.reshape(-1, x.shape[-1]), weight)
         if bias is not None:
