@@ -15,15 +15,16 @@ what it adds over the lean decode step alone.
 
 Last line: RESULT speed_ratio=<ours/HF tokens/s> ours_tok_s=… hf_tok_s=… identical=1
 
-`--weights int8` measures weight-only int8 decoding (tunix_rt.eval.int8_weights) against ours
-in fp32 (the screened head on), alternating as above, greedy, single-stream by default there
-(--batch 1); ids need not be identical (int8 changes the model): the share of positions
+`--weights int8` (or `int4`) measures weight-only int8 (int4) decoding (tunix_rt.eval.int8_weights)
+against ours in fp32 (the screened head on), alternating as above, greedy, single-stream by default
+there (--batch 1); ids need not be identical (quantisation changes the model): the share of positions
 where they agree is printed. Each side's tokens/s is also given as a share of the bandwidth
 bound of its format: benchmarks/roofline.py's rate over the weight bytes a step reads, both
 its read-only rate (`*_read_frac`: a decode step only reads its weights, so this is its
 bound) and its copy rate (`*_bw_frac`, reads and writes counted, kept for the earlier rows).
 Last line: RESULT int8_speed_ratio=<int8/fp32 tokens/s> int8_tok_s=… fp32_tok_s=…
-int8_bw_frac=… fp32_bw_frac=… int8_read_frac=… fp32_read_frac=… same_ids=<share>
+int8_bw_frac=… fp32_bw_frac=… int8_read_frac=… fp32_read_frac=… same_ids=<share> (int4_… with
+`--weights int4`; its bytes a step count the codes and the fp16 scales and mins)
 
 `--mode llama` puts llama.cpp (llama-cpp-python, `pip install llama-cpp-python==0.3.36`:
 it builds from source, ~15 min on 2 cores; not a test dependency) beside ours on the very
@@ -120,8 +121,8 @@ def main() -> None:
                     help="greedy: ours vs HF generate; sample: ours screened vs ours on full logits; "
                          "llama: ours (fp32, int8) vs llama.cpp on the same GGUF")
     ap.add_argument("--llama-batches", default="1,8", help="llama mode: the batch sizes, comma-separated")
-    ap.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
-                    help="int8: ours on weight-only int8 weights vs ours in fp32 (see the module doc)")
+    ap.add_argument("--weights", choices=("fp32", "int8", "int4"), default="fp32",
+                    help="int8 | int4: ours on weight-only int8 or int4 weights vs ours in fp32 (see the module doc)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -129,7 +130,7 @@ def main() -> None:
         return sample_bench(args)
     if args.mode == "llama":
         return llama_bench(args)
-    if args.weights == "int8":
+    if args.weights != "fp32":
         return weights_bench(args)
 
     home = Home.resolve()
@@ -267,7 +268,8 @@ def step_bytes(lean) -> dict[str, float]:
     if isinstance(lean, Int8Gemma):
         mats = [getattr(lyr, n) for lyr in lean.layers for n in names] + [lean.qhead]
         unique = {id(m): m for m in (getattr(m, "fused", m) for m in mats)}  # q/k/v and gate/up: one fused matrix each
-        return {"weights": float(sum(m.q.numel() + 4 * m.scale.numel() for m in unique.values()))}
+        return {"weights": float(sum(m.q.numel() + (m.sm.numel() * 2 if hasattr(m, "sm") else 4 * m.scale.numel())
+                                     for m in unique.values()))}
     layers = sum(getattr(lyr, n).numel() * 4 for lyr in lean.layers for n in names)
     screen = lean.screen()
     head = screen.wq.numel() if screen is not None else lean.head.numel() * 4
@@ -275,56 +277,57 @@ def step_bytes(lean) -> dict[str, float]:
 
 
 def weights_bench(args) -> None:
-    """ours on int8 weights vs ours in fp32: tokens/s, share of the bandwidth bound, agreement."""
+    """ours on int8 or int4 weights vs ours in fp32: tokens/s, share of the bandwidth bound, agreement."""
     from roofline import bounds, fraction
 
-    from tunix_rt.eval.int8_weights import use_int8
+    from tunix_rt.eval.int8_weights import use_weights
 
     home = Home.resolve()
     model_dir = ensure_model(args.model, home)
     tok = load_tokenizer(str(model_dir), home)
     prompts = gsm8k_prompts(tok, args.batch)
     fp32 = TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu")
-    int8 = use_int8(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"))
+    fmt = args.weights
+    quant = use_weights(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"), fmt)
     if fp32.lean is None:
-        raise SystemExit("--weights int8 needs the lean Gemma step (a Gemma 3 / Gemma 2 model)")
+        raise SystemExit(f"--weights {fmt} needs the lean Gemma step (a Gemma 3 / Gemma 2 model)")
     cfg = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=args.batch)
     warm = DecodeConfig(max_new_tokens=4, batch_size=args.batch)
-    ours_generate(fp32, prompts, warm), ours_generate(int8, prompts, warm)
+    ours_generate(fp32, prompts, warm), ours_generate(quant, prompts, warm)
     print(f"model {model_dir}  threads {torch.get_num_threads()}  batch {args.batch}  new tokens {args.new_tokens}  "
-          f"int8 kernel {int8.lean.kernel}  fp32 screen {'on' if fp32.lean.screen() is not None else 'off'}")
-    times = {"fp32": [], "int8": []}
-    cpu = {"fp32": [], "int8": []}
+          f"{fmt} kernel {quant.lean.kernel if fmt == 'int8' else 'int4'}  fp32 screen {'on' if fp32.lean.screen() is not None else 'off'}")
+    times: dict[str, list] = {"fp32": [], fmt: []}
+    cpu: dict[str, list] = {"fp32": [], fmt: []}
     got: dict[str, list] = {}
     for r in range(args.rounds):
-        for who in (("fp32", "int8") if r % 2 == 0 else ("int8", "fp32")):
-            got[who], dt, ct = timed(lambda g={"fp32": fp32, "int8": int8}[who]: ours_generate(g, prompts, cfg))
+        for who in (("fp32", fmt) if r % 2 == 0 else (fmt, "fp32")):
+            got[who], dt, ct = timed(lambda g={"fp32": fp32, fmt: quant}[who]: ours_generate(g, prompts, cfg))
             times[who].append(dt)
             cpu[who].append(ct)
         print(f"round {r}: fp32 {times['fp32'][-1]:.2f}s (cpu {cpu['fp32'][-1]:.2f}s)  "
-              f"int8 {times['int8'][-1]:.2f}s (cpu {cpu['int8'][-1]:.2f}s)")
+              f"{fmt} {times[fmt][-1]:.2f}s (cpu {cpu[fmt][-1]:.2f}s)")
     tps = {k: sum(len(row) for row in got[k]) / statistics.median(v) for k, v in times.items()}
-    pairs = [(a, b) for ra, rb in zip(got["fp32"], got["int8"]) for a, b in zip(ra, rb)]
+    pairs = [(a, b) for ra, rb in zip(got["fp32"], got[fmt]) for a, b in zip(ra, rb)]
     same = sum(a == b for a, b in pairs) / max(1, len(pairs))
     prefix = [next((i for i, (a, b) in enumerate(zip(ra, rb)) if a != b), min(len(ra), len(rb)))
-              for ra, rb in zip(got["fp32"], got["int8"])]
+              for ra, rb in zip(got["fp32"], got[fmt])]
     machine = bounds(0.5)
     bw, rd = machine["copy_gbs"] * 1e9, machine["read_gbs"] * 1e9
-    moved = {k: tps[k] / args.batch * step_bytes(g.lean)["weights"] for k, g in (("fp32", fp32), ("int8", int8))}
+    moved = {k: tps[k] / args.batch * step_bytes(g.lean)["weights"] for k, g in (("fp32", fp32), (fmt, quant))}
     frac = {k: v / bw for k, v in moved.items()}
     rfrac = {k: v / rd for k, v in moved.items()}
     print()
     print(f"{'weights':<10}{'median s':>10}{'tokens/s':>10}{'GB/step':>9}{'read-bound tok/s':>18}{'of read':>9}"
           f"{'of copy':>9}")
-    for k, g in (("fp32", fp32), ("int8", int8)):
+    for k, g in (("fp32", fp32), (fmt, quant)):
         gb = step_bytes(g.lean)["weights"]
         print(f"{k:<10}{statistics.median(times[k]):>10.2f}{tps[k]:>10.1f}{gb / 1e9:>9.3f}"
               f"{rd / gb * args.batch:>18.1f}{fraction(rfrac[k], 1.0):>9}{fraction(frac[k], 1.0):>9}")
     print(f"read-only bandwidth {rd / 1e9:.2f} GB/s, copy {bw / 1e9:.2f} GB/s (roofline, measured now); ids agree at "
           f"{same:.1%} of positions; rows agree for their first {prefix} tokens")
-    print(f"RESULT int8_speed_ratio={tps['int8'] / tps['fp32']:.2f} int8_tok_s={tps['int8']:.1f} "
-          f"fp32_tok_s={tps['fp32']:.1f} int8_bw_frac={frac['int8']:.2f} fp32_bw_frac={frac['fp32']:.2f} "
-          f"int8_read_frac={rfrac['int8']:.2f} fp32_read_frac={rfrac['fp32']:.2f} same_ids={same:.2f}")
+    print(f"RESULT {fmt}_speed_ratio={tps[fmt] / tps['fp32']:.2f} {fmt}_tok_s={tps[fmt]:.1f} "
+          f"fp32_tok_s={tps['fp32']:.1f} {fmt}_bw_frac={frac[fmt]:.2f} fp32_bw_frac={frac['fp32']:.2f} "
+          f"{fmt}_read_frac={rfrac[fmt]:.2f} fp32_read_frac={rfrac['fp32']:.2f} same_ids={same:.2f}")
 
 
 class LlamaCppGreedy:
@@ -398,7 +401,7 @@ def llama_bench(args) -> None:
 
     from roofline import bounds, fraction
 
-    from tunix_rt.eval.int8_weights import use_int8
+    from tunix_rt.eval.int8_weights import use_weights
     from tunix_rt.models.catalog import get_preset
     from tunix_rt.models.importer import assemble_gguf
 
@@ -412,7 +415,7 @@ def llama_bench(args) -> None:
     threads = args.threads or os.cpu_count() or 1
     llama = LlamaCppGreedy(gguf, threads, max(batches), n_ctx=sum(len(p) for p in prompts) + max(batches) * (args.new_tokens + 8))
     fp32 = TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu")
-    int8 = use_int8(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"))
+    int8 = use_weights(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"), "int8")
     stop = set(tok.stop_ids)
     step_gb = {"fp32": step_bytes(fp32.lean)["weights"], "int8": step_bytes(int8.lean)["weights"],
                "llama": gguf_weight_bytes(gguf)}

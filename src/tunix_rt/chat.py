@@ -95,7 +95,7 @@ def chat_cmd(
     seed: Annotated[Optional[int], typer.Option(help="Sampling seed.")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda.")] = "auto",
     tools: Annotated[bool, typer.Option("--tools/--no-tools", help="Use the run's tools (its config.yaml `tools`).")] = True,
-    weights: Annotated[str, typer.Option(help="fp32 | int8: decode on weight-only int8 weights (Gemma 3/2; faster, not bit-exact).")] = "fp32",
+    weights: Annotated[str, typer.Option(help="fp32 | int8 | int4: decode on weight-only int8 or int4 weights (Gemma 3/2; faster, not bit-exact).")] = "fp32",
 ) -> None:
     """Chat with a model or a trained run in the terminal (history, /reset, /system)."""
     given = {"max_new_tokens": max_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}

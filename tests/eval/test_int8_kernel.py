@@ -1,7 +1,8 @@
 """The int8 kernel of our decoders (tunix_rt.eval.int8_kernel): exact int32 products equal to an
 fp64 reference at every shape the decoders use and at the edges (tails of rows, -128, ±127,
 no rows), `qlinear` giving the same bits as int8_weights's torch path, the same numbers on 1 and
-2 threads, and the fallbacks (no compiler, the switch, another CPU) still exact."""
+2 threads, and the fallbacks (no compiler, the switch, another CPU) still exact; `q4linear`
+(int4 weights) giving the bits of its torch twin, whatever the batch or the threads."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ torch = require_module("torch")
 import numpy as np  # noqa: E402
 
 from tunix_rt.eval import int8_kernel  # noqa: E402
-from tunix_rt.eval.int8_weights import QuantLinear, quantize, quantize_activations  # noqa: E402
+from tunix_rt.eval.int8_weights import QuantLinear, int4_reference, quantize, quantize4, quantize_activations  # noqa: E402
 
 
 def cpu_flags() -> set[str]:
@@ -169,6 +170,69 @@ def test_one_and_two_threads_give_the_same_numbers():
     assert torch.equal(outs[0][0], exact(lhs, w)) and torch.equal(outs[1][0], exact(lhs, w))
     if outs[0][1] is not None:
         assert torch.equal(outs[0][1], outs[1][1])
+
+
+def test_pack4_keeps_every_code_and_unpack4_undoes_it():
+    g = torch.Generator().manual_seed(6)
+    codes = torch.randint(0, 16, (48, 96), dtype=torch.uint8, generator=g)
+    packed = int8_kernel.pack4(codes)
+    assert packed.shape == (48, 48) and torch.equal(int8_kernel.unpack4(packed), codes)
+    # the layout itself: row 17 (block 1, row 1), group 1, chunk 2 -> k = 32 + 16 + i and + 4
+    b = packed.reshape(-1)[1 * 16 * 48 + 1 * 256 + 2 * 64 + 1 * 4:][:4]
+    assert torch.equal(b & 0x0F, codes[17, 48:52]) and torch.equal(b >> 4, codes[17, 52:56])
+    with pytest.raises(ValueError, match="multiple of 16"):
+        int8_kernel.pack4(codes[:40])
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 9])
+@pytest.mark.parametrize("n,k", [(48, 96), (256, 640)])
+def test_q4linear_gives_the_bits_of_its_torch_twin(m, n, k):
+    """The kernel's int4 product equals int8_weights.int4_reference (the same integer sums and
+    the same fp32 operations in the same order) to the bit, at the decode step's row counts
+    (one, a group of four and its remainders), with negative, zero and tiny activation rows."""
+    if int8_kernel.library() is None:
+        pytest.skip("no int8 kernel on this CPU")
+    g = torch.Generator().manual_seed(7)
+    q4 = quantize4(torch.randn(n, k, generator=g) * 0.05)
+    x = torch.randn(m, k, generator=g)
+    x[0, :7] = 0.0
+    if m > 2:
+        x[1] = 0.0
+        x[2] *= 1e-30
+    got = int8_kernel.q4linear(x, q4.q, q4.sm, n)
+    assert torch.equal(got, int4_reference(x, q4)), float((got - int4_reference(x, q4)).abs().max())
+    assert torch.equal(int4_reference(x, q4, rows=16), int4_reference(x, q4))  # its row chunks change nothing
+
+
+def test_q4linear_rows_depend_on_neither_the_batch_nor_the_threads():
+    if int8_kernel.library() is None:
+        pytest.skip("no int8 kernel on this CPU")
+    g = torch.Generator().manual_seed(8)
+    q4 = quantize4(torch.randn(8192, 640, generator=g) * 0.05)
+    x = torch.randn(6, 640, generator=g)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            outs.append(int8_kernel.q4linear(x, q4.q, q4.sm, 8192))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(int8_kernel.q4linear(x[4:5].contiguous(), q4.q, q4.sm, 8192), outs[0][4:5])
+
+
+def test_q4linear_takes_only_its_own_layout():
+    if int8_kernel.library() is None:
+        pytest.skip("no int8 kernel on this CPU")
+    q4 = quantize4(torch.randn(32, 64))
+    x = torch.randn(2, 64)
+    assert int8_kernel.q4linear_applies(x, 32, 64) and not int8_kernel.q4linear_applies(x.double(), 32, 64)
+    assert not int8_kernel.q4linear_applies(x, 40, 64) and not int8_kernel.q4linear_applies(x.t(), 32, 2)
+    with pytest.raises(ValueError, match="pack4 codes"):
+        int8_kernel.q4linear(x, q4.q[:, :16].contiguous(), q4.sm, 32)
+    with pytest.raises(ValueError, match="sm must be"):
+        int8_kernel.q4linear(x, q4.q, q4.sm.float(), 32)
 
 
 CHILD = textwrap.dedent("""

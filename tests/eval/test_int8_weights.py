@@ -1,5 +1,6 @@
-"""Weight-only int8 inference (tunix_rt.eval.int8_weights): the quantisation's error bound, the
-int8 step computing the dequantised model, its logits tracking fp32's, and the refusals."""
+"""Weight-only int8 and int4 inference (tunix_rt.eval.int8_weights): the quantisations' error
+bounds, the quantised step computing the dequantised model, its logits tracking fp32's, and the
+refusals."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.fast_gemma import LeanGemma
 from tunix_rt.eval.generate import DecodeConfig, TorchGenerator, left_pad, position_ids
-from tunix_rt.eval.int8_weights import Int8Gemma, int8_linear, quantize, quantize_model, use_int8
+from tunix_rt.eval.int8_weights import (Int8Gemma, int4_linear, int8_linear, quantize, quantize4, quantize_model,
+                                       use_weights)
 from tunix_rt.eval.runner import load_model
 from tunix_rt.models.tokenizer import ChatTokenizer
 from tunix_rt.render import prompt_ids
@@ -31,6 +33,53 @@ def test_round_trip_error_is_at_most_half_a_step_per_element():
     assert bool((err <= ql.scale[:, None] / 2 * (1 + 1e-6)).all())
     assert float(err[7].max()) == 0.0 and int(ql.q[7].abs().max()) == 0  # a zero row stays exact
     assert bool((ql.q.abs().amax(1)[torch.arange(96) != 7] == 127).all())  # every row uses its full range
+
+
+def test_int4_round_trip_error_is_half_a_step_plus_the_fp16_rounding():
+    """Per row and group of 32: codes 0..15, |w − (scale·code + min)| ≤ scale/2 plus what
+    rounding the min and the scale to fp16 adds (the min's own rounding, 15 × the scale's
+    relative 2^-11); a constant group is exact up to its min's rounding."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 192, generator=g) * torch.logspace(-3, 1, 48)[:, None]
+    w[5] = 0.0
+    w[6, :32] = 0.25  # a constant group
+    w[9, 3] = 50.0  # an outlier in one group only
+    q4 = quantize4(w)
+    assert q4.q.dtype == torch.uint8 and q4.q.shape == (48, 96) and q4.shape == (48, 192)
+    scale, mn = q4.scales()
+    lo = w.reshape(48, 6, 32).amin(-1)
+    bound = (0.5 + 15 * 2.0 ** -11) * scale + (lo - mn).abs() + 1e-6 * w.reshape(48, 6, 32).abs().amax(-1)
+    err = (w - q4.dequantize()).abs().reshape(48, 6, 32).amax(-1)
+    assert bool((err <= bound).all()), float((err - bound).max())
+    assert float((w[5] - q4.dequantize()[5]).abs().max()) == 0.0 and float((w[6, :32] - q4.dequantize()[6, :32]).abs().max()) == 0.0
+    other = (w[9].reshape(6, 32) - q4.dequantize()[9].reshape(6, 32)).abs().amax(-1)
+    assert float(other[1:].max()) < 0.05 * float(other[0])  # the outlier costs only its own group
+
+
+def test_int4_refuses_what_its_layout_cannot_hold():
+    with pytest.raises(BadInput, match="multiple of 16"):
+        quantize4(torch.randn(40, 64))
+    with pytest.raises(BadInput, match="multiple of 16"):
+        quantize4(torch.randn(32, 48))
+    with pytest.raises(BadInput, match="finite"):
+        quantize4(torch.full((16, 32), float("nan")))
+    with pytest.raises(BadInput, match="fp16"):
+        quantize4(torch.full((16, 32), 1e6))
+
+
+def test_int4_linear_multiplies_by_the_dequantised_weights():
+    """Against x @ dequantised(w).T in fp64, within the activations' two-level error (as int8's
+    int_mm path), through the kernel where it runs, else its torch twin (the same bits)."""
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(3, 1, 640, generator=g), torch.randn(2048, 640, generator=g) * 0.05
+    q4 = quantize4(w)
+    deq = q4.dequantize().double()
+    want = (x.double().reshape(3, 640) @ deq.t()).reshape(3, 1, 2048)
+    got = int4_linear(x, q4)
+    assert got.shape == (3, 1, 2048) and got.dtype == torch.float32
+    xa = x.abs().amax(-1, keepdim=True).double()
+    bound = (xa / (127 * 254)) * 640 ** 0.5 * deq.norm(dim=1) + 1e-5 * (x.double().norm(dim=-1, keepdim=True) * deq.norm(dim=1))
+    assert bool(((got.double() - want).abs() <= bound).all())
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -95,19 +144,23 @@ def test_int8_decoding_tracks_fp32(tiny, kernel):
     assert agree >= 0.9 * n, (agree, n)
 
 
-def test_int8_step_computes_the_dequantised_model(tiny_dirs):
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_int8_step_computes_the_dequantised_model(tiny_dirs, weights):
     """The model's parameters hold the dequantised weights (so prefill and step agree), and
-    the int8 step's logits equal transformers' forward on them to float rounding."""
+    the quantised step's logits equal transformers' forward on them: int8's dequant path to
+    float rounding; int4 (whose activations are always the two int8 levels) to 1e-3 of the
+    logits' range."""
     from transformers import DynamicCache
 
     d = tiny_dirs["tiny-gemma3"]
     tok = ChatTokenizer.from_file(d)
     ref = load_model(d, None, "cpu")
     model = load_model(d, None, "cpu")
-    lean8 = Int8Gemma.for_model(model, "dequant")
+    lean8 = Int8Gemma.for_model(model, "dequant", weights)
+    quant = quantize4 if weights == "int4" else quantize
     for (name, p), (_, p0) in zip(model.named_parameters(), ref.named_parameters()):
         if name.endswith("proj.weight") or name.endswith("embed_tokens.weight"):
-            assert not torch.equal(p, p0) and torch.equal(p, quantize(p0).dequantize()), name
+            assert not torch.equal(p, p0) and torch.equal(p, quant(p0).dequantize()), name
         else:
             assert torch.equal(p, p0), name  # norms stay fp32, untouched
     prompts = [prompt_ids(text, tok) for text in QUESTIONS]
@@ -124,7 +177,11 @@ def test_int8_step_computes_the_dequantised_model(tiny_dirs):
             full_ids = torch.cat([full_ids, tokens[:, None]], 1)
             full_mask = torch.cat([full_mask, torch.ones_like(tokens)[:, None]], 1)
             want = model(input_ids=full_ids, attention_mask=full_mask, position_ids=position_ids(full_mask)).logits[:, -1]
-            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), float((got - want).abs().max())
+            if weights == "int8":
+                assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), float((got - want).abs().max())
+            else:
+                span = (want.amax(-1) - want.amin(-1))[:, None]
+                assert bool(((got - want).abs() <= 1e-3 * span).all()), float(((got - want).abs() / span).max())
             tokens = got.argmax(-1)
 
 
@@ -134,7 +191,7 @@ def test_generator_on_int8_weights_decodes_and_stays_close(tiny_dirs):
     prompts = [prompt_ids(text, tok) for text in QUESTIONS]
     cfg = DecodeConfig(max_new_tokens=12, batch_size=2)
     ref = TorchGenerator(load_model(d, None, "cpu"), tok).generate(prompts, cfg)
-    gen = use_int8(TorchGenerator(load_model(d, None, "cpu"), tok))
+    gen = use_weights(TorchGenerator(load_model(d, None, "cpu"), tok), "int8")
     assert isinstance(gen.lean, Int8Gemma) and gen.lean.screen() is None
     out = gen.generate(prompts, cfg)
     assert all(o.n_tokens > 0 for o in out)
@@ -152,8 +209,12 @@ def test_eval_records_the_weights_and_refuses_what_does_not_apply(cli, home, tin
             "--device", "cpu", "--weights", "int8", "--json")
     assert r.code == 0, r.err
     assert json.loads(r.out)["decoding"]["weights"] == "int8"
-    r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--weights", "int4", "--device", "cpu")
-    assert r.code == 2 and "weights must be one of fp32|int8" in r.err
+    r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--max-new-tokens", "4",
+            "--device", "cpu", "--weights", "int4", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["decoding"]["weights"] == "int4"
+    r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--weights", "int2", "--device", "cpu")
+    assert r.code == 2 and "weights must be one of fp32|int8|int4" in r.err
 
 
 def test_int8_is_refused_for_the_jax_engine_and_other_architectures():
@@ -188,7 +249,7 @@ def test_quantize_model_quantises_tied_weights_once(tiny_dirs):
     assert torch.equal(quantize(before).dequantize(), model.lm_head.weight)  # quantised from the fp32 values, once
 
 
-def test_serving_loads_int8_weights_and_chat_refuses_an_unknown_format(cli, home):
+def test_serving_loads_int8_and_int4_weights_and_chat_refuses_an_unknown_format(cli, home):
     from tunix_rt.serving.models import ServeConfig, load
 
     served = load("tiny-gemma3", home, ServeConfig(device="cpu", max_batch=1, weights="int8"))
@@ -196,13 +257,19 @@ def test_serving_loads_int8_weights_and_chat_refuses_an_unknown_format(cli, home
         assert isinstance(served.scheduler.gen.lean, Int8Gemma)
     finally:
         served.scheduler.close()
+    served = load("tiny-gemma3", home, ServeConfig(device="cpu", max_batch=1, weights="int4"))
+    try:
+        assert isinstance(served.scheduler.gen.lean, Int8Gemma) and served.scheduler.gen.lean.weights == "int4"
+    finally:
+        served.scheduler.close()
     with pytest.raises(BadInput, match="weights must be one of"):
-        load("tiny-gemma3", home, ServeConfig(device="cpu", weights="int4"))
-    r = cli("chat", "tiny-gemma3", "--weights", "int4", "--device", "cpu")
-    assert r.code == 2 and "weights must be one of fp32|int8" in r.err
+        load("tiny-gemma3", home, ServeConfig(device="cpu", weights="int2"))
+    r = cli("chat", "tiny-gemma3", "--weights", "int2", "--device", "cpu")
+    assert r.code == 2 and "weights must be one of fp32|int8|int4" in r.err
 
 
-def test_fused_layers_equal_the_torch_ops_to_rounding(tiny):
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_fused_layers_equal_the_torch_ops_to_rounding(tiny, weights):
     """The kernel library's whole-layer call (`Int8Gemma.fused`) against LeanGemma's torch ops
     on the same int8 projections: teacher-forced for 24 steps (past the window of 16; Gemma 2's
     attention softcap and two KV heads; left padding), with two rows leaving the batch half way
@@ -215,14 +282,15 @@ def test_fused_layers_equal_the_torch_ops_to_rounding(tiny):
 
     d, tok = tiny
     model = load_model(d, None, "cpu")
-    fused = Int8Gemma.for_model(model)
+    fused = Int8Gemma.for_model(model, weights=weights)
     if int8_kernel.library() is None:
         assert not fused.fused
         return
     assert fused.fused
     lyr = fused.layers[0]  # the layer call and the head read every int8 weight as panels
-    assert fused.qhead.packed and lyr.wq.fused.packed and lyr.w_gate.fused.packed and lyr.wo.packed
-    plain = Int8Gemma.for_model(load_model(d, None, "cpu"))
+    if weights == "int8":
+        assert fused.qhead.packed and lyr.wq.fused.packed and lyr.w_gate.fused.packed and lyr.wo.packed
+    plain = Int8Gemma.for_model(load_model(d, None, "cpu"), weights=weights)
     plain.fused = False
     for a, b in zip(fused.model.parameters(), plain.model.parameters()):
         assert torch.equal(a, b)  # the same int8 model on both sides

@@ -157,10 +157,10 @@ def test_int8_weights_batched_equal_alone_and_eval(steered):
     import copy
 
     from tunix_rt.eval import int8_kernel
-    from tunix_rt.eval.int8_weights import use_int8
+    from tunix_rt.eval.int8_weights import use_weights
 
     model, tok, prompts = steered
-    gen = use_int8(TorchGenerator(copy.deepcopy(model), tok))
+    gen = use_weights(TorchGenerator(copy.deepcopy(model), tok), "int8")
     assert gen.lean.fused == (int8_kernel.library() is not None)
     sampled = replace(GREEDY, temperature=1.0, top_k=40, seed=3)
     reqs = [(prompts[0], GREEDY, 1), (prompts[1], sampled, 2), (prompts[2], GREEDY, 1)]

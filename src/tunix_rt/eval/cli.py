@@ -44,7 +44,7 @@ def eval_cmd(
     harness_include: Annotated[Optional[Path], typer.Option("--harness-include", help="A directory of lm-eval task YAMLs (searched before lm-eval's own).")] = None,
     harness_fewshot: Annotated[Optional[int], typer.Option("--harness-fewshot", help="Few-shot examples per prompt (default: each task's own).")] = None,
     harness_plain: Annotated[bool, typer.Option("--harness-plain", help="lm-eval's plain-text prompts (no chat turns, no system prompt).")] = False,
-    weights: Annotated[str, typer.Option("--weights", help="fp32 | int8: int8 decodes with weight-only int8 weights (torch engine, Gemma 3/2; faster, not bit-exact).")] = "fp32",
+    weights: Annotated[str, typer.Option("--weights", help="fp32 | int8 | int4: decode with weight-only int8 or int4 weights (torch engine, Gemma 3/2; faster, not bit-exact).")] = "fp32",
 ) -> None:
     """Evaluate a base model, a run's LoRA adapter or a merged model on a dataset split:
     writes predictions.jsonl and eval_summary.json. With --harness: lm-eval's tasks on the

@@ -35,7 +35,10 @@ with the same bits, on AVX2 with FMA: `f32_library`), `qlinear` (a whole weight-
 two int8 levels, both levels' sums and their fp32 combination, the same bits as
 int8_weights's torch ops) and `tunix_gemma_layer` (one Gemma 3 / Gemma 2 decoder layer on
 int8 weights: norms, RoPE, the cache write, attention, the MLP; int8_weights.Int8Gemma calls
-it once per layer where it applies, instead of ~70 torch ops).
+it once per layer where it applies, instead of ~70 torch ops). And `q4linear`: a weight-only int4
+projection (int8_weights's `weights="int4"`: codes in groups of 32 with an fp16 scale and min,
+`pack4`'s layout; the same bits as int8_weights.int4_reference), which the layer call also
+takes.
 
 Where: built on first use with the system's C compiler (`cc`, -O3, the AVX-512 parts enabled
 per function) into a cache directory (`TUNIX_RT_KERNEL_DIR`, else ~/.cache/tunix-rt/kernels),
@@ -230,11 +233,9 @@ KERNEL int tunix_i8mm(const int8_t *a, const int8_t *w, const int32_t *wsum, int
    step = s / 127, y = ((float(q1 . w) * 127 + float(q2 . w)) * step) * wscale.
    `packed`: w's whole blocks of 16 rows are panels (`pack_rows`, read by dot16p), its last
    N % 16 rows row-major after them (as in either layout). Returns 0, or -1 if out of memory. */
-KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
-                         float *y, long M, long N, long K, int threads, int packed) {
-    int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
-    float *step = malloc(sizeof(float) * (size_t)(M + 1));
-    if (!a || !step) { free(a); free(step); return -1; }
+/* The activations' two int8 levels (the module doc of tunix_rt.eval.int8_weights): rows m of
+   a are q1 of x's row m, rows M + m its q2; step[m] = s / 127. */
+static void quant_levels(const float *x, long M, long K, int8_t *a, float *step) {
     for (long m = 0; m < M; m++) {
         const float *xm = x + m * K;
         float amax = 0.0f;
@@ -252,6 +253,14 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
         }
         step[m] = s / 127.0f;
     }
+}
+
+KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
+                         float *y, long M, long N, long K, int threads, int packed) {
+    int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
+    float *step = malloc(sizeof(float) * (size_t)(M + 1));
+    if (!a || !step) { free(a); free(step); return -1; }
+    quant_levels(x, M, K, a, step);
     uint8_t *au = shifted(a, 2 * M, K);
     if (!au) { free(a); free(step); return -1; }
     long blocks = N / 16;
@@ -280,6 +289,87 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
     free(au);
     free(a);
     free(step);
+    return 0;
+}
+
+/* ---- Weight-only int4 (tunix_rt.eval.int8_weights, weights "int4"): each row's weights in
+   groups of 32 along K, w = scale * c + min with a code c in 0..15 and an fp16 scale and min
+   per row and group (5 bits a weight). Layout (`pack4`): N a multiple of 16, K of 32; each
+   block of 16 rows is 8 K bytes, group g at 256 g of it, four 64-byte chunks per group; chunk
+   j holds, for each row r at bytes 4 r .. 4 r + 3, the codes of k = 32 g + 8 j + i (low
+   nibble of byte i) and of k + 4 (high nibble). `sm` (fp16): per block and group, the 16 rows'
+   scales, then their mins. A group's sum for 16 rows is then 8 vpdpbusd of the unpacked
+   codes (unsigned) by four activation bytes broadcast (signed): no horizontal sums.
+   Per row and group, in this order, every product exact in int32 and every integer exact in
+   fp32 (|sum| < 32 * 15 * 127 * 128): t = float(c . q1) * 127 + float(c . q2), acc += scale * t,
+   acc += min * (127 * sum(q1) + sum(q2)); y = acc * step. The activations' levels are
+   qlinear's (quant_levels); a row's bits depend neither on the other rows nor on the threads,
+   and tunix_rt.eval.int8_weights's torch path computes the same bits. */
+#ifndef Q4PF
+#define Q4PF 16384
+#endif
+
+KERNEL int tunix_q4linear(const float *x, const uint8_t *w, const uint16_t *sm, float *y,
+                          long M, long N, long K, int threads) {
+    if (N % 16 || K % 32) return -2;
+    long G = K / 32, blocks = N / 16, total = blocks * 8 * K;
+    int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
+    float *step = malloc(sizeof(float) * (size_t)(M + 1));
+    float *gs = malloc(sizeof(float) * (size_t)(M * G + 1));
+    if (!a || !step || !gs) { free(a); free(step); free(gs); return -1; }
+    quant_levels(x, M, K, a, step);
+    for (long m = 0; m < M; m++)
+        for (long g = 0; g < G; g++) {
+            int s1 = 0, s2 = 0;
+            for (long k = 32 * g; k < 32 * g + 32; k++) { s1 += a[m * K + k]; s2 += a[(M + m) * K + k]; }
+            gs[m * G + g] = (float)s1 * 127.0f + (float)s2;
+        }
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const __m512 c127 = _mm512_set1_ps(127.0f);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= 2 * QPAR)
+    for (long b = 0; b < blocks; b++) {
+        const uint8_t *wb = w + b * 8 * K;
+        const uint16_t *sb = sm + b * G * 32;
+        for (long m0 = 0; m0 < M; m0 += 4) {
+            int mc = M - m0 < 4 ? (int)(M - m0) : 4;
+            __m512 acc[4];
+            for (int i = 0; i < 4; i++) acc[i] = _mm512_setzero_ps();
+            for (long g = 0; g < G; g++) {
+                const uint8_t *p = wb + g * 256;
+                if (m0 == 0 && b * 8 * K + g * 256 + Q4PF + 256 <= total)
+                    for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(p + Q4PF + 64 * i), _MM_HINT_T0);
+                __m512i lo[4], hi[4];
+                for (int j = 0; j < 4; j++) {
+                    __m512i v = _mm512_loadu_si512((const void *)(p + 64 * j));
+                    lo[j] = _mm512_and_si512(v, nib);
+                    hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                }
+                __m512 sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + g * 32)));
+                __m512 mn = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sb + g * 32 + 16)));
+                for (int i = 0; i < mc; i++) {
+                    const int8_t *a1 = a + (m0 + i) * K + 32 * g, *a2 = a + (M + m0 + i) * K + 32 * g;
+                    __m512i d1 = _mm512_setzero_si512(), d2 = _mm512_setzero_si512();
+                    for (int j = 0; j < 4; j++) {
+                        int32_t l1, h1, l2, h2;
+                        memcpy(&l1, a1 + 8 * j, 4); memcpy(&h1, a1 + 8 * j + 4, 4);
+                        memcpy(&l2, a2 + 8 * j, 4); memcpy(&h2, a2 + 8 * j + 4, 4);
+                        d1 = _mm512_dpbusd_epi32(d1, lo[j], _mm512_set1_epi32(l1));
+                        d1 = _mm512_dpbusd_epi32(d1, hi[j], _mm512_set1_epi32(h1));
+                        d2 = _mm512_dpbusd_epi32(d2, lo[j], _mm512_set1_epi32(l2));
+                        d2 = _mm512_dpbusd_epi32(d2, hi[j], _mm512_set1_epi32(h2));
+                    }
+                    __m512 t = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(d1), c127), _mm512_cvtepi32_ps(d2));
+                    acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(sc, t));
+                    acc[i] = _mm512_add_ps(acc[i], _mm512_mul_ps(mn, _mm512_set1_ps(gs[(m0 + i) * G + g])));
+                }
+            }
+            for (int i = 0; i < mc; i++)
+                _mm512_storeu_ps(y + (m0 + i) * N + b * 16, _mm512_mul_ps(acc[i], _mm512_set1_ps(step[m0 + i])));
+        }
+    }
+    free(a);
+    free(step);
+    free(gs);
     return 0;
 }
 
@@ -640,6 +730,14 @@ static KERNEL void rope(float *v, const float *cos, const float *sin, long hd, f
     }
 }
 
+/* One projection of a layer: fmt 0, int8 (w, its row sums, its scales: tunix_qlinear); fmt 1,
+   int4 (w the pack4 codes, s the pack_scales4 fp16 scales and mins, c unused: tunix_q4linear). */
+static KERNEL int proj(int fmt, const float *x, const void *w, const void *s, const float *c, float *y,
+                       long M, long N, long K, int threads, int packed) {
+    if (fmt == 1) return tunix_q4linear(x, (const uint8_t *)w, (const uint16_t *)s, y, M, N, K, threads);
+    return tunix_qlinear(x, (const int8_t *)w, (const int32_t *)s, c, y, M, N, K, threads, packed);
+}
+
 KERNEL int tunix_gemma_layer(
         float *x, long B, long D,
         const float *in_norm, const float *post_attn_norm, const float *pre_ff_norm, const float *post_ff_norm,
@@ -650,7 +748,8 @@ KERNEL int tunix_gemma_layer(
         const int8_t *wd, const int32_t *sd, const float *cd,
         long H, long KV, long hd, long F,
         float *kc, float *vc, long T, long cur, long lo, const float *mask,
-        const float *cos, const float *sin, float scaling, float softcap, float eps, int threads, int packed) {
+        const float *cos, const float *sin, float scaling, float softcap, float eps, int threads, int packed,
+        int fmt) {
     long nqkv = (H + 2 * KV) * hd, rep = H / KV, span = cur + 1 - lo;
     float *h = malloc(sizeof(float) * (size_t)(B * D));
     float *qkv = malloc(sizeof(float) * (size_t)(B * nqkv));
@@ -662,7 +761,7 @@ KERNEL int tunix_gemma_layer(
     int rc = -1;
     if (!h || !qkv || !attn || !big || !m || !scores || !tmp) goto done;
     for (long b = 0; b < B; b++) rms(x + b * D, in_norm, h + b * D, D, eps);
-    if (tunix_qlinear(h, wqkv, sqkv, cqkv, qkv, B, nqkv, D, threads, packed)) goto done;
+    if (proj(fmt, h, wqkv, sqkv, cqkv, qkv, B, nqkv, D, threads, packed)) goto done;
     for (long b = 0; b < B; b++) {
         float *q = qkv + b * nqkv, *k = q + H * hd, *v = k + KV * hd;
         for (long j = 0; j < H; j++) {
@@ -702,15 +801,15 @@ KERNEL int tunix_gemma_layer(
                 for (long i = 0; i < hd; i++) out[i] += p * vt[i];
             }
         }
-    if (tunix_qlinear(attn, wo, so, co, h, B, D, H * hd, threads, packed)) goto done;
+    if (proj(fmt, attn, wo, so, co, h, B, D, H * hd, threads, packed)) goto done;
     for (long b = 0; b < B; b++) {
         rms(h + b * D, post_attn_norm, tmp, D, eps);
         for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
         rms(x + b * D, pre_ff_norm, h + b * D, D, eps);
     }
-    if (tunix_qlinear(h, wgu, sgu, cgu, big, B, 2 * F, D, threads, packed)) goto done;
+    if (proj(fmt, h, wgu, sgu, cgu, big, B, 2 * F, D, threads, packed)) goto done;
     for (long b = 0; b < B; b++) gelu_mul(big + b * 2 * F, big + b * 2 * F + F, m + b * F, F);
-    if (tunix_qlinear(m, wd, sd, cd, h, B, D, F, threads, packed)) goto done;
+    if (proj(fmt, m, wd, sd, cd, h, B, D, F, threads, packed)) goto done;
     for (long b = 0; b < B; b++) {
         rms(h + b * D, post_ff_norm, tmp, D, eps);
         for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
@@ -966,10 +1065,12 @@ def _load():
     lib.tunix_i8mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.tunix_qlinear.restype = ctypes.c_int
     lib.tunix_qlinear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
+    lib.tunix_q4linear.restype = ctypes.c_int
+    lib.tunix_q4linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.tunix_gemma_layer.restype = ctypes.c_int
     lib.tunix_gemma_layer.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 18
                                       + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3
-                                      + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int] * 2)
+                                      + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int] * 3)
     lib.tunix_f32_rows.restype = ctypes.c_int
     lib.tunix_f32_rows.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_long] + [ctypes.c_void_p] * 2
                                    + [ctypes.c_float, ctypes.c_long, ctypes.c_void_p] + [ctypes.c_long] * 2
@@ -1257,4 +1358,67 @@ def f32_rows(x: "torch.Tensor", w: "torch.Tensor", ids: "torch.Tensor") -> "torc
                                                1.0, 0, out.data_ptr(), x.shape[0], w.shape[1],
                                                torch.get_num_threads()) != 0:
         raise MemoryError("f32 kernel: out of memory")
+    return out
+
+
+Q4_GROUP = 32
+"""An int4 weight's group along K: one scale and one min per row and group (SOURCE)."""
+
+
+def pack4(codes: "torch.Tensor") -> "torch.Tensor":
+    """uint8 codes [N, K] (0..15; N a multiple of 16, K of 32) in `q4linear`'s layout (SOURCE:
+    blocks of 16 rows, 256 bytes a group, each byte two codes 4 apart along K): uint8
+    [N, K / 2], a new tensor; `unpack4` undoes it."""
+    n, k = codes.shape
+    if n % 16 or k % Q4_GROUP:
+        raise ValueError(f"int4 weights need N a multiple of 16 and K of {Q4_GROUP}, got [{n}, {k}]")
+    c = codes.reshape(n // 16, 16, k // 32, 4, 2, 4)  # block, row, group, chunk, half (k or k + 4), byte
+    c = c.permute(0, 2, 3, 1, 5, 4)  # block, group, chunk, row, byte, half
+    return (c[..., 0] | (c[..., 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack4(packed: "torch.Tensor") -> "torch.Tensor":
+    """The uint8 codes [N, K] of a `pack4` result (a new tensor)."""
+    import torch
+
+    n, half = packed.shape
+    k = half * 2
+    p = packed.reshape(n // 16, k // 32, 4, 16, 4)  # block, group, chunk, row, byte
+    c = torch.stack([p & 0x0F, p >> 4], dim=-1)  # ..., byte, half
+    return c.permute(0, 3, 1, 2, 5, 4).reshape(n, k).contiguous()
+
+
+def pack_scales4(scale: "torch.Tensor", mn: "torch.Tensor") -> "torch.Tensor":
+    """fp16 scales and mins [N, K / 32] as `q4linear` reads them: [N / 16, K / 32, 2, 16]."""
+    import torch
+
+    n, g = scale.shape
+    both = torch.stack([scale.reshape(n // 16, 16, g), mn.reshape(n // 16, 16, g)], dim=1)  # block, 2, row, group
+    return both.permute(0, 3, 1, 2).contiguous().to(torch.float16)
+
+
+def q4linear_applies(x: "torch.Tensor", n: int, k: int) -> bool:
+    """Whether `q4linear` runs on the kernel here for fp32 x [M, k] and an [n, k] weight."""
+    import torch
+
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k
+            and x.is_contiguous() and n % 16 == 0 and k % Q4_GROUP == 0 and 0 < k < MAX_K and library() is not None)
+
+
+def q4linear(x: "torch.Tensor", w: "torch.Tensor", sm: "torch.Tensor", n: int) -> "torch.Tensor":
+    """x fp32 [M, K] @ dequantised(w).T -> fp32 [M, n] for an int4 weight (`pack4` codes w,
+    `pack_scales4` sm), x taken as qlinear's two int8 levels: the bits of int8_weights's torch
+    path (SOURCE). The caller checks `q4linear_applies`."""
+    import torch
+
+    k = x.shape[1]
+    if not q4linear_applies(x, n, k) or w.dtype != torch.uint8 or w.shape != (n, k // 2) or not w.is_contiguous():
+        raise ValueError("q4linear takes fp32 x [M, K] and pack4 codes [N, K / 2] (N % 16 == 0, K % 32 == 0), "
+                         "on a CPU with the kernel (check q4linear_applies)")
+    if sm.dtype != torch.float16 or sm.shape != (n // 16, k // Q4_GROUP, 2, 16) or not sm.is_contiguous():
+        raise ValueError(f"sm must be pack_scales4's fp16 [{n // 16}, {k // Q4_GROUP}, 2, 16]")
+    out = torch.empty((x.shape[0], n), dtype=torch.float32)
+    if x.shape[0] and library().tunix_q4linear(x.data_ptr(), w.data_ptr(), sm.data_ptr(), out.data_ptr(),
+                                                x.shape[0], n, k, torch.get_num_threads()) != 0:
+        raise MemoryError("int4 kernel: out of memory")
     return out

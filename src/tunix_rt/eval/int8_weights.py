@@ -1,5 +1,5 @@
-"""Weight-only int8 inference for the lean Gemma decode step (`--weights int8` of eval, serve
-and chat; never training).
+"""Weight-only int8 and int4 inference for the lean Gemma decode step (`--weights int8|int4` of
+eval, serve and chat; never training).
 
 Why: single-stream decoding of Gemma 3 270M reads every weight once per token (about 1.1 GB
 in fp32), so the weights' format, not the arithmetic, bounds tokens/s. Stored as int8 they are
@@ -10,6 +10,17 @@ head, which is also the embedding table), per output channel (row) and symmetric
 scale_n = max_k |w_nk| / 127, q_nk = round(w_nk / scale_n) in [-127, 127], so
 |w − scale·q| ≤ scale / 2 per element (an all-zero row gets scale 1 and q = 0, exact).
 Norms, RoPE and the KV cache stay fp32.
+
+int4 (`weights="int4"`, `quantize4`): every linear weight in groups of 32 along its input
+(INT4_GROUP), asymmetric, w = scale·code + min with a code in 0..15 and an fp16 scale and min
+per row and group: 5 bits a weight, 0.17 GB a step for Gemma 3 270M against int8's 0.27. The
+group's min and range set them (min = least value, scale = range / 15, both rounded to fp16),
+so |w − scale·code − min| ≤ scale/2 plus the fp16 roundings' share. Activations are the same
+two int8 levels as int8's; the product is the kernel's `q4linear` (int8_kernel: the group's
+integer sums by vpdpbusd on 16 rows at once, then scale and min in fp32), and where it does
+not run, `int4_reference`, its torch twin with the same bits. The layers run as one kernel
+call each, as int8's (`tunix_gemma_layer` with its int4 switch). It needs every projection's
+rows in whole blocks of 16 and its input width a multiple of 32 (Gemma's are).
 
 `quantize_model(model)` writes the dequantised weights (scale·q, in fp32) over the model's own
 parameters in place, so the transformers prefill and the lean step compute with the same
@@ -61,13 +72,16 @@ from typing import TYPE_CHECKING
 
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.fast_gemma import HEAD_CHUNK, LeanGemma
-from tunix_rt.eval.int8_kernel import int_mm, pack_rows, qlinear, qlinear_applies, row_sums, unpack_rows
+from tunix_rt.eval.int8_kernel import (Q4_GROUP, int_mm, pack4, pack_rows, pack_scales4, q4linear, q4linear_applies,
+                                      qlinear, qlinear_applies, row_sums, unpack4, unpack_rows)
 
 if TYPE_CHECKING:
     import torch
 
-WEIGHTS = ("fp32", "int8")
+WEIGHTS = ("fp32", "int8", "int4")
 """The weight formats inference can decode with (`weights` of eval, serve and chat)."""
+INT4_GROUP = Q4_GROUP
+"""int4 weights: one fp16 scale and min per row and this many weights along K."""
 KERNELS = ("int_mm", "dequant")
 DEQUANT_ROWS = 512
 """Weight rows dequantised at a time on the "dequant" path (640 x 512 fp32 = 1.3 MB, in L2)."""
@@ -137,18 +151,113 @@ def fuse(parts: list[QuantLinear]) -> QuantLinear:
                        torch.cat([p.sums for p in parts]).contiguous())
 
 
-def quantize_model(model) -> dict[int, QuantLinear]:
-    """Quantise every nn.Linear weight of `model` (tied ones once) and write the dequantised
-    values over the parameters in place; returns id(parameter) -> its int8 copy."""
+@dataclass
+class Quant4Linear:
+    """A weight [N, K] as int4 codes in groups of INT4_GROUP along K, w = scale * code + min
+    (asymmetric; an fp16 scale and min per row and group), kept in the int4 kernel's layout:
+    `q` uint8 [N, K / 2] (int8_kernel.pack4), `sm` fp16 [N / 16, K / 32, 2, 16]
+    (int8_kernel.pack_scales4)."""
+
+    q: "torch.Tensor"
+    sm: "torch.Tensor"
+
+    @property
+    def shape(self):
+        return (self.q.shape[0], self.q.shape[1] * 2)
+
+    def scales(self) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """(scale, min), each fp32 [N, K / 32]."""
+        n, g = self.sm.shape[0] * 16, self.sm.shape[1]
+        both = self.sm.float().permute(0, 2, 3, 1)  # block, 2, row, group
+        return both[:, 0].reshape(n, g), both[:, 1].reshape(n, g)
+
+    def dequantize(self) -> "torch.Tensor":
+        """scale * code + min in fp32 (a product, then a sum), [N, K]."""
+        scale, mn = self.scales()
+        return unpack4(self.q).float() * scale.repeat_interleave(INT4_GROUP, 1) + mn.repeat_interleave(INT4_GROUP, 1)
+
+
+def quantize4(w: "torch.Tensor") -> Quant4Linear:
+    """Asymmetric int4 per row and group of INT4_GROUP (module doc): min = the group's least
+    value, scale = its range / 15, both rounded to fp16, code = round((w - min) / scale) in
+    0..15; `w` is not changed. BadInput where the shape does not fit the layout (N a multiple
+    of 16, K of 32) or a value is not finite or beyond fp16's range."""
     import torch
 
-    out: dict[int, QuantLinear] = {}
+    n, k = w.shape
+    if n % 16 or k % INT4_GROUP:
+        raise BadInput(f"int4 weights need rows a multiple of 16 and columns of {INT4_GROUP}, got [{n}, {k}]")
+    w = w.detach().float()
+    if not bool(torch.isfinite(w).all()) or float(w.abs().max()) > float(torch.finfo(torch.float16).max) / 2:
+        raise BadInput("int4 weights need finite values within fp16's range")
+    g = w.reshape(n, k // INT4_GROUP, INT4_GROUP)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    mn = lo.half()
+    scale = ((hi - mn.float()) / 15.0).half()
+    scale = torch.where(scale.float() > 0, scale, torch.ones_like(scale))  # a constant group: code 0, value min
+    codes = torch.round((g - mn.float()[..., None]) / scale.float()[..., None]).clamp_(0, 15).to(torch.uint8)
+    return Quant4Linear(pack4(codes.reshape(n, k)), pack_scales4(scale, mn))
+
+
+def fuse4(parts: list[Quant4Linear]) -> Quant4Linear:
+    """int4 weights of the same input width stacked by rows (whole 16-row blocks: the layout
+    of the stack is the stack of the layouts)."""
+    import torch
+
+    return Quant4Linear(torch.cat([p.q for p in parts]).contiguous(), torch.cat([p.sm for p in parts]).contiguous())
+
+
+def int4_reference(x2: "torch.Tensor", w: Quant4Linear, rows: int = 16384) -> "torch.Tensor":
+    """x2 fp32 [M, K] @ dequantised(w).T through torch, the int4 kernel's operations in its
+    order (int8_kernel.SOURCE): the same bits as `q4linear`; the path where the kernel does not
+    run. `rows`: weight rows at a time (their exact integer sums are held in fp64)."""
+    import torch
+
+    m, k = x2.shape
+    n, groups = w.shape[0], k // INT4_GROUP
+    lhs, step = quantize_activations(x2.float())
+    q = lhs.double().reshape(2, m, groups, INT4_GROUP).permute(0, 2, 1, 3)  # level, group, row, k
+    gs = lhs.reshape(2, m, groups, INT4_GROUP).sum(dim=-1, dtype=torch.int32).float()
+    gs = gs[0] * 127.0 + gs[1]  # [m, groups]
+    scale, mn = w.scales()
+    codes = unpack4(w.q)
+    out = torch.empty((m, n), dtype=torch.float32)
+    for i in range(0, n, rows):
+        c = codes[i: i + rows].double().reshape(-1, groups, INT4_GROUP).permute(1, 2, 0)  # group, k, rows
+        d = torch.matmul(q, c).float()  # level, group, m, rows: exact integers
+        t = d[0] * 127.0 + d[1]
+        acc = torch.zeros((m, c.shape[-1]), dtype=torch.float32)
+        for j in range(groups):
+            acc = acc + scale[i: i + rows, j] * t[j]
+            acc = acc + mn[i: i + rows, j] * gs[:, j: j + 1]
+        out[:, i: i + rows] = acc * step
+    return out
+
+
+def int4_linear(x: "torch.Tensor", w: Quant4Linear) -> "torch.Tensor":
+    """x [..., K] @ dequantised(w).T -> [..., N], fp32: the int4 kernel where it runs, else its
+    torch twin (`int4_reference`, the same bits)."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k).float().contiguous()
+    n = w.shape[0]
+    out = q4linear(x2, w.q, w.sm, n) if q4linear_applies(x2, n, k) else int4_reference(x2, w)
+    return out.view(*lead, n).to(x.dtype)
+
+
+def quantize_model(model, weights: str = "int8") -> "dict[int, QuantLinear | Quant4Linear]":
+    """Quantise every nn.Linear weight of `model` (tied ones once) to `weights` (int8 or int4)
+    and write the dequantised values over the parameters in place; returns id(parameter) ->
+    its quantised copy."""
+    import torch
+
+    quant = quantize4 if weights == "int4" else quantize
+    out: dict = {}
     with torch.no_grad():
         for module in model.modules():
             w = getattr(module, "weight", None)
             if not isinstance(module, torch.nn.Linear) or w is None or id(w) in out:
                 continue
-            ql = quantize(w)
+            ql = quant(w)
             w.copy_(ql.dequantize().to(w.dtype))
             out[id(w)] = ql
     return out
@@ -219,11 +328,14 @@ def pick_kernel(device) -> str:
 
 
 class Int8Gemma(LeanGemma):
-    """The lean decode step on int8 weights; build with `Int8Gemma.for_model(model)`, which
-    quantises the model in place (module doc)."""
+    """The lean decode step on int8 (or, `weights="int4"`, int4) weights; build with
+    `Int8Gemma.for_model(model)`, which quantises the model in place (module doc)."""
 
-    def __init__(self, model, kernel: str | None = None):
-        quant = quantize_model(model)
+    def __init__(self, model, kernel: str | None = None, weights: str = "int8"):
+        if weights not in ("int8", "int4"):
+            raise BadInput(f"quantised weights are int8 or int4, got {weights!r}")
+        self.weights = weights
+        quant = quantize_model(model, weights)
         super().__init__(model)
         self.kernel = kernel or pick_kernel(self.embed.device)
         if self.kernel not in KERNELS:
@@ -231,7 +343,7 @@ class Int8Gemma(LeanGemma):
         for lyr in self.layers:
             for group in (("wq", "wk", "wv"), ("w_gate", "w_up")):
                 parts = [quant[id(getattr(lyr, name))] for name in group]
-                fused = fuse(parts)
+                fused = fuse4(parts) if weights == "int4" else fuse(parts)
                 at = 0
                 for name, part in zip(group, parts):
                     setattr(lyr, name, Part(fused, slice(at, at + part.q.shape[0])))
@@ -239,16 +351,16 @@ class Int8Gemma(LeanGemma):
             lyr.wo, lyr.w_down = quant[id(lyr.wo)], quant[id(lyr.w_down)]
         self.qhead = quant[id(self.head)]
         self._last: tuple = (None, None, None)  # (input, fused weight, its output): see linear
-        self.fused = self.kernel == "int_mm" and fused_layers_apply(self)
+        self.fused = (self.kernel == "int_mm" or weights == "int4") and fused_layers_apply(self)
         """Each layer one call of the kernel library (`tunix_gemma_layer`) instead of ~70 torch
         ops: where the library loaded, the model is fp32 and every projection's input width
         is a multiple of 64 (see `_hidden`)."""
-        if self.fused:  # every projection and the head through qlinear: the kernel's panel layout
+        if self.fused and weights == "int8":  # every projection and the head through qlinear: its panels
             self._to_panels()
         self._layer_args = [self._pointers(lyr) for lyr in self.layers] if self.fused else []
 
     @classmethod
-    def for_model(cls, model, kernel: str | None = None) -> "Int8Gemma":
+    def for_model(cls, model, kernel: str | None = None, weights: str = "int8") -> "Int8Gemma":
         """The int8 step for a plain (or merged) Gemma 3 / Gemma 2 model; BadInput for anything
         the lean step does not serve (int8 weights have no other decode path)."""
         lean = LeanGemma.for_model(model)
@@ -256,22 +368,25 @@ class Int8Gemma(LeanGemma):
             kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
             raise BadInput(f"weights int8 needs a Gemma 3 / Gemma 2 model (the lean decode step), got {kind!r}")
         if lean.lora:
-            raise BadInput("weights int8 quantises a plain or merged model, not one with a live LoRA adapter")
-        return cls(model, kernel)
+            raise BadInput(f"weights {weights} quantises a plain or merged model, not one with a live LoRA adapter")
+        return cls(model, kernel, weights)
 
     def linear(self, x: "torch.Tensor", w) -> "torch.Tensor":
         """One projection; a Part's fused matmul runs once per input (the first of q/k/v or
         gate/up computes all of them, the others take their rows of its output)."""
         if not isinstance(w, Part):
-            return int8_linear(x, w, self.kernel)
+            return self._linear(x, w)
         last_x, last_w, out = self._last
         if last_x is not x or last_w is not w.fused:
-            out = int8_linear(x, w.fused, self.kernel)
+            out = self._linear(x, w.fused)
             self._last = (x, w.fused, out)
         return out[..., w.rows]
 
+    def _linear(self, x: "torch.Tensor", w) -> "torch.Tensor":
+        return int4_linear(x, w) if isinstance(w, Quant4Linear) else int8_linear(x, w, self.kernel)
+
     def screen(self):
-        return None  # the screen bounds fp32 head logits; here the head itself is int8
+        return None  # the screen bounds fp32 head logits; here the head itself is quantised
 
     def _to_panels(self) -> None:
         """Every int8 weight in the kernel's panel layout (QuantLinear.as_panels; one matrix at a
@@ -294,8 +409,9 @@ class Int8Gemma(LeanGemma):
         ptrs += [lyr.q_norm.data_ptr() if lyr.q_norm is not None else None,
                  lyr.k_norm.data_ptr() if lyr.k_norm is not None else None]
         for w in (qkv, lyr.wo, gu, lyr.w_down):
-            ptrs += [w.q.data_ptr(), w.sums.data_ptr(), w.scale.data_ptr()]
-        return (*ptrs, self.n_heads, self.n_kv, self.head_dim, lyr.w_down.q.shape[1])
+            ptrs += ([w.q.data_ptr(), w.sm.data_ptr(), None] if isinstance(w, Quant4Linear)
+                     else [w.q.data_ptr(), w.sums.data_ptr(), w.scale.data_ptr()])
+        return (*ptrs, self.n_heads, self.n_kv, self.head_dim, lyr.w_down.shape[1])
 
     def _fits(self, b: int, st) -> bool:
         """The state is what the layer call reads and writes in place: the cache index inside
@@ -334,7 +450,8 @@ class Int8Gemma(LeanGemma):
             cos, sin = rope[lyr.rope]
             if lib.tunix_gemma_layer(x.data_ptr(), b, d, *self._layer_args[i], st.keys[i].data_ptr(),
                                      st.values[i].data_ptr(), total, st.cur, lo, st.mask.data_ptr(), cos.data_ptr(),
-                                     sin.data_ptr(), self.scaling, softcap, self.eps, threads, 1) != 0:
+                                     sin.data_ptr(), self.scaling, softcap, self.eps, threads, 1,
+                                     int(self.weights == "int4")) != 0:
                 raise MemoryError("int8 kernel: out of memory in a decoder layer")
         st.cur += 1
         st.pos = st.pos + 1
@@ -348,6 +465,8 @@ class Int8Gemma(LeanGemma):
         import torch
 
         self._last = (None, None, None)
+        if self.weights == "int4":
+            return int4_linear(x, self.qhead)
         if self.kernel == "int_mm":
             return int8_linear(x, self.qhead, self.kernel)
         vocab = self.qhead.q.shape[0]
@@ -369,14 +488,14 @@ def fused_layers_apply(step: "Int8Gemma") -> bool:
     lyr = step.layers[0] if step.layers else None
     if lyr is None or step.embed.dtype != torch.float32 or step.embed.device.type != "cpu":
         return False
-    widths = (step.embed.shape[1], step.n_heads * step.head_dim, lyr.w_down.q.shape[1])
+    widths = (step.embed.shape[1], step.n_heads * step.head_dim, lyr.w_down.shape[1])
     if any(w % ALIGN_K or w >= MAX_K for w in widths) or step.head_dim % 2:
         return False
     return library() is not None
 
 
-def use_int8(gen) -> object:
-    """Switch a TorchGenerator (tunix_rt.eval.generate) to int8 weights: its model is
-    quantised in place and its decode steps run through `Int8Gemma`; returns `gen`."""
-    gen.lean = Int8Gemma.for_model(gen.model)
+def use_weights(gen, weights: str) -> object:
+    """Switch a TorchGenerator (tunix_rt.eval.generate) to `weights` (int8 or int4): its model
+    is quantised in place and its decode steps run through `Int8Gemma`; returns `gen`."""
+    gen.lean = Int8Gemma.for_model(gen.model, weights=weights)
     return gen

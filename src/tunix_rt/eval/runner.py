@@ -239,7 +239,7 @@ def load_model(model_dir: Path, adapter_dir: Path | None, device: str):
 
 
 def make_generator(engine: str, target: Target, tok, device: str, weights: str = "fp32") -> Generator:
-    """The engine's Generator: TorchGenerator (on int8 weights when `weights` is int8:
+    """The engine's Generator: TorchGenerator (on int8 or int4 weights when `weights` says so:
     tunix_rt.eval.int8_weights), or tunix_rt.eval.jax_generate's."""
     from tunix_rt.eval.int8_weights import check_weights
 
@@ -251,10 +251,10 @@ def make_generator(engine: str, target: Target, tok, device: str, weights: str =
     from tunix_rt.eval.generate import TorchGenerator
 
     gen = TorchGenerator(load_model(target.model_dir, target.adapter_dir, device), tok, device)
-    if weights == "int8":
-        from tunix_rt.eval.int8_weights import use_int8
+    if weights != "fp32":
+        from tunix_rt.eval.int8_weights import use_weights
 
-        use_int8(gen)
+        use_weights(gen, weights)
     return gen
 
 

@@ -20,7 +20,7 @@ def serve(
     load_wait: Annotated[Optional[float], typer.Option(help="Seconds a request for a model not loaded waits for a loaded "
                                                             "one to finish its requests before a 503 (default 30).")] = None,
     tools: Annotated[bool, typer.Option("--tools/--no-tools", help="Served runs call their tools (config.yaml `tools`).")] = True,
-    weights: Annotated[str, typer.Option("--weights", help="fp32 | int8: serve on weight-only int8 weights (Gemma 3/2; faster, not bit-exact).")] = "fp32",
+    weights: Annotated[str, typer.Option("--weights", help="fp32 | int8 | int4: serve on weight-only int8 or int4 weights (Gemma 3/2; faster, not bit-exact).")] = "fp32",
 ) -> None:
     """Serve the registry API and the web UI. The token is created on first start (stored in
     <home>/service_token, mode 0600) and printed."""

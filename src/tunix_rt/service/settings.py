@@ -50,8 +50,8 @@ class Settings(BaseModel):
     requests (a model in use is never unloaded) before a 503 with Retry-After."""
     serve_tools: bool = True
     """Served runs decode with their tools (config.yaml `tools`); False: no model uses tools."""
-    serve_weights: str = Field("fp32", pattern=r"^(fp32|int8)$")
-    """fp32 | int8: served models decode on weight-only int8 weights (tunix_rt.eval.int8_weights)."""
+    serve_weights: str = Field("fp32", pattern=r"^(fp32|int8|int4)$")
+    """fp32 | int8 | int4: served models decode on weight-only int8 or int4 weights (tunix_rt.eval.int8_weights)."""
 
     @classmethod
     def from_home(cls, home: Home | None = None, **overrides) -> "Settings":

@@ -167,12 +167,12 @@ def load(model_id: str, home: Home, cfg: ServeConfig, on_idle: Callable[[], None
     target = resolve_target(eval_request(model_id, home), home)
     device = resolve_device("torch", cfg.device)
     tok = load_tokenizer(target.tokenizer, home)
-    from tunix_rt.eval.int8_weights import check_weights, use_int8
+    from tunix_rt.eval.int8_weights import check_weights, use_weights
 
     check_weights(cfg.weights)
     gen = TorchGenerator(load_model(target.model_dir, target.adapter_dir, device), tok, device)
     if cfg.weights != "fp32":
-        use_int8(gen)
+        use_weights(gen, cfg.weights)
     ctx = int(getattr(gen.model.config, "max_position_embeddings", 0) or 0)
     sched = Scheduler(gen, cfg.max_batch, cfg.max_queue, name=model_id, on_idle=on_idle)
     return ServedModel(model_id, sched, target.system_prompt, ctx, target.run_dir.name if target.run_dir else None,
