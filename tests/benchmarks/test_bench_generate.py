@@ -1,0 +1,37 @@
+"""bench_generate's count of the weight bytes a quantised decode step reads (its shares of the
+bandwidth bound): each fused int8 matrix once with its fp32 row scales, each int4 matrix at half
+a byte a weight plus its fp16 scale and min per row and group of 32."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_step_bytes_count_each_quantised_matrix_once_with_its_scales(home, weights):
+    import bench_generate
+
+    from tunix_rt.eval.generate import TorchGenerator
+    from tunix_rt.eval.int8_weights import use_weights
+    from tunix_rt.eval.runner import load_model
+    from tunix_rt.models.store import ensure_model, load_tokenizer
+
+    model_dir = ensure_model("tiny-gemma3", home)
+    c = json.loads((model_dir / "config.json").read_text())
+    gen = use_weights(TorchGenerator(load_model(model_dir, None, "cpu"), load_tokenizer(str(model_dir), home), "cpu"),
+                      weights)
+    d, hd, f = c["hidden_size"], c["head_dim"], c["intermediate_size"]
+    qkv = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd
+    layer = [(qkv, d), (d, c["num_attention_heads"] * hd), (2 * f, d), (d, f)]
+    mats = layer * c["num_hidden_layers"] + [(c["vocab_size"], d)]
+    if weights == "int8":
+        want = sum(n * k + 4 * n for n, k in mats)
+    else:
+        want = sum(n * k // 2 + 2 * 2 * n * k // 32 for n, k in mats)
+    assert bench_generate.step_bytes(gen.lean)["weights"] == want
