@@ -48,6 +48,19 @@ def torch_path(x, ql: QuantLinear):
     return (acc[:m].float() * 127.0 + acc[m:].float()) * step * ql.scale
 
 
+def on_one_and_two_threads(fn) -> list:
+    """[fn() on 1 torch thread, fn() on 2], the thread count restored after."""
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            outs.append(fn())
+        return outs
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_kernel_is_built_where_the_cpu_runs_it():
     """On a CPU with AVX-512 VNNI the kernel must load (a broken build fails here, not silently
     in the decoders' speed); elsewhere it says why it is not used."""
@@ -158,15 +171,8 @@ def test_one_and_two_threads_give_the_same_numbers():
     lhs = torch.randint(-127, 128, (4, 640), dtype=torch.int8, generator=g)
     ql = quantize(torch.randn(8192, 640, generator=g))
     x = torch.randn(3, 640, generator=g)
-    before = torch.get_num_threads()
-    try:
-        outs = []
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            outs.append((int8_kernel.int_mm(lhs, w), int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
-                         if int8_kernel.qlinear_applies(x, ql.q) else None))
-    finally:
-        torch.set_num_threads(before)
+    outs = on_one_and_two_threads(lambda: (int8_kernel.int_mm(lhs, w), int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
+                                           if int8_kernel.qlinear_applies(x, ql.q) else None))
     assert torch.equal(outs[0][0], exact(lhs, w)) and torch.equal(outs[1][0], exact(lhs, w))
     if outs[0][1] is not None:
         assert torch.equal(outs[0][1], outs[1][1])
@@ -210,14 +216,7 @@ def test_q4linear_rows_depend_on_neither_the_batch_nor_the_threads():
     g = torch.Generator().manual_seed(8)
     q4 = quantize4(torch.randn(8192, 640, generator=g) * 0.05)
     x = torch.randn(6, 640, generator=g)
-    before = torch.get_num_threads()
-    try:
-        outs = []
-        for t in (1, 2):
-            torch.set_num_threads(t)
-            outs.append(int8_kernel.q4linear(x, q4.q, q4.sm, 8192))
-    finally:
-        torch.set_num_threads(before)
+    outs = on_one_and_two_threads(lambda: int8_kernel.q4linear(x, q4.q, q4.sm, 8192))
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(int8_kernel.q4linear(x[4:5].contiguous(), q4.q, q4.sm, 8192), outs[0][4:5])
 
