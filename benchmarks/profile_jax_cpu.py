@@ -313,8 +313,11 @@ _T_OTHER = {"empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones
 
 
 def torch_op_class(name: str) -> str:
-    """The class of one torch profiler event by its name (`aten::mm` -> dot; not an aten op,
-    e.g. an autograd node's own bookkeeping, -> other)."""
+    """The class of one torch profiler event by its name (`aten::mm` -> dot; oneDNN's products,
+    `mkldnn::_linear_pointwise[.binary]`, which train.cpu_matmul routes the fp32 CPU step's
+    products through, -> dot; not an aten op, e.g. an autograd node's own bookkeeping, -> other)."""
+    if name.startswith("mkldnn::_linear_pointwise"):
+        return "dot"
     if not name.startswith("aten::"):
         return "other"
     op = name[6:]

@@ -153,7 +153,8 @@ def test_attribution_shares_overlap_and_gives_control_flow_its_own_time_only():
     ("aten::mm", "dot"), ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "dot"),
     ("aten::_log_softmax", "reduce"), ("aten::sum", "reduce"), ("aten::copy_", "copy"), ("aten::t", "copy"),
     ("aten::embedding_dense_backward", "gather"), ("aten::index_select", "gather"), ("aten::mul", "elementwise"),
-    ("aten::_foreach_addcdiv_", "elementwise"), ("aten::empty", "other"),
+    ("aten::_foreach_addcdiv_", "elementwise"), ("aten::empty", "other"), ("mkldnn::_linear_pointwise", "dot"),
+    ("mkldnn::_linear_pointwise.binary", "dot"), ("_LoraLinear", "other"),
     ("autograd::engine::evaluate_function: MmBackward0", "other")])
 def test_torch_op_class(name, cls):
     assert prof.torch_op_class(name) == cls
