@@ -120,7 +120,7 @@ def main() -> None:
                     help="ours without the int8-screened greedy head (full fp32 logits each step)")
     ap.add_argument("--mode", choices=("greedy", "sample", "llama"), default="greedy",
                     help="greedy: ours vs HF generate; sample: ours screened vs ours on full logits; "
-                         "llama: ours (fp32, int8) vs llama.cpp on the same GGUF")
+                         "llama: ours (fp32, int8, int4) vs llama.cpp on the same GGUF")
     ap.add_argument("--llama-batches", default="1,8", help="llama mode: the batch sizes, comma-separated")
     ap.add_argument("--weights", choices=("fp32", "int8", "int4"), default="fp32",
                     help="int8 | int4: ours on weight-only int8 or int4 weights vs ours in fp32 (see the module doc)")

@@ -227,7 +227,9 @@ def test_q4linear_takes_only_its_own_layout():
     q4 = quantize4(torch.randn(32, 64))
     x = torch.randn(2, 64)
     assert int8_kernel.q4linear_applies(x, 32, 64) and not int8_kernel.q4linear_applies(x.double(), 32, 64)
-    assert not int8_kernel.q4linear_applies(x, 40, 64) and not int8_kernel.q4linear_applies(x.t(), 32, 2)
+    assert not int8_kernel.q4linear_applies(x, 40, 64)  # rows not in whole blocks of 16
+    assert not int8_kernel.q4linear_applies(torch.randn(64, 4).t(), 32, 64)  # [4, 64], not contiguous
+    assert not int8_kernel.q4linear_applies(torch.randn(2, 48), 32, 48)  # K not a multiple of 32
     with pytest.raises(ValueError, match="pack4 codes"):
         int8_kernel.q4linear(x, q4.q[:, :16].contiguous(), q4.sm, 32)
     with pytest.raises(ValueError, match="sm must be"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tunix_rt.errors import BadInput
+from tunix_rt.eval import int8_kernel
 from tunix_rt.eval.fast_gemma import LeanGemma
 from tunix_rt.eval.generate import DecodeConfig, TorchGenerator, left_pad, position_ids
 from tunix_rt.eval.int8_weights import (Int8Gemma, int4_linear, int8_linear, quantize, quantize4, quantize_model,
@@ -65,6 +66,27 @@ def test_int4_refuses_what_its_layout_cannot_hold():
         quantize4(torch.full((16, 32), float("nan")))
     with pytest.raises(BadInput, match="fp16"):
         quantize4(torch.full((16, 32), 1e6))
+
+
+def test_int4_is_refused_without_its_kernel_or_off_the_cpu_before_a_weight_changes(tiny_dirs, monkeypatch):
+    """Where the int4 kernel does not run (its torch twin is ~100x slower than fp32) or on
+    another device, loading int4 fails with the reason and int8 named, the model untouched;
+    a model with one weight the layout cannot hold is refused before any weight changes."""
+    from tunix_rt.eval.int8_weights import int4_problem
+
+    assert "CPU only, not cuda" in int4_problem("cuda")
+    model = load_model(tiny_dirs["tiny-gemma3"], None, "cpu")
+    before = [p.detach().clone() for p in model.parameters()]
+    monkeypatch.setattr(int8_kernel, "library", lambda: None)
+    with pytest.raises(BadInput, match=r"weights int4 needs the int4 kernel .*; weights int8 runs everywhere"):
+        Int8Gemma.for_model(model, weights="int4")
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    monkeypatch.undo()
+    two = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 40))  # weights [32, 64] and [40, 32]
+    first = two[0].weight.detach().clone()
+    with pytest.raises(BadInput, match=r"multiple of 16 .*\(40, 32\)"):
+        quantize_model(two, "int4")
+    assert torch.equal(two[0].weight, first)
 
 
 def test_int4_linear_multiplies_by_the_dequantised_weights():
@@ -156,7 +178,9 @@ def test_int8_step_computes_the_dequantised_model(tiny_dirs, weights):
     tok = ChatTokenizer.from_file(d)
     ref = load_model(d, None, "cpu")
     model = load_model(d, None, "cpu")
-    lean8 = Int8Gemma.for_model(model, "dequant", weights)
+    if weights == "int4" and int8_kernel.library() is None:
+        pytest.skip("int4 decodes where its kernel runs")
+    lean8 = Int8Gemma.for_model(model, "dequant" if weights == "int8" else None, weights)
     quant = quantize4 if weights == "int4" else quantize
     for (name, p), (_, p0) in zip(model.named_parameters(), ref.named_parameters()):
         if name.endswith("proj.weight") or name.endswith("embed_tokens.weight"):
@@ -211,8 +235,11 @@ def test_eval_records_the_weights_and_refuses_what_does_not_apply(cli, home, tin
     assert json.loads(r.out)["decoding"]["weights"] == "int8"
     r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--max-new-tokens", "4",
             "--device", "cpu", "--weights", "int4", "--json")
-    assert r.code == 0, r.err
-    assert json.loads(r.out)["decoding"]["weights"] == "int4"
+    if int8_kernel.library() is None:  # refused, with the reason and int8 named
+        assert r.code == 2 and "needs the int4 kernel" in r.err and "int8 runs everywhere" in r.err
+    else:
+        assert r.code == 0, r.err
+        assert json.loads(r.out)["decoding"]["weights"] == "int4"
     r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--weights", "int2", "--device", "cpu")
     assert r.code == 2 and "weights must be one of fp32|int8|int4" in r.err
 
@@ -257,11 +284,12 @@ def test_serving_loads_int8_and_int4_weights_and_chat_refuses_an_unknown_format(
         assert isinstance(served.scheduler.gen.lean, Int8Gemma)
     finally:
         served.scheduler.close()
-    served = load("tiny-gemma3", home, ServeConfig(device="cpu", max_batch=1, weights="int4"))
-    try:
-        assert isinstance(served.scheduler.gen.lean, Int8Gemma) and served.scheduler.gen.lean.weights == "int4"
-    finally:
-        served.scheduler.close()
+    if int8_kernel.library() is not None:
+        served = load("tiny-gemma3", home, ServeConfig(device="cpu", max_batch=1, weights="int4"))
+        try:
+            assert isinstance(served.scheduler.gen.lean, Int8Gemma) and served.scheduler.gen.lean.weights == "int4"
+        finally:
+            served.scheduler.close()
     with pytest.raises(BadInput, match="weights must be one of"):
         load("tiny-gemma3", home, ServeConfig(device="cpu", weights="int2"))
     r = cli("chat", "tiny-gemma3", "--weights", "int2", "--device", "cpu")
@@ -278,14 +306,13 @@ def test_fused_layers_equal_the_torch_ops_to_rounding(tiny, weights):
     the same on at least 95% of the steps. Where the library does not load, `fused` is off."""
     from transformers import DynamicCache
 
-    from tunix_rt.eval import int8_kernel
-
     d, tok = tiny
     model = load_model(d, None, "cpu")
-    fused = Int8Gemma.for_model(model, weights=weights)
     if int8_kernel.library() is None:
-        assert not fused.fused
+        if weights == "int8":
+            assert not Int8Gemma.for_model(model, weights=weights).fused
         return
+    fused = Int8Gemma.for_model(model, weights=weights)
     assert fused.fused
     lyr = fused.layers[0]  # the layer call and the head read every int8 weight as panels
     if weights == "int8":

@@ -25,14 +25,19 @@ KL 0.131 → 0.153; int8: 99.6% and 98.0%). Activations are the same
 two int8 levels as int8's; the product is the kernel's `q4linear` (int8_kernel: the group's
 integer sums by vpdpbusd on 16 rows at once, then scale and min in fp32), and where it does
 not run, `int4_reference`, its torch twin with the same bits. The layers run as one kernel
-call each, as int8's (`tunix_gemma_layer` with its int4 switch). It needs every projection's
-rows in whole blocks of 16 and its input width a multiple of 32 (Gemma's are).
+call each, as int8's (`tunix_gemma_layer` with its int4 switch). The tied head is also the
+token embedding: under int4 the prefill embeds through its int4 values too (as int8's through
+its int8 ones). It needs every projection's rows in whole blocks of 16 and its input width a
+multiple of 32 (Gemma's are), checked for every weight before any is changed, and it runs
+where the kernel does (a CPU with AVX-512 VNNI and a C compiler; `int4_problem` says why
+not): its torch twin, kept for the tests, is ~100x slower than fp32 (the whole matrix unpacked
+each call), so elsewhere int4 is refused with a pointer to int8, which runs everywhere.
 
-`quantize_model(model)` writes the dequantised weights (scale·q, in fp32) over the model's own
+`quantize_model(model, weights)` writes the dequantised weights (in fp32) over the model's own
 parameters in place, so the transformers prefill and the lean step compute with the same
-numbers, and returns the int8 copies; `Int8Gemma` is the lean step (`LeanGemma`) whose
-projections and head read the int8 copies. The model's fp32 parameters are kept for the
-prefill (one call per batch), so memory grows by the int8 copy (a quarter).
+numbers, and returns the quantised copies; `Int8Gemma` is the lean step (`LeanGemma`) whose
+projections and head read them. The model's fp32 parameters are kept for the prefill (one
+call per batch), so memory grows by the quantised copy (a quarter for int8, 5/32 for int4).
 
 How a projection multiplies (`int8_linear`), chosen per process by `pick_kernel`:
 - "int_mm": the activations get a two-level int8 quantisation per row (as
@@ -266,6 +271,12 @@ def quantize_model(model, weights: str = "int8") -> "dict[int, QuantLinear | Qua
     import torch
 
     quant = quantize4 if weights == "int4" else quantize
+    if weights == "int4":  # every shape first: a refused weight leaves the model as it was
+        for module in model.modules():
+            w = getattr(module, "weight", None)
+            if isinstance(module, torch.nn.Linear) and w is not None and (w.shape[0] % 16 or w.shape[1] % INT4_GROUP):
+                raise BadInput(f"int4 weights need rows a multiple of 16 and columns of {INT4_GROUP}, "
+                               f"got {tuple(w.shape)}")
     out: dict = {}
     with torch.no_grad():
         for module in model.modules():
@@ -342,6 +353,20 @@ def pick_kernel(device) -> str:
     return "int_mm" if int8_matmul_is_fast() else "dequant"
 
 
+def int4_problem(device) -> str | None:
+    """Why int4 weights cannot decode here (None: they can): the int4 kernel runs on the CPU
+    only, where the int8 library loaded (AVX-512 VNNI and a C compiler)."""
+    import torch
+
+    from tunix_rt.eval import int8_kernel
+
+    if torch.device(device).type != "cpu":
+        return f"decodes on the CPU only, not {torch.device(device).type}"
+    if int8_kernel.library() is None:
+        return f"needs the int4 kernel ({'; '.join(int8_kernel.WHY) or 'not built'})"
+    return None
+
+
 class Int8Gemma(LeanGemma):
     """The lean decode step on int8 (or, `weights="int4"`, int4) weights; build with
     `Int8Gemma.for_model(model)`, which quantises the model in place (module doc)."""
@@ -349,10 +374,15 @@ class Int8Gemma(LeanGemma):
     def __init__(self, model, kernel: str | None = None, weights: str = "int8"):
         if weights not in ("int8", "int4"):
             raise BadInput(f"quantised weights are int8 or int4, got {weights!r}")
+        if weights == "int4":
+            why = int4_problem(next(model.parameters()).device)
+            if why:
+                raise BadInput(f"weights int4 {why}; weights int8 runs everywhere")
         self.weights = weights
         quant = quantize_model(model, weights)
         super().__init__(model)
-        self.kernel = kernel or pick_kernel(self.embed.device)
+        # int4's products are the kernel's (int4_problem checked it): no int8 speed probe
+        self.kernel = kernel or ("int_mm" if weights == "int4" else pick_kernel(self.embed.device))
         if self.kernel not in KERNELS:
             raise BadInput(f"int8 kernel must be one of {'|'.join(KERNELS)}, got {self.kernel!r}")
         for lyr in self.layers:
@@ -381,7 +411,7 @@ class Int8Gemma(LeanGemma):
         lean = LeanGemma.for_model(model)
         if lean is None:
             kind = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-            raise BadInput(f"weights int8 needs a Gemma 3 / Gemma 2 model (the lean decode step), got {kind!r}")
+            raise BadInput(f"weights {weights} needs a Gemma 3 / Gemma 2 model (the lean decode step), got {kind!r}")
         if lean.lora:
             raise BadInput(f"weights {weights} quantises a plain or merged model, not one with a live LoRA adapter")
         return cls(model, kernel, weights)

@@ -106,8 +106,8 @@ class EvalRequest:
     """An LLM judge (tunix_rt.eval.judge) scoring each prediction: `judge_score` per line and
     its mean in metrics; a judge that fails fails the eval."""
     weights: str = "fp32"
-    """fp32 | int8: int8 decodes with weight-only int8 weights (tunix_rt.eval.int8_weights;
-    torch engine, Gemma 3/2); recorded in eval_summary.json's decoding."""
+    """fp32 | int8 | int4: decode with weight-only int8 or int4 weights (tunix_rt.eval.int8_weights;
+    torch engine, Gemma 3/2; int4 on a CPU with its kernel); recorded in eval_summary.json's decoding."""
 
     def __post_init__(self) -> None:
         from tunix_rt.train import engines

@@ -58,8 +58,8 @@ class ServeConfig:
     tools: bool = True
     """Decode with each run's tools (its config.yaml `tools`); False: every model without."""
     weights: str = "fp32"
-    """fp32 | int8: int8 serves every model on weight-only int8 weights
-    (tunix_rt.eval.int8_weights; Gemma 3/2 only)."""
+    """fp32 | int8 | int4: serve every model on weight-only int8 or int4 weights
+    (tunix_rt.eval.int8_weights; Gemma 3/2 only; int4 on a CPU with its kernel)."""
 
 
 @dataclass
