@@ -229,8 +229,9 @@ def fuse4(parts: list[Quant4Linear]) -> Quant4Linear:
 
 def int4_reference(x2: "torch.Tensor", w: Quant4Linear, rows: int = 16384) -> "torch.Tensor":
     """x2 fp32 [M, K] @ dequantised(w).T through torch, the int4 kernel's operations in its
-    order (int8_kernel.SOURCE): the same bits as `q4linear`; the path where the kernel does not
-    run. `rows`: weight rows at a time (their exact integer sums are held in fp64)."""
+    order (int8_kernel.SOURCE): the same bits as `q4linear`, its reference in the tests and
+    `int4_linear`'s path where the kernel does not run (decoding refuses int4 there: ~100x
+    slower than fp32). `rows`: weight rows at a time (their exact integer sums held in fp64)."""
     import torch
 
     m, k = x2.shape
