@@ -263,13 +263,13 @@ def sample_bench(args) -> None:
 def step_bytes(lean) -> dict[str, float]:
     """Weight bytes one decode step reads: every layer projection and the head (the fp32
     step's screened head reads its int8 copy; a handful of fp32 rows rescored are left out)."""
-    from tunix_rt.eval.int8_weights import Int8Gemma
+    from tunix_rt.eval.int8_weights import Int8Gemma, Quant4Linear
 
     names = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
     if isinstance(lean, Int8Gemma):
         mats = [getattr(lyr, n) for lyr in lean.layers for n in names] + [lean.qhead]
         unique = {id(m): m for m in (getattr(m, "fused", m) for m in mats)}  # q/k/v and gate/up: one fused matrix each
-        return {"weights": float(sum(m.q.numel() + (m.sm.numel() * 2 if hasattr(m, "sm") else 4 * m.scale.numel())
+        return {"weights": float(sum(m.q.numel() + (m.sm.numel() * 2 if isinstance(m, Quant4Linear) else 4 * m.scale.numel())
                                      for m in unique.values()))}
     layers = sum(getattr(lyr, n).numel() * 4 for lyr in lean.layers for n in names)
     screen = lean.screen()

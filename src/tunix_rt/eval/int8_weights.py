@@ -192,6 +192,12 @@ INT4_ROWS = 16384
 """Rows `quantize4` quantises at a time (its temporaries a few x rows x K floats)."""
 
 
+def check_int4_shape(shape) -> None:
+    """BadInput unless an [N, K] weight fits the int4 layout: N a multiple of 16, K of INT4_GROUP."""
+    if shape[0] % 16 or shape[1] % INT4_GROUP:
+        raise BadInput(f"int4 weights need rows a multiple of 16 and columns of {INT4_GROUP}, got {tuple(shape)}")
+
+
 def quantize4(w: "torch.Tensor") -> Quant4Linear:
     """Asymmetric int4 per row and group of INT4_GROUP (module doc): min = the group's least
     value, scale = its range / 15, both rounded to fp16, code = round((w - min) / scale) in
@@ -200,8 +206,7 @@ def quantize4(w: "torch.Tensor") -> Quant4Linear:
     import torch
 
     n, k = w.shape
-    if n % 16 or k % INT4_GROUP:
-        raise BadInput(f"int4 weights need rows a multiple of 16 and columns of {INT4_GROUP}, got [{n}, {k}]")
+    check_int4_shape(w.shape)
     w = w.detach().float()
     if not bool(torch.isfinite(w).all()) or float(w.abs().max()) > float(torch.finfo(torch.float16).max) / 2:
         raise BadInput("int4 weights need finite values within fp16's range")
@@ -275,9 +280,8 @@ def quantize_model(model, weights: str = "int8") -> "dict[int, QuantLinear | Qua
     if weights == "int4":  # every shape first: a refused weight leaves the model as it was
         for module in model.modules():
             w = getattr(module, "weight", None)
-            if isinstance(module, torch.nn.Linear) and w is not None and (w.shape[0] % 16 or w.shape[1] % INT4_GROUP):
-                raise BadInput(f"int4 weights need rows a multiple of 16 and columns of {INT4_GROUP}, "
-                               f"got {tuple(w.shape)}")
+            if isinstance(module, torch.nn.Linear) and w is not None:
+                check_int4_shape(w.shape)
     out: dict = {}
     with torch.no_grad():
         for module in model.modules():
