@@ -20,19 +20,11 @@ torch = require_module("torch")
 
 import numpy as np  # noqa: E402
 
+from requires import cpu_flags  # noqa: E402
 from tunix_rt.eval import int8_kernel  # noqa: E402
 from tunix_rt.eval.int8_weights import QuantLinear, int4_reference, quantize, quantize4, quantize_activations  # noqa: E402
 
 
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def exact(lhs, w):

@@ -1,12 +1,13 @@
 """The fused Gemma MLP (train.fused_mlp): the torch engine's models get it, it gives the same
-loss and gradients as transformers' own forward to the bit, and it keeps one
-[tokens, intermediate] tensor fewer for backward."""
+loss and gradients as transformers' own forward (to the bit on torch's ops, to fp32 rounding
+through train.cpu_kernels), and it keeps one [tokens, intermediate] tensor fewer for backward."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tunix_rt.train import cpu_kernels
 from tunix_rt.train.config import TrainConfig
 from tunix_rt.train.data import collate, weighted
 from tunix_rt.train.fused_mlp import GATED_GELU_MLPS, GeluTanhMul, fuse_gated_mlps
@@ -18,9 +19,8 @@ def _mlps(model):
     return [m for m in model.modules() if type(m).__name__ in GATED_GELU_MLPS]
 
 
-@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
-@pytest.mark.parametrize("finetune", ["lora", "full"])
-def test_fused_mlp_equals_transformers_forward_to_the_bit(home, tiny_tok, preset, finetune):
+def _fused_and_plain(home, tiny_tok, preset, finetune):
+    """(loss, gradients) with the engine's fused MLPs, then with transformers' own forward."""
     from tunix_rt.models.store import ensure_model
 
     cfg = TrainConfig(model=preset, dataset="unused.jsonl", finetune=finetune, device="cpu")
@@ -33,11 +33,31 @@ def test_fused_mlp_equals_transformers_forward_to_the_bit(home, tiny_tok, preset
     for m in mlps:
         del m.forward  # transformers' forward again
     plain = _loss_and_grads(engine, batch)
-    assert fused[0] == plain[0]
     assert fused[1].keys() == plain[1].keys() and len(fused[1]) > 0
+    assert fuse_gated_mlps(engine.model) == layers
+    return fused, plain
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
+@pytest.mark.parametrize("finetune", ["lora", "full"])
+def test_fused_mlp_equals_transformers_forward_to_the_bit(home, tiny_tok, preset, finetune, monkeypatch):
+    monkeypatch.setenv(cpu_kernels.ENV, "torch")  # torch's ops: the two ops' bits
+    fused, plain = _fused_and_plain(home, tiny_tok, preset, finetune)
+    assert fused[0] == plain[0]
     for name in plain[1]:
         assert torch.equal(fused[1][name], plain[1][name]), name
-    assert fuse_gated_mlps(engine.model) == layers
+
+
+@pytest.mark.parametrize("preset", ["tiny-gemma3", "tiny-gemma2"])
+def test_fused_mlp_in_the_cpu_library_equals_transformers_forward_to_rounding(home, tiny_tok, preset):
+    assert cpu_kernels.library() is not None, cpu_kernels.WHY
+    fused, plain = _fused_and_plain(home, tiny_tok, preset, "full")
+    assert fused[0] == pytest.approx(plain[0], rel=1e-6)
+    differ = 0
+    for name in plain[1]:
+        torch.testing.assert_close(fused[1][name], plain[1][name], rtol=1e-4, atol=1e-6, msg=name)
+        differ += not torch.equal(fused[1][name], plain[1][name])
+    assert differ  # the library ran: its bits are not torch's
 
 
 def test_fused_mlp_keeps_one_tensor_fewer(home):

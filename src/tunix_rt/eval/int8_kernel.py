@@ -1001,18 +1001,30 @@ def _compiler() -> list[str]:
     return [os.environ.get("CC", "cc"), *FLAGS]
 
 
-def _build(path: Path) -> None:
-    """Compile SOURCE into `path`, atomically (a concurrent build of the same source writes the
+def compiled(stem: str, source: str, cmd: list[str]):
+    """The C `source` built by `cmd` (the compiler and its flags) into the cache directory as
+    `<stem>-<hash>.so` on first use (named by the source's and the command's hash: a new
+    compiler or flag, a new build), loaded with ctypes. Raises OSError or SubprocessError
+    where it cannot be built or loaded."""
+    digest = hashlib.sha256("\0".join([source, *cmd]).encode()).hexdigest()[:16]
+    path = _cache_dir() / f"{stem}-{digest}.so"
+    if not path.exists():
+        _build(path, source, cmd)
+    return ctypes.CDLL(str(path))
+
+
+def _build(path: Path, source: str, cmd: list[str]) -> None:
+    """Compile `source` into `path`, atomically (a concurrent build of the same source writes the
     same file; whichever rename lands last wins, and both are complete)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".build-") as tmp:
-        src = Path(tmp) / "int8_mm.c"
-        src.write_text(SOURCE)
+        src = Path(tmp) / (path.name.split("-")[0] + ".c")
+        src.write_text(source)
         out = Path(tmp) / path.name
-        cmd = _compiler() + ["-o", str(out), str(src), "-lm"]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        full = cmd + ["-o", str(out), str(src), "-lm"]
+        done = subprocess.run(full, capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
-            raise OSError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+            raise OSError(f"{' '.join(full)} failed: {done.stderr.strip()[-500:]}")
         os.replace(out, path)
 
 
@@ -1048,12 +1060,8 @@ def _load():
     if os.environ.get("TUNIX_RT_INT8_KERNEL", "vnni") == "torch":
         WHY.append("TUNIX_RT_INT8_KERNEL=torch")
         return None
-    digest = hashlib.sha256("\0".join([SOURCE, *_compiler()]).encode()).hexdigest()[:16]  # a new compiler or flag: a new build
-    path = _cache_dir() / f"int8_mm-{digest}.so"
     try:
-        if not path.exists():
-            _build(path)
-        lib = ctypes.CDLL(str(path))
+        lib = compiled("int8_mm", SOURCE, _compiler())
     except (OSError, subprocess.SubprocessError) as e:
         WHY.append(f"no kernel: {e}")
         return None

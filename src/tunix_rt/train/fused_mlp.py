@@ -9,6 +9,10 @@ elementwise pass): the same values and gradients, to the bit, as the two ops.
 
 Measured on Gemma 3 270M (benchmarks/bench_dpo.py's pairs, LoRA r16, 2 x 381 tokens): the
 forward's saved tensors 861 -> 754 MiB (-107 MiB, one [2, 381, 2048] fp32 tensor per layer).
+
+On the CPU in fp32 the op and its backward each run as one pass of train.cpu_kernels (where
+its library applies; else torch's ops, the two ops' bits): 1.80 -> 0.50 ms forward, 3.71 ->
+0.65 ms backward on Gemma 3 270M's [756, 2048], its values torch's to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -19,14 +23,21 @@ import types
 import torch
 import torch.nn.functional as F
 
+from tunix_rt.train import cpu_kernels
 from tunix_rt.train.recompute import recipe
 
 #: the transformers MLP classes whose forward is down_proj(act_fn(gate_proj(x)) * up_proj(x))
 GATED_GELU_MLPS = ("GemmaMLP", "Gemma2MLP", "Gemma3MLP")
 
 
+def _in_library(*ts: torch.Tensor) -> bool:
+    return ts[0].shape == ts[1].shape and cpu_kernels.applies(*ts)
+
+
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The op's value: one rule for its forward and for the recipe that remakes it."""
+    if _in_library(gate, up):
+        return cpu_kernels.gelu_tanh_mul(gate, up)
     return F.gelu(gate, approximate="tanh").mul_(up)
 
 
@@ -41,6 +52,8 @@ class GeluTanhMul(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         gate, up = ctx.saved_tensors
+        if _in_library(gate, up, grad):
+            return cpu_kernels.gelu_tanh_mul_backward(grad, gate, up, *ctx.needs_input_grad[:2])
         d_gate = d_up = None
         if ctx.needs_input_grad[0]:
             d_gate = torch.ops.aten.gelu_backward(grad * up, gate, approximate="tanh")

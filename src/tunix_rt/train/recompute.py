@@ -25,6 +25,9 @@ losses equal to the bit. What backward spends remaking (benchmarks/bench_torch_v
 batches, 4 x <= 256 tokens, the unpack hook timed): 0.41 s of a ~7 s step, rope's q most of it;
 0.87 s before q/k/v shared one remade norm output and rope's recipe stopped rotating a second
 full-width tensor.
+
+The wrapped apply_rotary_pos_emb runs rope as one op each way on the CPU where its library
+applies (train.fused_rope: transformers' bits), forward and in the recipes alike.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import weakref
 from typing import Callable
 
 import torch
+
+from tunix_rt.train import fused_rope
 
 #: the transformers classes this applies to: decoder layers run under the hooks, norms register
 LAYERS = ("GemmaDecoderLayer", "Gemma2DecoderLayer", "Gemma3DecoderLayer")
@@ -155,7 +160,10 @@ def _norm_forward(orig):
 
 def _rope(orig):
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        q2, k2 = orig(q, k, cos, sin, *args, **kwargs)
+        if not args and not kwargs and fused_rope.applies(q, cos, sin) and fused_rope.applies(k, cos, sin):
+            q2, k2 = fused_rope.rope(q, cos, sin), fused_rope.rope(k, cos, sin)  # transformers' bits, 1 pass
+        else:
+            q2, k2 = orig(q, k, cos, sin, *args, **kwargs)
         if _table() is not None:
             for src, out in ((q, q2), (k, k2)):
                 fn = remade(src)
@@ -168,6 +176,8 @@ def _rope(orig):
 
 def _rope_one(orig, x, cos, sin, args, kwargs):
     """rope's first output alone (its second from one head of x: the least extra work)."""
+    if not args and not kwargs and fused_rope.applies(x, cos, sin):
+        return fused_rope.rope(x, cos, sin)
     return orig(x, x[:, :1], cos, sin, *args, **kwargs)[0]
 
 

@@ -209,11 +209,13 @@ class TorchEngine:
             from tunix_rt.models.hf import load_causal_lm
             from tunix_rt.train.cpu_matmul import route_linears
             from tunix_rt.train.fused_mlp import fuse_gated_mlps
+            from tunix_rt.train.fused_norm import fuse_norms
             from tunix_rt.train.loss import ObjectiveModule
 
             model = load_causal_lm(self.model_dir, dtype=self.cfg.dtype, device=str(self.device.type),
                                    attn=self.module.attn)
             fuse_gated_mlps(model)
+            fuse_norms(model)
             route_linears(model)
             model.requires_grad_(False).eval()
             self._reference = ObjectiveModule(model, self.cfg.loss_impl, self.cfg.loss_chunk_bytes,
@@ -491,10 +493,12 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
     from tunix_rt.models.hf import load_causal_lm
     from tunix_rt.train.cpu_matmul import route_linears
     from tunix_rt.train.fused_mlp import fuse_gated_mlps
+    from tunix_rt.train.fused_norm import fuse_norms
     from tunix_rt.train.recompute import keep_recipes
 
     model = load_causal_lm(model_dir, dtype=cfg.dtype, device=str(device.type), attn=attn)
     fuse_gated_mlps(model)  # Gemma's MLP keeps one [tokens, intermediate] tensor fewer for backward
+    fuse_norms(model)  # Gemma's RMSNorm as one op each way on the CPU (train.cpu_kernels)
     torch.manual_seed(cfg.seed)  # LoRA initialisation is seeded
     if cfg.finetune == "lora":
         from peft import LoraConfig, get_peft_model
