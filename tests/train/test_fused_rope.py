@@ -65,11 +65,14 @@ def test_what_it_does_not_take():
     assert not fused_rope.applies(x[..., ::2], *_trig(2, 5, 4))  # rows not contiguous
 
 
-def test_the_engine_gives_the_same_loss_and_gradients_with_and_without_it(home, tiny_tok, monkeypatch):
+@pytest.mark.parametrize("remat", [False, True])
+def test_the_engine_gives_the_same_loss_and_gradients_with_and_without_it(home, tiny_tok, monkeypatch, remat):
+    """With train.recompute's recipes and under gradient checkpointing alike."""
     from tunix_rt.models.store import ensure_model
 
     assert cpu_kernels.library() is not None, cpu_kernels.WHY
-    cfg = TrainConfig(model="tiny-gemma3", dataset="unused.jsonl", finetune="full", device="cpu")
+    cfg = TrainConfig(model="tiny-gemma3", dataset="unused.jsonl", finetune="full", device="cpu",
+                      gradient_checkpointing=remat)
     engine = _engine(cfg, ensure_model("tiny-gemma3", home), tiny_tok)
     batch = weighted([collate([[ex] for ex in _examples(tiny_tok)], tiny_tok.pad_id)])[0]
     calls = []

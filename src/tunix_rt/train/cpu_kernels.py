@@ -1,27 +1,30 @@
-"""Gemma's elementwise training ops on the CPU in one pass each: RMSNorm forward and backward,
-and the MLP's gelu_tanh(gate) * up forward and backward (PyTorch engine, fp32).
+"""Gemma's elementwise training ops on the CPU in one pass each: RMSNorm, RoPE and the MLP's
+gelu_tanh(gate) * up, forward and backward (PyTorch engine, fp32).
 
 Why: torch runs each of these as a chain of ops, each a full pass over its tensors, and autograd
 adds as many again in backward. Measured on a 2-core AMD EPYC (Zen 4, 2 threads, ms, torch's
-own against this library): Gemma 3 270M's RMSNorm on [756, 640], forward and backward,
-2.24 against 0.11; its q/k norm on [3024, 256] 5.44 against 0.16; gelu_tanh(gate) * up on
-[756, 2048] 1.80 against 0.50 forward, 3.71 against 0.65 backward (both factors' gradients).
-In a Gemma 3 270M LoRA SFT step those ops took ~0.45 s of ~5.5 (torch.profiler).
+own against this library, outputs preallocated for the library): Gemma 3 270M's RMSNorm on
+[756, 640], forward and backward, 2.24 against 0.11; its q/k norm on [3024, 256] 5.44 against
+0.16; gelu_tanh(gate) * up on [756, 2048] 1.80 against 0.50 forward, 3.71 against 0.65
+backward (both factors' gradients). In a Gemma 3 270M LoRA SFT step (4 x <= 256 tokens,
+torch.profiler, jemalloc) these ops and RoPE took ~0.6 s of a ~3.7 s step before, ~0.25 s after.
 
 What: plain C loops the compiler vectorises (`target_clones`: an AVX-512, an AVX2 and a
 baseline build of each, picked at load by the CPU), threads over blocks of rows (OpenMP, the
 runtime torch loaded). Every sum runs in 16 lanes added in a fixed order, and no multiply-add
-is fused, so all three builds give the same bits, and so do 1 or 2 threads; the values are
-torch's to fp32 rounding, not to its bits (tests/train/test_cpu_kernels.py holds both against
-fp64, within ~1e-6 of each other). gelu_tanh(x) = x·sigmoid(2u), u = √(2/π)(x + 0.044715x³),
-sigmoid from one exponential (Cephes' expf polynomial, ~1 ulp) of −2|u|, so it neither
-overflows nor cancels.
+is fused, so all three builds give the same bits, and so do 1 or 2 threads. The norm and
+gelu values are torch's to fp32 rounding, not to its bits (tests/train/test_cpu_kernels.py
+holds both against fp64); RoPE runs transformers' very multiplications and additions, so its
+values are transformers' to the bit (train.fused_rope). gelu_tanh(x) = x·sigmoid(2u),
+u = √(2/π)(x + 0.044715x³), the sigmoid from one exponential (Cephes' expf polynomial, ~1 ulp)
+of −2|u|, so it neither overflows nor cancels.
 
 Where: fp32 CPU tensors whose rows (last dimension) are contiguous and which cover their memory
 densely in some order (a transposed [B, T, H, D] q/k view qualifies; the output keeps the
 input's layout), when the library builds (the system's `cc`, as tunix_rt.eval.int8_kernel
 builds its own, cached the same way). `TUNIX_RT_CPU_KERNELS=torch` turns it off (torch's ops,
-transformers' bits); so does a build failure (`WHY` says why).
+transformers' bits); so does a build failure (`WHY` says why). A run's manifest says which
+ran (`device.elementwise`).
 """
 
 from __future__ import annotations

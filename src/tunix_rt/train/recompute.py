@@ -193,9 +193,11 @@ def _repeat(orig):
     return repeat_kv
 
 
-def _patch() -> None:
+def patch_modules() -> None:
     """Each Gemma modelling module's rope and sdpa's head repeat register their outputs
-    (idempotent; outside a layer run by keep_recipes they only call through)."""
+    (idempotent; outside a layer run by keep_recipes they only call through, rope as one op
+    where train.fused_rope applies: transformers' bits). keep_recipes calls it; a model under
+    gradient checkpointing gets it for the one-op rope alone."""
     import importlib
 
     for names, attr, wrap in ((ROPE_MODULES, "apply_rotary_pos_emb", _rope), (REPEAT_MODULES, "repeat_kv", _repeat)):
@@ -223,5 +225,5 @@ def keep_recipes(model: torch.nn.Module) -> int:
             m.forward = types.MethodType(_layer_forward(m.forward), m)
             n += 1
     if n:
-        _patch()
+        patch_modules()
     return n

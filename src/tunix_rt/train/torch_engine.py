@@ -63,6 +63,7 @@ class TorchEngine:
 
         from tunix_rt.evidence import cpu_facts
         from tunix_rt.heap import allocator, tune_cpu_allocator
+        from tunix_rt.train import cpu_kernels
         from tunix_rt.train.common import check_dtype
         from tunix_rt.train.cpu_matmul import backend as matmul_backend
 
@@ -74,7 +75,9 @@ class TorchEngine:
 
             return {"platform": "cpu", "count": 1, "names": [cpu_facts()["model"]],
                     "memory_bytes": [int(psutil.virtual_memory().total)], "threads": torch.get_num_threads(),
-                    "processes": dist.world(), "allocator": allocator(), "matmul": matmul_backend()}
+                    "processes": dist.world(), "allocator": allocator(), "matmul": matmul_backend(),
+                    # where Gemma's norms, RoPE and gelu*up ran: one C pass each (train.cpu_kernels), or torch's ops
+                    "elementwise": "c" if cpu_kernels.library() is not None else "torch"}
         props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
         return {"platform": "cuda", "count": len(props), "names": [p.name for p in props],
                 "memory_bytes": [int(p.total_memory) for p in props], "used_index": self.device.index or 0,
@@ -494,7 +497,7 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
     from tunix_rt.train.cpu_matmul import route_linears
     from tunix_rt.train.fused_mlp import fuse_gated_mlps
     from tunix_rt.train.fused_norm import fuse_norms
-    from tunix_rt.train.recompute import keep_recipes
+    from tunix_rt.train.recompute import keep_recipes, patch_modules
 
     model = load_causal_lm(model_dir, dtype=cfg.dtype, device=str(device.type), attn=attn)
     fuse_gated_mlps(model)  # Gemma's MLP keeps one [tokens, intermediate] tensor fewer for backward
@@ -511,6 +514,7 @@ def load_model(cfg: TrainConfig, model_dir: Path, device, attn: str):
     route_linears(model)  # fp32 on an AVX-512 AMD CPU: oneDNN's products (train.cpu_matmul)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        patch_modules()  # nothing to remake, but RoPE as one op on the CPU (train.fused_rope)
     else:  # the projections' inputs remade in backward (gradient checkpointing remakes everything)
         keep_recipes(model)
     model.train()
