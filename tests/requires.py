@@ -66,15 +66,3 @@ def require_jemalloc() -> str:
     if path is None:
         missing("jemalloc is not installed (apt-get install libjemalloc2; .ci/run does)")
     return path
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (/proc/cpuinfo), empty where there are none to read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()

@@ -20,7 +20,7 @@ torch = require_module("torch")
 
 import numpy as np  # noqa: E402
 
-from requires import cpu_flags  # noqa: E402
+from cpu_testlib import cpu_flags, on_one_and_two_threads  # noqa: E402
 from tunix_rt.eval import int8_kernel  # noqa: E402
 from tunix_rt.eval.int8_weights import QuantLinear, int4_reference, quantize, quantize4, quantize_activations  # noqa: E402
 
@@ -38,19 +38,6 @@ def torch_path(x, ql: QuantLinear):
     lhs, step = quantize_activations(x)
     acc = exact(lhs, ql.q)
     return (acc[:m].float() * 127.0 + acc[m:].float()) * step * ql.scale
-
-
-def on_one_and_two_threads(fn) -> list:
-    """[fn() on 1 torch thread, fn() on 2], the thread count restored after."""
-    before = torch.get_num_threads()
-    try:
-        outs = []
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            outs.append(fn())
-        return outs
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_the_kernel_is_built_where_the_cpu_runs_it():

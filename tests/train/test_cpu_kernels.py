@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from requires import cpu_flags
+from cpu_testlib import cpu_flags, on_one_and_two_threads
 from tunix_rt.eval.int8_kernel import compiled
 from tunix_rt.train import cpu_kernels as ck
 from train_testlib import one_torch_thread  # noqa: E402,F401 (autouse fixture)
@@ -132,15 +132,7 @@ def test_the_same_bits_on_one_and_two_threads():
         dx, dw = ck.rms_norm_backward(grad, x, w1, rstd, True, True)
         return [y, rstd, dx, dw, ck.gelu_tanh_mul(gate, up), *ck.gelu_tanh_mul_backward(up, gate, up, True, True)]
 
-    before = torch.get_num_threads()
-    try:
-        outs = []
-        for n in (1, 2):
-            torch.set_num_threads(n)
-            outs.append(run())
-    finally:
-        torch.set_num_threads(before)
-    for a, b in zip(*outs):
+    for a, b in zip(*on_one_and_two_threads(run)):
         assert torch.equal(a, b)
 
 

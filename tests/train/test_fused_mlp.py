@@ -19,22 +19,28 @@ def _mlps(model):
     return [m for m in model.modules() if type(m).__name__ in GATED_GELU_MLPS]
 
 
-def _fused_and_plain(home, tiny_tok, preset, finetune):
-    """(loss, gradients) with the engine's fused MLPs, then with transformers' own forward."""
+def fused_and_plain(home, tiny_tok, preset, finetune, kinds):
+    """The engine's (loss, gradients) on a batch, then again with transformers' own forward for
+    every module whose class is in `kinds` (the engine's patch deleted); and those modules."""
     from tunix_rt.models.store import ensure_model
 
     cfg = TrainConfig(model=preset, dataset="unused.jsonl", finetune=finetune, device="cpu")
     engine = _engine(cfg, ensure_model(preset, home), tiny_tok)
-    mlps = _mlps(engine.model)
-    layers = engine.module.base().config.num_hidden_layers
-    assert len(mlps) == layers and all("forward" in m.__dict__ for m in mlps)  # the engine fused them
+    mods = [m for m in engine.model.modules() if type(m).__name__ in kinds]
+    assert mods and all("forward" in m.__dict__ for m in mods)  # the engine patched them
     batch = weighted([collate([[ex] for ex in _examples(tiny_tok)], tiny_tok.pad_id)])[0]
     fused = _loss_and_grads(engine, batch)
-    for m in mlps:
+    for m in mods:
         del m.forward  # transformers' forward again
     plain = _loss_and_grads(engine, batch)
     assert fused[1].keys() == plain[1].keys() and len(fused[1]) > 0
-    assert fuse_gated_mlps(engine.model) == layers
+    return fused, plain, engine, mods
+
+
+def _fused_and_plain(home, tiny_tok, preset, finetune):
+    fused, plain, engine, mlps = fused_and_plain(home, tiny_tok, preset, finetune, GATED_GELU_MLPS)
+    layers = engine.module.base().config.num_hidden_layers
+    assert len(mlps) == layers and fuse_gated_mlps(engine.model) == layers
     return fused, plain
 
 

@@ -9,10 +9,8 @@ import pytest
 import torch
 
 from tunix_rt.train import cpu_kernels
-from tunix_rt.train.config import TrainConfig
-from tunix_rt.train.data import collate, weighted
 from tunix_rt.train.fused_norm import GEMMA_NORMS, RMSNorm, fuse_norms
-from test_torch_loss import _engine, _examples, _loss_and_grads
+from test_fused_mlp import fused_and_plain
 from train_testlib import one_torch_thread  # noqa: E402,F401 (autouse fixture)
 
 
@@ -21,20 +19,9 @@ def _norms(model):
 
 
 def _fused_and_plain(home, tiny_tok, preset, finetune):
-    from tunix_rt.models.store import ensure_model
-
-    cfg = TrainConfig(model=preset, dataset="unused.jsonl", finetune=finetune, device="cpu")
-    engine = _engine(cfg, ensure_model(preset, home), tiny_tok)
-    norms = _norms(engine.model)
-    base = engine.module.base().config
+    fused, plain, engine, norms = fused_and_plain(home, tiny_tok, preset, finetune, GEMMA_NORMS)
     per_layer = 6 if preset == "tiny-gemma3" else 4  # Gemma 3's q/k norms
-    assert len(norms) == base.num_hidden_layers * per_layer + 1 and all("forward" in m.__dict__ for m in norms)
-    batch = weighted([collate([[ex] for ex in _examples(tiny_tok)], tiny_tok.pad_id)])[0]
-    fused = _loss_and_grads(engine, batch)
-    for m in norms:
-        del m.forward  # transformers' forward again (the engine's recipes off with them: values only)
-    plain = _loss_and_grads(engine, batch)
-    assert fused[1].keys() == plain[1].keys() and len(fused[1]) > 0
+    assert len(norms) == engine.module.base().config.num_hidden_layers * per_layer + 1
     assert fuse_norms(engine.model) == len(norms) and fuse_norms(engine.model) == 0  # once each
     return fused, plain
 
