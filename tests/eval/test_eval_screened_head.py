@@ -381,3 +381,20 @@ def test_a_model_loaded_under_inference_mode_still_gets_its_screen(tiny_dirs):
     gen, plain = TorchGenerator(model, tok), TorchGenerator(model, tok, lean=False)
     assert [g.ids for g in gen.generate(prompts, cfg)] == [g.ids for g in plain.generate(prompts, cfg)]
     assert (gen.lean.screen() is not None) == (int8_matmul_is_exact(2, model.config.hidden_size, 1024) and int8_matmul_is_fast())
+
+
+def test_rows_over_counts_a_rows_kept_tokens_exactly():
+    """The screen's wide-row test: the rows with more than n kept tokens, whether a row's
+    8-byte words decide it (a width a multiple of 8) or every row is counted byte by byte."""
+    from tunix_rt.eval.screened_head import _rows_over
+
+    g = torch.Generator().manual_seed(4)
+    for width in (4096, 4099):
+        keep = torch.rand(6, width, generator=g) < 0.01
+        keep[1, :600] = True  # 600+ kept
+        keep[4, ::8] = True  # 512+ kept, one a word: words x 8 overstate it 8 times
+        keep[5] = False
+        keep[5, :501] = True  # just over 500
+        want = [r for r in range(6) if int(keep[r].sum()) > 500]
+        assert _rows_over(keep, 500) == want and 5 in want and 1 in want
+        assert _rows_over(keep, width) == []

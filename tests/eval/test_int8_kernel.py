@@ -53,15 +53,20 @@ def test_the_kernel_is_built_where_the_cpu_runs_it():
 
 
 @pytest.mark.parametrize("k", [64, 640, 2048])
-@pytest.mark.parametrize("n", [1, 15, 16, 33, 4096])
+@pytest.mark.parametrize("n", [1, 15, 16, 33, 80, 4096])
 def test_int_mm_is_exact(k, n):
+    """Row-major and on `pack_vnni`'s layout: 4 and more rows go four at a time row-major
+    (the last group padded); on the broadcast layout up to 8 rows a tile (the last few padded
+    to 1, 2 or 4) against 2 or 4 blocks of 16 weight rows (80 rows: 5 blocks, a last tile of
+    one block; 33: a row past the blocks)."""
     g = torch.Generator().manual_seed(k * 7919 + n)
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
     w[0] = 127  # the largest sums of both signs (where an int16 pair sum would saturate)
     if n > 1:
         w[1] = -127
     sums = int8_kernel.row_sums(w)
-    for m in (0, 1, 2, 3, 4, 6, 16, 17):  # 4 and more: four rows at a time, the last group padded
+    vnni = int8_kernel.pack_vnni(w)
+    for m in (0, 1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17):
         lhs = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
         if m:
             lhs[0] = 127
@@ -69,7 +74,20 @@ def test_int_mm_is_exact(k, n):
         got = int8_kernel.int_mm(lhs, w, sums)
         assert got.dtype == torch.int32 and got.shape == (m, n)
         assert torch.equal(got, exact(lhs, w)), (m, n, k)
+        assert torch.equal(int8_kernel.int_mm(lhs, vnni, sums, vnni=True), got), (m, n, k)
     assert torch.equal(int8_kernel.int_mm(lhs, w), exact(lhs, w))  # the sums computed when not given
+    assert torch.equal(int8_kernel.int_mm(lhs, vnni, vnni=True), exact(lhs, w))
+
+
+def test_pack_vnni_puts_four_bytes_of_16_rows_in_a_vector_and_unpack_vnni_undoes_it():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randint(-128, 128, (37, 128), dtype=torch.int8, generator=g)
+    p = int8_kernel.pack_vnni(w)
+    assert p.shape == w.shape and torch.equal(int8_kernel.unpack_vnni(p), w)
+    flat = p[:16].reshape(-1)  # vector q of block 0: bytes 4q..4q+3 of rows 0..15
+    assert torch.equal(flat[:4], w[0, :4]) and torch.equal(flat[4:8], w[1, :4])
+    assert torch.equal(flat[64 + 60: 64 + 64], w[15, 4:8])
+    assert torch.equal(p[32:], w[32:])  # the rows past the last whole block stay row-major
 
 
 def test_int_mm_takes_views_and_other_widths_through_torch():
@@ -150,9 +168,12 @@ def test_one_and_two_threads_give_the_same_numbers():
     lhs = torch.randint(-127, 128, (4, 640), dtype=torch.int8, generator=g)
     ql = quantize(torch.randn(8192, 640, generator=g))
     x = torch.randn(3, 640, generator=g)
+    vnni = int8_kernel.pack_vnni(w)
     outs = on_one_and_two_threads(lambda: (int8_kernel.int_mm(lhs, w), int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
-                                           if int8_kernel.qlinear_applies(x, ql.q) else None))
+                                           if int8_kernel.qlinear_applies(x, ql.q) else None,
+                                           int8_kernel.int_mm(lhs, vnni, vnni=True)))
     assert torch.equal(outs[0][0], exact(lhs, w)) and torch.equal(outs[1][0], exact(lhs, w))
+    assert torch.equal(outs[0][2], exact(lhs, w)) and torch.equal(outs[1][2], exact(lhs, w))
     if outs[0][1] is not None:
         assert torch.equal(outs[0][1], outs[1][1])
 
@@ -227,7 +248,8 @@ CHILD = textwrap.dedent("""
     g = torch.Generator().manual_seed(1)
     w = torch.randint(-127, 128, (100, 640), dtype=torch.int8, generator=g)
     a = torch.randint(-128, 128, (3, 640), dtype=torch.int8, generator=g)
-    ok = torch.equal(K.int_mm(a, w), (a.double() @ w.double().t()).to(torch.int32))
+    want = (a.double() @ w.double().t()).to(torch.int32)
+    ok = torch.equal(K.int_mm(a, w), want) and torch.equal(K.int_mm(a, K.pack_vnni(w), vnni=True), want)
     print(json.dumps({"ok": ok, "kernel": K.library() is not None, "why": K.WHY}))
 """)
 
