@@ -486,3 +486,36 @@ def test_f32_rows_are_the_columns_of_the_whole_product():
     assert int8_kernel.f32_rows(x, w, ids[:0]).shape == (8, 0)
     with pytest.raises(ValueError, match="out of range"):
         int8_kernel.f32_rows(x, w, torch.tensor([3000]))
+
+
+def test_the_noise_screen_on_the_screens_integers_is_the_same_on_one_and_two_threads():
+    """noise_screen_comb shares the rows among the threads, each row's hits kept apart and
+    joined in row order: the same positions in the same order and the same bits (the counter's,
+    as sampling computes them) on 1 and 2 threads; past `cap` hits, None on both."""
+    from tunix_rt.eval import sampling
+
+    g = torch.Generator().manual_seed(8)
+    r, groups, per = 5, 4, 1003
+    comb = torch.randint(-5000, 5000, (r, groups, per), dtype=torch.int32, generator=g)
+    step = torch.rand(r, groups, dtype=torch.float64, generator=g) * 1e-3 + 1e-3
+    width = torch.rand(r, groups, dtype=torch.float64, generator=g)
+    seeds = [sampling.row_seed(3, k, 1) for k in range(r)]
+    off = sampling.offsets(torch.randperm(groups * per, generator=g))
+    sc = (comb.double() * step[:, :, None] + width[:, :, None]).view(r, -1)
+    thr = sc.amax(1) + 2.0  # a token needs a noise above ~2 + its gap to the row's top
+
+    def screen(cap):
+        bits = torch.zeros((r, groups * per), dtype=torch.int64)
+        pos = int8_kernel.noise_screen_comb(sampling.seed_tensor(seeds), off, comb, step, width, 1.0, thr, bits, cap)
+        return pos, bits
+
+    lib = int8_kernel.library()
+    if lib is None or not lib.noise_ok:
+        assert screen(10_000)[0] is None
+        return
+    (p1, b1), (p2, b2) = on_one_and_two_threads(lambda: screen(10_000))
+    assert p1 is not None and 0 < p1.numel() < r * groups * per and torch.equal(p1, p2)
+    assert bool((p1[1:] > p1[:-1]).all()) and set((p1 // (groups * per)).tolist()) == set(range(r))
+    assert torch.equal(b1, sampling.noise_bits_of(seeds, off)) and torch.equal(b1, b2)
+    assert on_one_and_two_threads(lambda: screen(p1.numel() - 1)[0]) == [None, None]
+    assert torch.equal(on_one_and_two_threads(lambda: screen(p1.numel())[0])[1], p1)

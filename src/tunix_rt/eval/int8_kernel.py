@@ -1033,33 +1033,65 @@ long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t
 /* tunix_noise_screen with the screen's scores made on the fly from its integers: sc[r, i] =
    (comb[r, i] * step[r, g] + width[r, g]) / t for i in group g (groups of `per`), the upper
    bounds / T of screened_head._upper without a softcap or a fine level, so no [rows, n] fp64
-   copy is formed; rounded otherwise than torch's, inside the caller's margins. */
+   copy is formed; rounded otherwise than torch's, inside the caller's margins. The rows are
+   shared by the threads, each row's hits in a buffer of its own, then joined in row order
+   (the same hits in the same order on any number of threads). */
 __attribute__((target("avx512f,avx512dq,avx512cd")))
+static long screen_comb_row(long r, const uint64_t *restrict seed, const uint64_t *restrict off,
+                            const int32_t *restrict comb, long groups, long per, const double *restrict step,
+                            const double *restrict width, double t, const double *restrict thr,
+                            uint64_t *restrict bits, int64_t *restrict pos, long cap) {
+    Hits h = {pos, cap, 0};
+    const __m512d vt = _mm512_set1_pd(t);
+    const __m512i s = _mm512_set1_epi64((long long)seed[r]);
+    const __m512d th = _mm512_set1_pd(thr[r]);
+    for (long g = 0; g < groups; g++) {
+        const double st = step[r * groups + g], wd = width[r * groups + g];
+        const __m512d vst = _mm512_set1_pd(st), vwd = _mm512_set1_pd(wd);
+        const long base = (r * groups + g) * per, ob = g * per;
+        long i = 0;
+        for (; i + 8 <= per; i += 8) {
+            const __m512d c = _mm512_cvtepi32_pd(_mm256_loadu_si256((const __m256i *)(comb + base + i)));
+            const __m512d sc = _mm512_div_pd(_mm512_add_pd(_mm512_mul_pd(c, vst), vwd), vt);
+            if (!screen8(s, off + ob + i, bits + base + i, sc, th, base + i, &h)) return -1;
+        }
+        for (; i < per; i++)
+            if (!screen1(seed[r] + off[ob + i], bits + base + i, ((double)comb[base + i] * st + wd) / t, thr[r],
+                         base + i, &h)) return -1;
+    }
+    return h.count;
+}
+
 long tunix_noise_screen_comb(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
                              const int32_t *restrict comb, long groups, long per, const double *restrict step,
                              const double *restrict width, double t, const double *restrict thr,
-                             uint64_t *restrict bits, int64_t *restrict pos, long cap) {
-    Hits h = {pos, cap, 0};
-    const __m512d vt = _mm512_set1_pd(t);
-    for (long r = 0; r < rows; r++) {
-        const __m512i s = _mm512_set1_epi64((long long)seed[r]);
-        const __m512d th = _mm512_set1_pd(thr[r]);
-        for (long g = 0; g < groups; g++) {
-            const double st = step[r * groups + g], wd = width[r * groups + g];
-            const __m512d vst = _mm512_set1_pd(st), vwd = _mm512_set1_pd(wd);
-            const long base = (r * groups + g) * per, ob = g * per;
-            long i = 0;
-            for (; i + 8 <= per; i += 8) {
-                const __m512d c = _mm512_cvtepi32_pd(_mm256_loadu_si256((const __m256i *)(comb + base + i)));
-                const __m512d sc = _mm512_div_pd(_mm512_add_pd(_mm512_mul_pd(c, vst), vwd), vt);
-                if (!screen8(s, off + ob + i, bits + base + i, sc, th, base + i, &h)) return -1;
-            }
-            for (; i < per; i++)
-                if (!screen1(seed[r] + off[ob + i], bits + base + i, ((double)comb[base + i] * st + wd) / t, thr[r],
-                             base + i, &h)) return -1;
+                             uint64_t *restrict bits, int64_t *restrict pos, long cap, int threads) {
+    if (rows < 2 || threads < 2) {
+        long total = 0;
+        for (long r = 0; r < rows; r++) {
+            long got = screen_comb_row(r, seed, off, comb, groups, per, step, width, t, thr, bits, pos + total,
+                                       cap - total);
+            if (got < 0) return -1;
+            total += got;
         }
+        return total;
     }
-    return h.count;
+    const long n = groups * per, each = cap < n ? cap : n;
+    int64_t *buf = malloc(sizeof(int64_t) * (size_t)(rows * (each > 0 ? each : 1)));
+    long *got = malloc(sizeof(long) * (size_t)rows);
+    if (!buf || !got) { free(buf); free(got); return -2; }
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long r = 0; r < rows; r++)
+        got[r] = screen_comb_row(r, seed, off, comb, groups, per, step, width, t, thr, bits, buf + r * each, each);
+    long total = 0;
+    for (long r = 0; r < rows; r++) {
+        if (got[r] < 0 || total + got[r] > cap) { total = -1; break; }
+        memcpy(pos + total, buf + r * each, sizeof(int64_t) * (size_t)got[r]);
+        total += got[r];
+    }
+    free(buf);
+    free(got);
+    return total;
 }
 """
 
@@ -1178,7 +1210,7 @@ def _load():
     lib.tunix_noise_screen_comb.restype = ctypes.c_long
     lib.tunix_noise_screen_comb.argtypes = ([ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 2
                                             + [ctypes.c_long] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_double]
-                                            + [ctypes.c_void_p] * 3 + [ctypes.c_long])
+                                            + [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_int])
     lib.noise_ok = lib.i8_ok and bool(lib.tunix_noise_supported())
     return lib
 
@@ -1253,7 +1285,9 @@ def noise_screen_comb(seed: "torch.Tensor", off: "torch.Tensor", comb: "torch.Te
     pos = torch.empty(max(0, int(cap)), dtype=torch.int64)
     got = lib.tunix_noise_screen_comb(seed.data_ptr(), r, off.data_ptr(), comb.data_ptr(), groups, per,
                                       step.data_ptr(), width.data_ptr(), float(t), thr.data_ptr(), bits.data_ptr(),
-                                      pos.data_ptr(), pos.numel())
+                                      pos.data_ptr(), pos.numel(), torch.get_num_threads())
+    if got == -2:
+        raise MemoryError("noise screen: out of memory")
     return None if got < 0 else pos[:got]
 
 
@@ -1337,12 +1371,24 @@ def pack_vnni(w: "torch.Tensor") -> "torch.Tensor":
     horizontal sums: the screened head's [16, 640] x [640, 262144] product at 2 levels x 8 rows
     ran ~2x faster than row-major). The last N % 16 rows stay row-major after the blocks. The
     same shape and bytes in another order (a new tensor); `unpack_vnni` undoes it."""
-    import torch
+    return pack_vnni_(w.contiguous().clone())
 
+
+PACK_ROWS = 16384
+"""`pack_vnni_` reorders this many rows at a time (a multiple of 16): its only temporary."""
+
+
+def pack_vnni_(w: "torch.Tensor") -> "torch.Tensor":
+    """`pack_vnni` in place on a contiguous w (returned): a block of PACK_ROWS rows at a time,
+    so no second copy of a large weight exists at any moment (the screened head's 168 MB)."""
     n, k = w.shape
+    if not w.is_contiguous() or k % 4:
+        raise ValueError("pack_vnni_ takes a contiguous int8 [N, K] with K a multiple of 4")
     whole = n // 16 * 16
-    blocks = w[:whole].reshape(n // 16, 16, k // 4, 4).transpose(1, 2).reshape(whole, k)
-    return torch.cat([blocks, w[whole:]]).contiguous()
+    for i in range(0, whole, PACK_ROWS):
+        part = w[i: min(i + PACK_ROWS, whole)]
+        part.copy_(part.reshape(-1, 16, k // 4, 4).transpose(1, 2).reshape(part.shape))
+    return w
 
 
 def unpack_vnni(w: "torch.Tensor") -> "torch.Tensor":
