@@ -95,8 +95,10 @@ def _dpo_step_kept(engine, method, pairs, monkeypatch):
 
 
 def test_shared_prompt_rows_under_a_mask_to_the_bit_and_fewer_bytes(home, tmp_path, monkeypatch):
-    """DPO's rows share the prompt through a 4D mask, so sdpa gets a mask and transformers
+    """DPO's rows share the prompt through a 4D mask (TUNIX_RT_SHARED_ATTENTION=dense; tree
+    attention, the default, takes no dense mask), so sdpa gets a mask and transformers
     repeats the key/value heads itself: those copies are remade too."""
+    monkeypatch.setenv("TUNIX_RT_SHARED_ATTENTION", "dense")
     cfg = dpo_cfg(tmp_path, batch_size=4)
     engine, method, _ = torch_setup(cfg, home)
     assert engine.shares_prefix()

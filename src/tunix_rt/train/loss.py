@@ -441,7 +441,15 @@ def shared_prefix_masks(config, attn: str, segments: torch.Tensor, positions: to
     dtype's minimum for eager, 0 or -inf for sdpa (what sdpa makes of a boolean mask, but once:
     made per call, each layer kept its own copy for backward, 1.1 MiB a layer at 2 x 381
     tokens). A dict by layer type for models with `layer_types` (Gemma 2 and 3), else one
-    tensor; transformers uses a 4D mask as given."""
+    tensor; transformers uses a 4D mask as given. With sdpa on Gemma 2 / 3 it is a
+    train.tree_attention.TreeMask per layer type instead (the prefix and each branch as their
+    own calls, no dense mask), unless TUNIX_RT_SHARED_ATTENTION=dense."""
+    if attn == "sdpa":
+        from tunix_rt.train.tree_attention import tree_masks
+
+        tree = tree_masks(config, segments, positions)
+        if tree is not None:
+            return tree
     n = segments.shape[1]
     q, k = segments[:, :, None], segments[:, None, :]
     causal = torch.ones(n, n, dtype=torch.bool, device=segments.device).tril()
