@@ -110,9 +110,11 @@ def test_lean_step_applies_live_lora_adapters_as_peft_does(model_and_tok):
 def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, adapted, monkeypatch):
     """An RL run's rollouts (f32_kernel): every projection of the step, adapter included, goes
     through the kernel library's fp32 product, and so does the head (a vocabulary this small
-    has no screen), and the logits still equal transformers' (PEFT's forward with live
-    adapters) to float rounding step by step, the argmax everywhere the same."""
+    has no screen), the norms, RoPE and gelu·up through train.cpu_kernels' C passes, and the
+    logits still equal transformers' (PEFT's forward with live adapters) to float rounding
+    step by step, the argmax everywhere the same."""
     from tunix_rt.eval import int8_kernel
+    from tunix_rt.train import cpu_kernels
 
     kernel = int8_kernel.f32_library() is not None  # else the same step on torch's product
     model, tok = model_and_tok
@@ -120,12 +122,23 @@ def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, ada
     calls = []
     real = int8_kernel.f32_linear
     monkeypatch.setattr(int8_kernel, "f32_linear", lambda *a, **k: calls.append(len(a)) or real(*a, **k))
+    elementwise = {"rms_norm": 0, "rope": 0, "gelu_tanh_mul": 0}
+    for name in elementwise:
+        def counted(*a, _fn=getattr(cpu_kernels, name), _name=name, **k):
+            elementwise[_name] += 1
+            return _fn(*a, **k)
+        monkeypatch.setattr(cpu_kernels, name, counted)
     lean = LeanGemma.for_model(target, f32_kernel=True)
     assert lean is not None and lean.f32_kernel and lean.lora == adapted
     _match_transformers(target, lean, tok)
     per_step = 7 * target.config.num_hidden_layers + 1  # the projections and the head
     assert len(calls) == (30 * per_step if kernel else 0)
     assert set(calls) == (({5, 2} if adapted else {2}) if kernel else set())
+    layers = target.config.num_hidden_layers
+    norms = 6 if lean.gemma3 else 4  # each layer's four, and Gemma 3's q and k norms
+    c = cpu_kernels.library() is not None
+    assert elementwise == ({"rms_norm": 30 * (norms * layers + 1), "rope": 30 * 2 * layers, "gelu_tanh_mul": 30 * layers}
+                           if c else {"rms_norm": 0, "rope": 0, "gelu_tanh_mul": 0})
     assert not LeanGemma.for_model(target).f32_kernel  # eval, serving, chat: transformers' bits
 
 

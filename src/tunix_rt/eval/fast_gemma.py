@@ -271,6 +271,11 @@ class LeanGemma:
     def _rms(self, x: "torch.Tensor", w: "torch.Tensor") -> "torch.Tensor":
         import torch
 
+        if self.f32_kernel:  # an RL run's rollouts: one C pass (transformers' values to fp32 rounding)
+            from tunix_rt.train import cpu_kernels
+
+            if cpu_kernels.applies(x, w):
+                return cpu_kernels.rms_norm(x, w, self.eps)[0]
         xf = x.float()  # as transformers' Gemma RMSNorm: fp32 inside, the input's dtype out
         return ((xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)) * w).to(x.dtype)
 
@@ -399,9 +404,7 @@ class LeanGemma:
         v = self.linear(h, lyr.wv).view(b, 1, self.n_kv, hd).transpose(1, 2)
         if lyr.q_norm is not None:
             q, k = self._rms(q, lyr.q_norm), self._rms(k, lyr.k_norm)
-        cos, sin = rope
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = self._rope(q, k, *rope)
         cur = st.cur
         kc[:, :, cur: cur + 1] = k
         vc[:, :, cur: cur + 1] = v
@@ -409,8 +412,31 @@ class LeanGemma:
         attn = self._attend(q, kc[:, :, lo: cur + 1], vc[:, :, lo: cur + 1], st.mask[..., lo: cur + 1])
         x = x + self._rms(self.linear(attn, lyr.wo), lyr.post_attn_norm)
         h = self._rms(x, lyr.pre_ff_norm)
-        m = self.linear(F.gelu(self.linear(h, lyr.w_gate), approximate="tanh") * self.linear(h, lyr.w_up), lyr.w_down)
+        m = self.linear(self._gelu_mul(self.linear(h, lyr.w_gate), self.linear(h, lyr.w_up)), lyr.w_down)
         return x + self._rms(m, lyr.post_ff_norm)
+
+    def _rope(self, q, k, cos, sin):
+        """q, k [B, H, 1, hd] rotated by cos, sin [B, 1, 1, hd]; with `f32_kernel`, one C pass each
+        (train.cpu_kernels.rope: transformers' formula, its bits)."""
+        if self.f32_kernel:
+            from tunix_rt.train import cpu_kernels
+
+            c3, s3 = cos[:, 0], sin[:, 0]  # [B, 1, hd]
+            if cpu_kernels.applies(q, c3, s3) and cpu_kernels.applies(k) and c3.is_contiguous() and s3.is_contiguous():
+                return cpu_kernels.rope(q, c3, s3), cpu_kernels.rope(k, c3, s3)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+    def _gelu_mul(self, gate, up):
+        """gelu(gate, tanh) * up; with `f32_kernel`, one C pass (train.cpu_kernels: transformers'
+        values to fp32 rounding)."""
+        import torch.nn.functional as F
+
+        if self.f32_kernel:
+            from tunix_rt.train import cpu_kernels
+
+            if gate.shape == up.shape and cpu_kernels.applies(gate, up):
+                return cpu_kernels.gelu_tanh_mul(gate, up)
+        return F.gelu(gate, approximate="tanh") * up
 
     def _attend(self, q, keys, values, mask) -> "torch.Tensor":
         """One query per row against the cached keys; [B, 1, H * hd]. The query heads that
