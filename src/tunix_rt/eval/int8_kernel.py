@@ -993,6 +993,20 @@ static long noise_screen_512(const uint64_t *restrict seed, long rows, const uin
     return h.count;
 }
 
+/* Each row's hits (got[r] of them, or -1 where its buffer filled) from its own buffer of `each`
+   entries into pos in row order; -1 past cap hits or where a row failed. Frees buf and got. */
+static long join_hits(int64_t *pos, long cap, int64_t *buf, long each, long *got, long rows) {
+    long total = 0;
+    for (long r = 0; r < rows; r++) {
+        if (got[r] < 0 || total + got[r] > cap) { total = -1; break; }
+        memcpy(pos + total, buf + r * each, sizeof(int64_t) * (size_t)got[r]);
+        total += got[r];
+    }
+    free(buf);
+    free(got);
+    return total;
+}
+
 /* tunix_noise_screen on any x86-64 CPU: the same entries one at a time (screen1), the rows
    shared by the threads (each row's hits in a buffer of its own, then joined in row order) */
 static long noise_screen_any(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
@@ -1010,15 +1024,7 @@ static long noise_screen_any(const uint64_t *restrict seed, long rows, const uin
             if (!screen1(seed[r] + off[i], bits + r * n + i, sc[r * n + i], thr[r], r * n + i, &h)) { got[r] = -1; break; }
         if (got[r] == 0) got[r] = h.count;
     }
-    long total = 0;
-    for (long r = 0; r < rows && total >= 0; r++) {
-        if (got[r] < 0 || total + got[r] > cap) { total = -1; break; }
-        memcpy(pos + total, buf + r * per, sizeof(int64_t) * (size_t)got[r]);
-        total += got[r];
-    }
-    free(buf);
-    free(got);
-    return total;
+    return join_hits(pos, cap, buf, per, got, rows);
 }
 
 long tunix_noise_screen(const uint64_t *restrict seed, long rows, const uint64_t *restrict off,
@@ -1083,15 +1089,7 @@ long tunix_noise_screen_comb(const uint64_t *restrict seed, long rows, const uin
     #pragma omp parallel for num_threads(threads) schedule(static)
     for (long r = 0; r < rows; r++)
         got[r] = screen_comb_row(r, seed, off, comb, groups, per, step, width, t, thr, bits, buf + r * each, each);
-    long total = 0;
-    for (long r = 0; r < rows; r++) {
-        if (got[r] < 0 || total + got[r] > cap) { total = -1; break; }
-        memcpy(pos + total, buf + r * each, sizeof(int64_t) * (size_t)got[r]);
-        total += got[r];
-    }
-    free(buf);
-    free(got);
-    return total;
+    return join_hits(pos, cap, buf, each, got, rows);
 }
 """
 
