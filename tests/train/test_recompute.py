@@ -154,3 +154,23 @@ def test_remat_and_other_architectures_keep_their_own(home, tiny_tok):
     layers = engine.module.base().model.layers
     assert all("forward" not in m.__dict__ for m in layers)  # checkpointing remakes everything itself
     assert recompute.keep_recipes(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))) == 0
+
+
+def test_tree_attention_keeps_no_more_than_the_dense_mask(home, tmp_path, monkeypatch):
+    """Tree attention (train.tree_attention) joins each branch's keys and values to the prefix's:
+    those joins are kept as recipes (rope's keys remade, the values held once), so a DPO step
+    keeps no more activations than under the dense mask, whose repeated heads are recipes, and
+    gives the same loss and gradients to fp32 rounding."""
+    cfg = dpo_cfg(tmp_path, batch_size=4)
+    runs = {}
+    for mode in ("dense", "tree"):
+        monkeypatch.setenv("TUNIX_RT_SHARED_ATTENTION", mode)
+        engine, method, _ = torch_setup(cfg, home)
+        runs[mode] = _dpo_step_kept(engine, method, method.train_pairs[:4], monkeypatch)
+    (loss, grads, _, kept), (loss_t, grads_t, recipes_t, kept_t) = runs["dense"], runs["tree"]
+    layers = engine.module.base().config.num_hidden_layers
+    assert recipes_t >= layers * 10, recipes_t  # each branch's joined keys and values among them
+    assert kept_t <= kept, (kept_t, kept)
+    assert loss_t.loss == pytest.approx(loss.loss, abs=1e-6)
+    for name in grads:
+        torch.testing.assert_close(grads_t[name], grads[name], atol=1e-6, rtol=1e-4, msg=name)

@@ -58,6 +58,11 @@ def _table() -> dict | None:
     return getattr(_local, "table", None)
 
 
+def active() -> bool:
+    """Whether this thread is inside a layer run by keep_recipes (a `recipe` registers)."""
+    return _table() is not None
+
+
 class _Remade:
     """A registered output's recipe, shared by every op that saves it (q, k and v read the same
     norm output): remade once for all of them, dropped after the last one's backward."""

@@ -111,7 +111,7 @@ def attend(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     """sdpa over each row's tree: query [B, H, T, D], key and value [B, KV, T, D]; returns
     ([B, T, H, D], None) as transformers' sdpa_attention_forward does."""
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    b_, h, t, d = query.shape
+    _, h, t, d = query.shape
     gqa = key.shape[1] != h
     outs = []
     for b, row in enumerate(mask.rows):
@@ -123,14 +123,30 @@ def attend(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
             pieces.append(sdpa(q[:, :, :n], k[:, :, :n], v[:, :, :n], attn_mask=pre, dropout_p=dropout,
                                is_causal=pre is None, scale=scaling, enable_gqa=gqa))
         for (a, e), m in zip(row.spans, branch):
-            keys = torch.cat([k[:, :, :n], k[:, :, a:e]], 2)
-            vals = torch.cat([v[:, :, :n], v[:, :, a:e]], 2)
+            keys, vals = _joined(key, b, n, a, e), _joined(value, b, n, a, e)
             pieces.append(sdpa(q[:, :, a:e], keys, vals, attn_mask=m, dropout_p=dropout, scale=scaling,
                                enable_gqa=gqa))
         if row.end < t:
             pieces.append(query.new_zeros(1, h, t - row.end, d))
         outs.append(torch.cat(pieces, 2))
     return torch.cat(outs, 0).transpose(1, 2).contiguous(), None
+
+
+def _joined(src: torch.Tensor, b: int, n: int, a: int, e: int) -> torch.Tensor:
+    """[1, KV, n + e - a, D]: row b's prefix and branch [a, e) of src (keys or values). Inside a
+    layer run by train.recompute's hooks it is registered as remade from src (rope's recipe
+    for the keys, the values held once), so backward keeps no copy of the prefix per branch."""
+    from tunix_rt.train import recompute
+
+    def join(s):
+        return torch.cat([s[b:b + 1, :, :n], s[b:b + 1, :, a:e]], 2)
+
+    out = join(src)
+    if recompute.active():
+        fn = recompute.remade(src)
+        held = src.detach() if fn is None else None
+        recompute.recipe(out, lambda: join(fn() if fn is not None else held))
+    return out
 
 
 def install() -> None:
