@@ -48,6 +48,7 @@ def test_smoke_preset_through_the_cli_writes_every_file_and_loss_falls(home):
     assert manifest["device"]["matmul"] == backend()  # the library the step's products went through
     from tunix_rt.train.cpu_kernels import choice
     assert manifest["device"]["elementwise"] == choice()  # norms, RoPE, gelu*up: train.cpu_kernels (cc is here)
+    assert manifest["device"]["shared_attention"] == "tree"  # train.tree_attention, the default
     assert manifest["dataset"]["sha256"] and manifest["model"]["sha256"]
     assert manifest["dataset"]["dropped_overlong"] >= 0
     steps = [r for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]

@@ -66,6 +66,7 @@ class TorchEngine:
         from tunix_rt.train import cpu_kernels
         from tunix_rt.train.common import check_dtype
         from tunix_rt.train.cpu_matmul import backend as matmul_backend
+        from tunix_rt.train.tree_attention import enabled as tree_attention
 
         self.device = torch_device(self.cfg.device, dist.local_rank())  # torchrun: one GPU per process
         check_dtype(self.cfg, self.device.type)
@@ -77,11 +78,13 @@ class TorchEngine:
                     "memory_bytes": [int(psutil.virtual_memory().total)], "threads": torch.get_num_threads(),
                     "processes": dist.world(), "allocator": allocator(), "matmul": matmul_backend(),
                     # where Gemma's norms, RoPE and gelu*up ran: one C pass each (train.cpu_kernels), or torch's ops
-                    "elementwise": "c" if cpu_kernels.library() is not None else "torch"}
+                    "elementwise": "c" if cpu_kernels.library() is not None else "torch",
+                    # how shared-prompt rows attend (train.tree_attention): as a tree, or under a dense mask
+                    "shared_attention": "tree" if tree_attention() else "dense"}
         props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
         return {"platform": "cuda", "count": len(props), "names": [p.name for p in props],
                 "memory_bytes": [int(p.total_memory) for p in props], "used_index": self.device.index or 0,
-                "processes": dist.world()}
+                "processes": dist.world(), "shared_attention": "tree" if tree_attention() else "dense"}
 
     # ------------------------------------------------------------------ setup
     def setup(self, model_dir: Path, tok) -> dict[str, Any]:
