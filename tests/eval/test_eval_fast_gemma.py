@@ -123,13 +123,24 @@ def test_the_f32_kernel_step_matches_transformers_to_rounding(model_and_tok, ada
     real = int8_kernel.f32_linear
     monkeypatch.setattr(int8_kernel, "f32_linear", lambda *a, **k: calls.append(len(a)) or real(*a, **k))
     elementwise = {"rms_norm": 0, "rope": 0, "gelu_tanh_mul": 0}
+    inside = [False]  # counted inside the lean step only (transformers' rope may be ours too: train.recompute)
     for name in elementwise:
         def counted(*a, _fn=getattr(cpu_kernels, name), _name=name, **k):
-            elementwise[_name] += 1
+            elementwise[_name] += inside[0]
             return _fn(*a, **k)
         monkeypatch.setattr(cpu_kernels, name, counted)
     lean = LeanGemma.for_model(target, f32_kernel=True)
     assert lean is not None and lean.f32_kernel and lean.lora == adapted
+    hidden = lean._hidden
+
+    def flagged(*a, **k):
+        inside[0] = True
+        try:
+            return hidden(*a, **k)
+        finally:
+            inside[0] = False
+
+    lean._hidden = flagged
     _match_transformers(target, lean, tok)
     per_step = 7 * target.config.num_hidden_layers + 1  # the projections and the head
     assert len(calls) == (30 * per_step if kernel else 0)

@@ -92,11 +92,11 @@ def test_an_unknown_layout_or_the_switch_keeps_the_dense_mask(monkeypatch):
 
 
 def test_the_wrapped_sdpa_passes_other_masks_through():
-    from transformers.modeling_utils import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     tree_attention.install()
     tree_attention.install()  # idempotent: one wrapper
-    fn = AttentionInterface._global_mapping["sdpa"]
+    fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
     assert fn.tunix_rt_tree and fn.__closure__ is not None
     inner = [c.cell_contents for c in fn.__closure__ if callable(c.cell_contents)][0]
     assert not getattr(inner, "tunix_rt_tree", False)

@@ -152,9 +152,9 @@ def _joined(src: torch.Tensor, b: int, n: int, a: int, e: int) -> torch.Tensor:
 def install() -> None:
     """transformers' registered "sdpa" attention, wrapped: a TreeMask goes to `attend`, any
     other mask to the function it wraps (idempotent)."""
-    from transformers.modeling_utils import AttentionInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-    inner = AttentionInterface._global_mapping["sdpa"]
+    inner = ALL_ATTENTION_FUNCTIONS["sdpa"]
     if getattr(inner, "tunix_rt_tree", False):
         return
 
