@@ -9,10 +9,13 @@ batch 4 x 256 (every batch padded to 256), fp32, CPU, AdamW at constant lr 2e-4,
 same batches in the same order on both sides. `--pad longest` hands the JAX engine each
 batch padded to its longest row instead, as training's collator does (the engine then pads
 it to its 64-token width bucket, one compilation per bucket; the torch side always pads to
-the longest row): the fair setting against `torch`. A step that compiles a new bucket has
-its compilation time (jax.monitoring's trace, lowering and backend-compile durations)
-taken out of its wall and CPU time, and the seconds taken out are printed: a training run
-compiles each bucket once. Only the loss differs:
+the longest row): the fair setting against `torch`. A training run compiles each bucket
+once, so the JAX engine runs each bucket of the measured steps once before timing, through
+its gradient alone (`warm_buckets`: no update, the parameters untouched), and prints the
+seconds that took; a bucket's first call costs more than its compilation as jax.monitoring
+counts it. Any compilation still inside a measured step (jax.monitoring's trace, lowering
+and backend-compile durations) is taken out of its wall and CPU time and printed. Only the
+loss differs:
 
 - tunix: `peft_trainer._default_loss_fn` (full [B, L, V] logits, log_softmax, one-hot);
   its target mask is our loss mask (the model turn), so both compute the same number;
@@ -147,7 +150,8 @@ def worker(args) -> None:
     step_s = statistics.median(times)
     print_result(args.worker, {"step_s": step_s, "tokens_per_s": statistics.median(tokens) / step_s,
                                "cpu_s_per_step": statistics.median(cpu), "rss_after_load": rss_loaded,
-                               "losses": losses, "compile_s_taken_out": compiled.taken_out})
+                               "losses": losses, "compile_s_taken_out": compiled.taken_out,
+                               "warmed": compiled.warmed})
 
 
 class _compile_clock:
@@ -161,6 +165,7 @@ class _compile_clock:
     def __init__(self, jax):
         self.total = 0.0
         self.taken_out = 0.0
+        self.warmed: dict[int, float] = {}  # engine_worker's warm_buckets
         jax.monitoring.register_event_duration_secs_listener(self._on)
 
     def _on(self, name, secs, **_kw):
@@ -208,10 +213,36 @@ def engine_worker(args, data, jax, compiled):
     def width(step) -> int:  # --pad longest: as training's collator pads; the engine buckets it
         return args.seq if args.pad == "seq" else max(len(e["ids"]) for e in step)
 
-    out = _timed(data["steps"], args.warmup,
-                 lambda step: engine.train_step([engine_batch(step, width(step), data["pad_id"])], NLL, 2e-4).loss,
-                 compiled)
+    def batch(step):
+        return engine_batch(step, width(step), data["pad_id"])
+
+    compiled.warmed = warm_buckets(engine, [batch(s) for s in data["steps"][args.warmup:]], NLL)
+    out = _timed(data["steps"], args.warmup, lambda step: engine.train_step([batch(step)], NLL, 2e-4).loss, compiled)
     return (*out, rss_loaded)
+
+
+def warm_buckets(engine, batches, objective) -> dict[int, float]:
+    """Each width bucket the measured steps will use, run once before timing through the
+    engine's gradient alone (`JaxEngine.gradients`: no update, its rngs put back, so the
+    parameters and the trajectory are those of an unwarmed run): {bucket width: wall seconds}.
+    Why: a bucket's first call costs more than its compilation as jax.monitoring counts it
+    (tracing, lowering and XLA's compile or cache read are counted; on a 2-core Xeon a
+    192-wide bucket's first step took 13.3 s, its steady steps 4.7 s, the counted compile
+    6.3 s), and a training run pays that once per bucket, not per step."""
+    import time
+
+    from tunix_rt.train.jax_engine import WIDTH_BUCKET
+
+    warmed: dict[int, float] = {}
+    for b in batches:
+        bucket = -(-b.input_ids.shape[1] // WIDTH_BUCKET) * WIDTH_BUCKET
+        if bucket in warmed:
+            continue
+        rngs, t0 = engine.rngs, time.perf_counter()
+        engine.gradients([b], objective)
+        engine.rngs = rngs
+        warmed[bucket] = time.perf_counter() - t0
+    return warmed
 
 
 def tunix_worker(args, data, jax, compiled):
@@ -289,7 +320,9 @@ def main() -> None:
         print(f"round {r + 1} {side:5s}: {res['step_s']:.2f} s/step ({res['cpu_s_per_step']:.1f} CPU-s), "
               f"{res['tokens_per_s']:.0f} tok/s, peak RSS {res['peak_rss'] / 2**30:.2f} GiB{after}, "
               f"first loss {res['losses'][0]:.5f}, {res.get('allocator')} malloc, {res.get('matmul')} products"
-              + (f", compilation taken out {res['compile_s_taken_out']:.1f} s" if res["compile_s_taken_out"] else ""),
+              + (f", compilation taken out {res['compile_s_taken_out']:.1f} s" if res["compile_s_taken_out"] else "")
+              + (", buckets warmed before timing " + ", ".join(f"{w} ({t:.1f} s)" for w, t in res["warmed"].items())
+                 if res.get("warmed") else ""),
               flush=True)
 
     results = alternate(sides, args.rounds, lambda side: run_side(side, data, args), show)
