@@ -1,4 +1,4 @@
-"""tunix_rt.heap on glibc (Linux: /proc, libc's malloc), each case in a fresh process (the allocator's state is per process)."""
+"""tunix_rt.heap on glibc and jemalloc (Linux: /proc, libc's malloc), each case in a fresh process (the allocator's state is per process)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,58 @@ print(before - rss(), ok)
 """)
     released, ok = out.split()
     assert ok == "True" and float(released) > 150, out
+
+
+def test_trim_on_jemalloc_purges_its_dirty_pages():
+    """Under jemalloc, freed pages stay resident (its dirty pages) until its decay timer runs
+    out; trim() purges every arena at once. Before, trim() called glibc's malloc_trim there,
+    which had nothing to give back."""
+    require_jemalloc()
+    code = PRELUDE + """
+import time
+assert heap.allocator() == "jemalloc"
+libc = ctypes.CDLL(None)  # the process's malloc (jemalloc's), not libc.so's own
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+size = 64 << 10
+blocks = [libc.malloc(size) for _ in range(6400)]
+for b in blocks: libc.memset(b, 1, size)
+for b in blocks: libc.free(b)
+before = rss()
+ok = heap.trim()
+print(before - rss(), ok)
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TUNIX_RT_ALLOCATOR")}
+    env["MALLOC_CONF"] = "dirty_decay_ms:60000,muzzy_decay_ms:60000"  # nothing returned by the timer during the test
+    r = subprocess.run([sys.executable, "-c", code], env=heap.preload_env(env), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    released, ok = r.stdout.split()
+    assert ok == "True" and float(released) > 80, r.stdout  # 120 MiB of the 400 measured; glibc's malloc_trim there: 0
+
+
+def test_jax_programs_trim_the_heap_after_each_compile():
+    """jax_devices.trim_after_compiles: once per process, then heap.trim after every XLA
+    compile (jax.monitoring's backend-compile event), not after a cached call."""
+    code = """
+import jax, jax.numpy as jnp
+from tunix_rt import heap, jax_devices
+calls = []
+heap.trim = lambda: calls.append(1) or True
+jax.config.update("jax_compilation_cache_dir", None)
+assert jax_devices.trim_after_compiles() and not jax_devices.trim_after_compiles()
+f = jax.jit(lambda x: x * 2 + 1)
+f(jnp.ones(3)); n1 = len(calls)
+f(jnp.ones(3)); n2 = len(calls)
+f(jnp.ones(4)); n3 = len(calls)
+print(n1, n2, n3)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert r.returncode == 0, r.stderr
+    n1, n2, n3 = map(int, r.stdout.split())
+    assert n1 >= 1 and n2 == n1 and n3 > n2, r.stdout
 
 
 @pytest.mark.parametrize("tuned, size_kib, returned", [(True, 300, True), (True, 200, False), (False, 300, False)])

@@ -126,12 +126,36 @@ def tune_cpu_allocator() -> bool:
 
 
 def trim() -> bool:
-    """Give the heap's free pages back to the OS (glibc's malloc_trim): after a load that
-    parses a large file into many small blocks and frees most of them. Loading Gemma 3's
-    tokenizer.json (33 MB, 262K tokens, 514K merges) leaves ~190 MiB of freed parse blocks in
-    the heap, counted in RSS until reused: 338 -> 146 MiB after a trim (measured on the
-    270M's tokenizer). A training step reuses those blocks anyway, so its peak is the same
-    with or without the trim (measured on the 270M's DPO step); a long-running server's RSS
-    with it was not measured. False where it does not apply."""
+    """Give the heap's free pages back to the OS: glibc's malloc_trim, or where jemalloc
+    serves malloc, a purge of every arena's dirty pages (mallctl "arena.<all>.purge"; jemalloc
+    would otherwise return them only as its decay timer runs out, and only while the process
+    keeps allocating). After a load that parses a large file into many small blocks and frees
+    most of them: loading Gemma 3's tokenizer.json (33 MB, 262K tokens, 514K merges) leaves
+    ~190 MiB of freed parse blocks in the heap, counted in RSS until reused: 338 -> 146 MiB
+    after a trim (measured on the 270M's tokenizer). A training step reuses those blocks
+    anyway, so its peak is the same with or without the trim (measured on the 270M's DPO
+    step). After an XLA compile (jax_devices.trim_after_compiles): its scratch is freed in
+    pieces that a step's large buffers cannot reuse. False where it does not apply."""
+    if allocator() == "jemalloc":
+        mallctl = _jemalloc_mallctl()
+        return mallctl is not None and mallctl(b"arena.%d.purge" % MALLCTL_ARENAS_ALL, None, None, None, 0) == 0
     lib = _libc()
     return bool(lib.malloc_trim(0)) if lib else False
+
+
+#: jemalloc's index for "every arena" in an arena.<i> control name
+MALLCTL_ARENAS_ALL = 4096
+
+
+@functools.cache
+def _jemalloc_mallctl():
+    """jemalloc's mallctl, from the library this process preloaded (None if it has none)."""
+    path = jemalloc_path()
+    try:
+        fn = ctypes.CDLL(path).mallctl if path else None
+    except (OSError, AttributeError):
+        return None
+    if fn is not None:
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    return fn

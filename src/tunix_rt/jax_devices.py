@@ -72,12 +72,43 @@ def compilation_cache_dir() -> str | None:
     return path
 
 
+_COMPILE_DONE = "/jax/core/compile/backend_compile_duration"
+"""jax.monitoring's event when XLA has compiled a program (or read it from the cache)."""
+_trimming: list[bool] = []
+
+
+def trim_after_compiles() -> bool:
+    """From now on, give the C heap's free pages back to the OS (heap.trim) after every XLA
+    compile in this process, before the program first runs. XLA:CPU's compile frees its
+    scratch in pieces that the step's large buffers cannot reuse, so that without it each
+    new program's first run mapped fresh pages on top of them. Measured on Gemma 3 270M's LoRA
+    step (bench_jax_loss's batches, two width buckets, jemalloc, 2-core Xeon): peak RSS 2.15
+    -> 2.08 GiB with the programs read from the persistent cache, 2.22 -> 2.00 compiled; RSS
+    after the load 1.52 -> 1.33. Once per process; False if it was on already."""
+    import jax
+
+    from tunix_rt import heap
+
+    if _trimming:
+        return False
+
+    def on_event(name: str, secs: float, **_kw) -> None:
+        if name == _COMPILE_DONE:
+            heap.trim()
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    _trimming.append(True)
+    return True
+
+
 def select_devices(device: str) -> list:
     """The devices of the asked platform; a clear error saying what exists when it is absent.
-    Also turns on the persistent compilation cache (compilation_cache_dir)."""
+    Also turns on the persistent compilation cache (compilation_cache_dir) and the heap's
+    trim after each compile (trim_after_compiles)."""
     import jax
 
     compilation_cache_dir()
+    trim_after_compiles()
     want = PLATFORMS[device]
     if want is None:
         return jax.devices()
