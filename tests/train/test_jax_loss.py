@@ -96,9 +96,11 @@ def test_one_logits_buffer_per_chunk(monkeypatch):
     JAX_SLICE_ROWS takes one [chunk, V] buffer, written over its logits: XLA's temporary
     memory stays under two such buffers (before the target's term was kept apart from the
     dense part, a scatter into it made XLA keep two). Over a larger vocabulary the logits are
-    formed a slice at a time: the temp stays under two [chunk, JAX_SLICE_ROWS] buffers (a
-    tenth of the whole vocabulary's here; the 270M's head at 256 rows: 30 MB, was 268). Gemma 3
-    has no final softcap; with one (Gemma 2) tanh's output takes a second buffer."""
+    formed a slice at a time, for the labelled rows of as many chunks at once as keep that
+    [rows, JAX_SLICE_ROWS] block within one chunk's [chunk, V] and ONLINE_PASS_ROWS
+    (online_chunks): the temp stays under two such blocks (here 512 rows a pass, an eighth of
+    a chunk's logits; with slices of 16384 rows 256 rows a pass). Gemma 3 has no final
+    softcap; with one (Gemma 2) tanh's output takes a second buffer."""
     import jax.numpy as jnp
 
     from tunix_rt.train import jax_loss
@@ -115,9 +117,11 @@ def test_one_logits_buffer_per_chunk(monkeypatch):
         fn = jax.jit(jax.grad(lambda a: chunked_ce_sum(a, emb, t, w, chunk)))
         return fn.lower(h).compile().memory_analysis().temp_size_in_bytes
 
-    monkeypatch.setattr(jax_loss, "JAX_SLICE_ROWS", 2048)
-    sliced, one_slice = temp(), chunk * 2048 * 4
-    assert sliced < 2 * one_slice, sliced / one_slice
+    for slice_rows, rows in ((2048, n), (16384, 2 * chunk)):
+        monkeypatch.setattr(jax_loss, "JAX_SLICE_ROWS", slice_rows)
+        assert jax_loss.online_chunks(n // chunk, chunk, v) * chunk == rows
+        sliced, one_pass = temp(), rows * slice_rows * 4
+        assert one_pass <= chunk * v * 4 and sliced < 2 * one_pass, (slice_rows, sliced / one_pass)
     monkeypatch.setattr(jax_loss, "JAX_SLICE_ROWS", v)
     whole, one = temp(), chunk * v * 4
     assert one <= whole < 1.5 * one, whole / one
