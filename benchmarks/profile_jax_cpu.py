@@ -16,7 +16,8 @@ the last is profiled.
 - JAX: `jax.profiler` traces the step; XLA:CPU's thunk executor records one event per
   executed HLO op (fusion, dot, copy, custom call, while...) with its `hlo_op` and
   `hlo_module`, and an `end: <op>` event where an async op (a dot on Eigen's pool) completes.
-  The optimized HLO (dumped with --xla_dump_to) gives each op's opcode, shapes, the opcodes
+  The optimized HLO (dumped with --xla_dump_to; the worker turns the persistent compilation
+  cache off, since XLA dumps only what it compiles) gives each op's opcode, shapes, the opcodes
   fused inside it and its JAX metadata (`transpose(jvp(...))` marks the backward pass). The
   timeline is swept so that overlapping ops share the wall time they overlap in, and a
   control-flow op (while, call, conditional) gets only the time when none of its ops runs:
@@ -391,6 +392,10 @@ class _Null:
 def jax_worker(args, data: dict) -> dict:
     dump = tempfile.mkdtemp(prefix="xla-dump-")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump} --xla_dump_hlo_as_text").strip()
+    # XLA dumps a program's optimized HLO only when it compiles it: one read from the persistent
+    # compilation cache left no dump, and every op of the step in "rng/other"
+    os.environ["TUNIX_RT_JAX_CACHE"] = "off"
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     import jax
     from bench_jax_loss import worker as bench_worker  # benchmarks/ is sys.path[0]
 
