@@ -12,7 +12,7 @@ dloss/dz = coef * phi'(logp) * (onehot - softmax), then dh = dz @ W and dW += dz
 Backward only scales the stored [N, D] gradient, so nothing is recomputed and the peak extra
 memory is one [chunk, V] block; a frozen head over a vocabulary larger than JAX_SLICE_ROWS
 forms it a slice at a time (an online softmax, `_online_head`), one [rows, JAX_SLICE_ROWS]
-block, and then takes every chunk's labelled rows in one pass over the vocabulary.
+block, and takes the labelled rows of several chunks in one pass (`online_chunks`).
 
 The tokens with a target are moved to the front first (a stable sort), so the chunks after
 them hold only prompt and padding and are skipped at run time, and the last chunk that holds
@@ -49,7 +49,7 @@ def prefix_sizes(chunk: int) -> tuple[int, ...]:
     return tuple(sorted({-(-chunk * k // TAIL_PARTS) for k in range(1, TAIL_PARTS + 1)}))
 
 
-#: the frozen head's one pass (_online_head over every chunk's labelled rows) is cut to a
+#: the frozen head's pass (_online_head over the labelled rows of several chunks) is cut to a
 #: multiple of this many rows. Measured with `_online_head` alone (Gemma 3 270M's head, 2-core
 #: Xeon): 128 rows 5.0 ms a row, 256 rows 4.3, 384 rows 3.9 (1.49 s against 1.73 s for the
 #: 256 + 128 rows that two 256-row chunks' prefixes ran for a batch's ~330 labelled rows)
@@ -68,7 +68,7 @@ def online_chunks(k: int, chunk: int, v: int) -> int:
 
 
 def online_sizes(n: int) -> tuple[int, ...]:
-    """The row counts the frozen head's one pass over n rows may be cut to (ascending, the
+    """The row counts the frozen head's pass over n rows may be cut to (ascending, the
     last is n): multiples of ONLINE_ROW_STEP."""
     return tuple(range(ONLINE_ROW_STEP, n, ONLINE_ROW_STEP)) + (n,)
 
@@ -268,7 +268,8 @@ def _fused_fwd(hc, emb, tc, cc, mc, ac, softcap, objective):
     accumulated) computed right away. A frozen head (LoRA: emb not differentiated, which
     symbolic_zeros tells here) runs each chunk's labelled prefix only (_by_prefix); where the
     vocabulary is larger than JAX_SLICE_ROWS it goes over it a slice at a time (_online_head),
-    once for the labelled rows of every chunk, cut to a multiple of ONLINE_ROW_STEP; a
+    once for the labelled rows of several chunks (online_chunks), cut to a multiple of
+    ONLINE_ROW_STEP; a
     trained one runs whole chunks and whole vocabularies, since the switch's branches would
     each hold a copy of the [V, D] accumulator (XLA's temp for the 270M's full step +403 MB)
     and its gradient needs each row's whole softmax."""
