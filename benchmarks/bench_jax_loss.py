@@ -231,11 +231,11 @@ def warm_buckets(engine, batches, objective) -> dict[int, float]:
     6.3 s), and a training run pays that once per bucket, not per step."""
     import time
 
-    from tunix_rt.train.jax_engine import WIDTH_BUCKET
+    from tunix_rt.train.jax_engine import width_bucket
 
     warmed: dict[int, float] = {}
     for b in batches:
-        bucket = -(-b.input_ids.shape[1] // WIDTH_BUCKET) * WIDTH_BUCKET
+        bucket = width_bucket(b.input_ids.shape[1])
         if bucket in warmed:
             continue
         rngs, t0 = engine.rngs, time.perf_counter()

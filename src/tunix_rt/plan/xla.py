@@ -193,10 +193,10 @@ def _abstract_batch(b: int, seq: int, data) -> dict[str, Any]:
     import jax.numpy as jnp
 
     from tunix_rt.train.engine import POLICY_AUX
-    from tunix_rt.train.jax_engine import WIDTH_BUCKET
+    from tunix_rt.train.jax_engine import width_bucket
     from tunix_rt.train.jax_loss import attention_mask
 
-    width = -(-seq // WIDTH_BUCKET) * WIDTH_BUCKET
+    width = width_bucket(seq)
 
     def sds(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=data)

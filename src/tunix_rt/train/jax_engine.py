@@ -48,6 +48,14 @@ from tunix_rt.train.methods import sampling
 
 #: batch widths are rounded up to a multiple of this (one compilation per width)
 WIDTH_BUCKET = 64
+
+
+def width_bucket(n: int) -> int:
+    """The width a batch of n tokens a row is padded to: the next multiple of WIDTH_BUCKET
+    (one compiled step per bucket)."""
+    return -(-n // WIDTH_BUCKET) * WIDTH_BUCKET
+
+
 WEIGHTS, OPTIMIZER, RNG = "weights.safetensors", "optimizer.safetensors", "rng.safetensors"
 
 
@@ -380,7 +388,7 @@ class JaxEngine:
             raise ValueError("the JAX engine takes no shared-prefix rows (shares_prefix() is False)")
         ids, labels, pos = (np.asarray(a) for a in (batch.input_ids, batch.labels, batch.position_ids))
         b, n = ids.shape
-        width = -(-n // WIDTH_BUCKET) * WIDTH_BUCKET
+        width = width_bucket(n)
         pad = width - n
         coef = coef_of(batch).astype(np.float32)
         aux = np.stack([np.asarray(batch.aux[k], np.float32) if k in batch.aux else np.zeros((b, n), np.float32)
