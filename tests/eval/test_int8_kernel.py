@@ -519,3 +519,50 @@ def test_the_noise_screen_on_the_screens_integers_is_the_same_on_one_and_two_thr
     assert torch.equal(b1, sampling.noise_bits_of(seeds, off)) and torch.equal(b1, b2)
     assert on_one_and_two_threads(lambda: screen(p1.numel() - 1)[0]) == [None, None]
     assert torch.equal(on_one_and_two_threads(lambda: screen(p1.numel())[0])[1], p1)
+
+
+def test_the_levels_round_halves_to_even_as_torch_does():
+    """The activations' two int8 levels (vectorised in the kernel) at the values where a rounding
+    mode shows: x / s exactly half-way between integers (s = 1: a row whose largest |x| is 127),
+    and residuals half-way too; both products keep the torch path's bits on them, with a row of
+    width 16·k + 0 and tails of the scalar path (K not a multiple of 16 never reaches the kernel)."""
+    if int8_kernel.library() is None:  # nothing of the kernel's to compare here
+        assert not int8_kernel.q4linear_applies(torch.zeros(1, 64), 16, 64)
+        return
+    k = 640
+    x = torch.zeros(3, k)
+    x[:, 0] = 127.0
+    x[0, 1:k] = torch.arange(1, k) % 9 - 4.5  # ±0.5, ±1.5, ... : ties of the first level
+    x[1, 1:k] = (torch.arange(1, k) % 7 - 3) + (torch.arange(1, k) % 2) * (0.5 / 127)  # ties of the second
+    x[2, 1:k] = -x[0, 1:k]
+    g = torch.Generator().manual_seed(3)
+    ql = quantize(torch.randn(64, k, generator=g) * 0.05)
+    assert torch.equal(int8_kernel.qlinear(x, ql.q, None, ql.scale), torch_path(x, ql))
+    q4 = quantize4(torch.randn(64, k, generator=g) * 0.05)
+    assert torch.equal(int8_kernel.q4linear(x, q4.q, q4.sm, 64), int4_reference(x, q4))
+
+
+def test_argmax_gives_torchs_indices():
+    """The kernel's greedy pick equals torch.argmax's on a CPU: ties go to the first index, a NaN
+    wins (the first NaN), -0.0 and +0.0 are equal, a row of -inf picks 0, rows of any width (the
+    16-lane tail) and rows of a wider tensor (a stride); other tensors take torch's own."""
+    g = torch.Generator().manual_seed(5)
+    cases = [torch.randn(3, 262144, generator=g), torch.randn(1, 17, generator=g),
+             torch.full((2, 33), -float("inf")), torch.zeros(1, 40), torch.randn(4, 600, generator=g)[:, :300]]
+    t = torch.randn(2, 1000, generator=g)
+    t[0, 5] = t[0, 700] = 9.0
+    t[1, 999] = t[1, 3] = float("nan")
+    cases.append(t)
+    z = torch.zeros(2, 50)
+    z[0, 3] = z[0, 10] = -0.0
+    z[1, :20] = -0.0
+    cases.append(z)
+    t = torch.randn(1, 70, generator=g)
+    t[0, 66] = float("nan")  # in the tail
+    cases.append(t)
+    cases.append(torch.randn(0, 8))
+    for c in cases:
+        assert torch.equal(int8_kernel.argmax(c), c.argmax(dim=-1)), c
+    assert torch.equal(int8_kernel.argmax(cases[0].double()), cases[0].argmax(dim=-1))  # torch's path
+    outs = on_one_and_two_threads(lambda: int8_kernel.argmax(cases[0]))
+    assert torch.equal(outs[0], outs[1])

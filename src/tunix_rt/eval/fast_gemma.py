@@ -290,6 +290,7 @@ class LeanGemma:
         The same ids as `step(...)` then argmax / `sample_full`, through the int8-screened
         head where it applies (tunix_rt.eval.screened_head: a proven bound, then exact fp32
         logits)."""
+        from tunix_rt.eval.int8_kernel import argmax
         from tunix_rt.eval.sampling import sample_full
 
         x = self._hidden(tokens, st)
@@ -299,7 +300,7 @@ class LeanGemma:
         if screen is not None:
             return screen.argmax(x) if cfg.greedy else screen.sample(x, noise, cfg)
         logits = self._logits(x, reuse=True)  # read only here: the step's buffer may be the last step's
-        return logits.argmax(dim=-1) if cfg.greedy else sample_full(logits, noise, cfg)
+        return argmax(logits) if cfg.greedy else sample_full(logits, noise, cfg)
 
     def _logits(self, x: "torch.Tensor", reuse: bool = False) -> "torch.Tensor":
         import torch

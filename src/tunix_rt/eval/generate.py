@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 from tunix_rt.errors import BadInput, TunixRtError
+from tunix_rt.eval.int8_kernel import argmax
 from tunix_rt.eval.sampling import Key, Noise, check_keys, row_seed, sample_full
 from tunix_rt.ranges import AT_LEAST_0, AT_LEAST_1, Range, number_problem
 from tunix_rt.tools import check_tools, closed_call, respond
@@ -385,7 +386,7 @@ def position_ids(mask: "torch.Tensor") -> "torch.Tensor":
 def pick(logits: "torch.Tensor", cfg: DecodeConfig, noise: "Noise | torch.Tensor | None") -> "torch.Tensor":
     """Next token of each row from full logits: argmax, or the Gumbel-max draw with `noise`."""
     if cfg.greedy:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     return sample_full(logits, noise, cfg)
 
 

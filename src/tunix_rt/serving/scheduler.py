@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from tunix_rt.errors import BadInput, TunixRtError
 from tunix_rt.eval.generate import FINISH_LENGTH, FINISH_STOP, DecodeConfig, ToolRow, left_pad, pick, position_ids
+from tunix_rt.eval.int8_kernel import argmax
 from tunix_rt.eval.sampling import gumbel, row_seed
 
 GREEDY = DecodeConfig(temperature=0.0)
@@ -198,7 +199,7 @@ class _HFBatch:
         self.mask = _extend(self.mask)
         logits = self.gen.last_logits(tokens[:, None], self.mask, self.next_pos[:, None], self.cache)
         self.next_pos = self.next_pos + 1
-        return logits.argmax(-1) if greedy else logits
+        return argmax(logits) if greedy else logits
 
     def select(self, keep: "torch.Tensor") -> None:
         self.cache.batch_select_indices(keep)
@@ -382,7 +383,7 @@ class Scheduler:
         import torch
 
         if all(r.req.cfg.greedy for r in rows):
-            return logits.argmax(-1)
+            return argmax(logits)
         # each choice draws its own noise from (seed, its index, its step), as TorchGenerator does
         # for a prompt of that index: the same seed gives the same sample in or out of a batch
         vocab = logits.shape[-1]
