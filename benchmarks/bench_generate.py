@@ -23,8 +23,11 @@ bound of its format: benchmarks/roofline.py's rate over the weight bytes a step 
 its read-only rate (`*_read_frac`: a decode step only reads its weights, so this is its
 bound) and its copy rate (`*_bw_frac`, reads and writes counted, kept for the earlier rows).
 Last line: RESULT int8_speed_ratio=<int8/fp32 tokens/s> int8_tok_s=… fp32_tok_s=…
-int8_bw_frac=… fp32_bw_frac=… int8_read_frac=… fp32_read_frac=… same_ids=<share> (int4_… with
-`--weights int4`; its bytes a step count the codes and the fp16 scales and mins)
+int8_bw_frac=… fp32_bw_frac=… int8_read_frac=… fp32_read_frac=… int8_decode_tok_s=…
+int8_decode_read_frac=… fp32_decode_read_frac=… same_ids=<share> (int4_… with `--weights int4`;
+its bytes a step count the codes and the fp16 scales and mins). The `decode` figures leave the
+prefill out (the prompt's forward pass, compute-bound, ~0.1 s of a 128-token single stream
+here): tokens after each row's first over the time after it, what bounds decoding itself.
 
 `--mode llama` puts llama.cpp (llama-cpp-python, `pip install llama-cpp-python==0.3.36`:
 it builds from source, ~15 min on 2 cores; not a test dependency) beside ours on the very
@@ -41,7 +44,8 @@ Q6_K dot products); the share of positions that agree with ours in fp32 is print
 Last line: RESULT llama_b1_ratio=<ours fp32 / llama.cpp tokens/s at batch 1> … and per batch
 size b: llama_int8_b<b>_ratio and llama_int4_b<b>_ratio (ours / llama.cpp tokens/s),
 ours_fp32_b<b>_tok_s, ours_int8_b<b>_tok_s, ours_int4_b<b>_tok_s, llama_b<b>_tok_s, *_bw_frac (copy rate),
-*_read_frac (read-only rate)
+*_read_frac (read-only rate), *_decode_read_frac (the steps after the prefill's picks alone,
+llama.cpp's as its "eval time" leaves its "prompt eval time" out)
 
 `--mode sample` measures sampling instead (T = 1; top_p 1, top_p 0.95, and top_k 64 with
 top_p 0.95; the same seed):
@@ -97,8 +101,32 @@ def hf_generate(model, tok, prompts, max_new: int) -> list[list[int]]:
     return rows
 
 
-def ours_generate(gen: TorchGenerator, prompts, cfg: DecodeConfig) -> list[list[int]]:
-    return [g.ids for g in gen.generate(prompts, cfg)]
+def ours_generate(gen: TorchGenerator, prompts, cfg: DecodeConfig, clock: "DecodeClock | None" = None) -> list[list[int]]:
+    return [g.ids for g in gen.generate(prompts, cfg, clock.tick if clock else None)]
+
+
+class DecodeClock:
+    """When a generation's first tokens came out (the prefill's picks, one a row) and how many:
+    the decode steps alone are the time after them, llama.cpp's "eval time" beside its "prompt
+    eval time". Our side ticks through `generate`'s on_tokens (once per step, with the rows that
+    got a token), llama.cpp's LlamaCppGreedy once after its prefill; one batch per call."""
+
+    def __init__(self):
+        self.first_at: float | None = None
+        self.first_rows = 0
+
+    def tick(self, rows: int) -> None:
+        if self.first_at is None:
+            self.first_at, self.first_rows = time.perf_counter(), rows
+
+    def decode(self, fn) -> tuple[list[list[int]], float, float, int]:
+        """fn() timed: (rows, wall seconds, seconds after the first tokens, tokens after them)."""
+        self.first_at, self.first_rows = None, 0
+        t0 = time.perf_counter()
+        rows = fn()
+        end = time.perf_counter()
+        first = self.first_at if self.first_at is not None else end
+        return rows, end - t0, end - first, sum(len(r) for r in rows) - self.first_rows
 
 
 def timed(fn):
@@ -299,12 +327,16 @@ def weights_bench(args) -> None:
           f"{fmt} kernel {quant.lean.kernel if fmt == 'int8' else 'int4'}  fp32 screen {'on' if fp32.lean.screen() is not None else 'off'}")
     times: dict[str, list] = {"fp32": [], fmt: []}
     cpu: dict[str, list] = {"fp32": [], fmt: []}
+    dec: dict[str, list] = {"fp32": [], fmt: []}  # (seconds, tokens) after the prefill's picks
     got: dict[str, list] = {}
+    clock = DecodeClock()
     for r in range(args.rounds):
         for who in (("fp32", fmt) if r % 2 == 0 else (fmt, "fp32")):
-            got[who], dt, ct = timed(lambda g={"fp32": fp32, fmt: quant}[who]: ours_generate(g, prompts, cfg))
+            c0 = time.process_time()
+            got[who], dt, ds, dn = clock.decode(lambda g={"fp32": fp32, fmt: quant}[who]: ours_generate(g, prompts, cfg, clock))
             times[who].append(dt)
-            cpu[who].append(ct)
+            cpu[who].append(time.process_time() - c0)
+            dec[who].append((ds, dn))
         print(f"round {r}: fp32 {times['fp32'][-1]:.2f}s (cpu {cpu['fp32'][-1]:.2f}s)  "
               f"{fmt} {times[fmt][-1]:.2f}s (cpu {cpu[fmt][-1]:.2f}s)")
     tps = {k: sum(len(row) for row in got[k]) / statistics.median(v) for k, v in times.items()}
@@ -314,21 +346,27 @@ def weights_bench(args) -> None:
               for ra, rb in zip(got["fp32"], got[fmt])]
     machine = bounds(0.5)
     bw, rd = machine["copy_gbs"] * 1e9, machine["read_gbs"] * 1e9
+    dtps = {k: statistics.median(n / s for s, n in v if s > 0) for k, v in dec.items()}
     moved = {k: tps[k] / args.batch * step_bytes(g.lean)["weights"] for k, g in (("fp32", fp32), (fmt, quant))}
     frac = {k: v / bw for k, v in moved.items()}
     rfrac = {k: v / rd for k, v in moved.items()}
+    dfrac = {k: dtps[k] / args.batch * step_bytes(g.lean)["weights"] / rd for k, g in (("fp32", fp32), (fmt, quant))}
     print()
     print(f"{'weights':<10}{'median s':>10}{'tokens/s':>10}{'GB/step':>9}{'read-bound tok/s':>18}{'of read':>9}"
-          f"{'of copy':>9}")
+          f"{'of copy':>9}{'decode tok/s':>14}{'of read':>9}")
     for k, g in (("fp32", fp32), (fmt, quant)):
         gb = step_bytes(g.lean)["weights"]
         print(f"{k:<10}{statistics.median(times[k]):>10.2f}{tps[k]:>10.1f}{gb / 1e9:>9.3f}"
-              f"{rd / gb * args.batch:>18.1f}{fraction(rfrac[k], 1.0):>9}{fraction(frac[k], 1.0):>9}")
+              f"{rd / gb * args.batch:>18.1f}{fraction(rfrac[k], 1.0):>9}{fraction(frac[k], 1.0):>9}"
+              f"{dtps[k]:>14.1f}{fraction(dfrac[k], 1.0):>9}")
+    print("decode: the steps after the prefill's first token (its ~70-token prompt's forward pass left out), "
+          "median over rounds")
     print(f"read-only bandwidth {rd / 1e9:.2f} GB/s, copy {bw / 1e9:.2f} GB/s (roofline, measured now); ids agree at "
           f"{same:.1%} of positions; rows agree for their first {prefix} tokens")
     print(f"RESULT {fmt}_speed_ratio={tps[fmt] / tps['fp32']:.2f} {fmt}_tok_s={tps[fmt]:.1f} "
           f"fp32_tok_s={tps['fp32']:.1f} {fmt}_bw_frac={frac[fmt]:.2f} fp32_bw_frac={frac['fp32']:.2f} "
-          f"{fmt}_read_frac={rfrac[fmt]:.2f} fp32_read_frac={rfrac['fp32']:.2f} same_ids={same:.2f}")
+          f"{fmt}_read_frac={rfrac[fmt]:.2f} fp32_read_frac={rfrac['fp32']:.2f} {fmt}_decode_tok_s={dtps[fmt]:.1f} "
+          f"{fmt}_decode_read_frac={dfrac[fmt]:.2f} fp32_decode_read_frac={dfrac['fp32']:.2f} same_ids={same:.2f}")
 
 
 class LlamaCppGreedy:
@@ -355,7 +393,8 @@ class LlamaCppGreedy:
 
         return int(np.ctypeslib.as_array(self.ctx.get_logits_ith(i), shape=(self.vocab,)).argmax())
 
-    def generate(self, prompts: list[list[int]], max_new: int, stop: set[int]) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], max_new: int, stop: set[int],
+                 clock: "DecodeClock | None" = None) -> list[list[int]]:
         self.ctx.kv_cache_clear()
         b = self.batch
         b.reset()
@@ -365,6 +404,8 @@ class LlamaCppGreedy:
             last.append(b.n_tokens() - 1)
         self.ctx.decode(b)
         nxt = [self._argmax(i) for i in last]
+        if clock:
+            clock.tick(len(nxt))
         pos = [len(p) for p in prompts]
         outs: list[list[int]] = [[] for _ in prompts]
         alive = list(range(len(prompts)))
@@ -432,30 +473,39 @@ def llama_bench(args) -> None:
         cfg, warm = DecodeConfig(max_new_tokens=args.new_tokens, batch_size=n), DecodeConfig(max_new_tokens=4, batch_size=n)
         ours_generate(fp32, ps, warm), ours_generate(int8, ps, warm), ours_generate(int4, ps, warm)
         llama.generate(ps, 4, stop)
-        runs = {"fp32": lambda: ours_generate(fp32, ps, cfg), "int8": lambda: ours_generate(int8, ps, cfg),
-                "int4": lambda: ours_generate(int4, ps, cfg), "llama": lambda: llama.generate(ps, args.new_tokens, stop)}
+        clock = DecodeClock()
+        runs = {"fp32": lambda: ours_generate(fp32, ps, cfg, clock), "int8": lambda: ours_generate(int8, ps, cfg, clock),
+                "int4": lambda: ours_generate(int4, ps, cfg, clock),
+                "llama": lambda: llama.generate(ps, args.new_tokens, stop, clock)}
         times: dict[str, list[float]] = {k: [] for k in runs}
+        dec: dict[str, list[float]] = {k: [] for k in runs}  # tokens/s after the prefill's picks
         got: dict[str, list] = {}
         for r in range(args.rounds):
             for who in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-                got[who], dt, _ = timed(runs[who])
+                got[who], dt, ds, dn = clock.decode(runs[who])
                 times[who].append(dt)
+                dec[who].append(dn / ds if ds > 0 else 0.0)
             print(f"batch {n} round {r}: " + "  ".join(f"{k} {times[k][-1]:.2f}s" for k in runs), flush=True)
         for who in runs:
             tps = sum(len(x) for x in got[who]) / statistics.median(times[who])
             frac, rfrac = tps / n * step_gb[who] / bw, tps / n * step_gb[who] / rd
             pairs = [(a, b) for ra, rb in zip(got["fp32"], got[who]) for a, b in zip(ra, rb)]
             same = sum(a == b for a, b in pairs) / max(1, len(pairs))
-            rows.append((n, who, tps, step_gb[who], rfrac, frac, same))
+            dtps = statistics.median(dec[who])
+            rows.append((n, who, tps, step_gb[who], rfrac, frac, same, dtps, dtps / n * step_gb[who] / rd))
+            result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_decode_read_frac"] = dtps / n * step_gb[who] / rd
             result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_tok_s"] = tps
             result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_bw_frac"] = frac
             result[f"{'llama' if who == 'llama' else 'ours_' + who}_b{n}_read_frac"] = rfrac
     print()
-    print(f"{'batch':<7}{'side':<12}{'tokens/s':>10}{'GB/step':>9}{'of read':>9}{'of copy':>9}{'ids as fp32':>13}")
+    print(f"{'batch':<7}{'side':<12}{'tokens/s':>10}{'GB/step':>9}{'of read':>9}{'of copy':>9}{'ids as fp32':>13}"
+          f"{'decode tok/s':>14}{'of read':>9}")
     names = {"fp32": "ours fp32", "int8": "ours int8", "int4": "ours int4", "llama": "llama.cpp"}
-    for n, who, tps, gb, rfrac, frac, same in rows:
+    for n, who, tps, gb, rfrac, frac, same, dtps, dfrac in rows:
         print(f"{n:<7}{names[who]:<12}{tps:>10.1f}{gb / 1e9:>9.3f}{fraction(rfrac, 1.0):>9}{fraction(frac, 1.0):>9}"
-              f"{same:>13.1%}")
+              f"{same:>13.1%}{dtps:>14.1f}{fraction(dfrac, 1.0):>9}")
+    print("decode: the steps after the prefill's first token of each row (the prompts' forward pass left out), "
+          "median over rounds")
     print(f"read-only bandwidth {rd / 1e9:.2f} GB/s, copy {bw / 1e9:.2f} GB/s (roofline, measured now)")
     head = {f"llama_b{n}_ratio": result[f"ours_fp32_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"] for n in batches}
     head.update({f"llama_{q}_b{n}_ratio": result[f"ours_{q}_b{n}_tok_s"] / result[f"llama_b{n}_tok_s"]

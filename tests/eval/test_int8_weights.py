@@ -374,3 +374,63 @@ def test_a_state_the_layer_call_cannot_hold_takes_the_torch_ops(tiny_dirs):
         with pytest.raises(RuntimeError, match="decode state full"):
             step.step(tokens, st)
         assert not step._fits(2, st)  # two tokens for a one-row state
+
+
+def _vm_flags(ptr: int) -> set[str]:
+    """The VmFlags of the mapping of this process that holds address `ptr` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0] if line.strip() else ""
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= ptr < hi
+        elif inside and line.startswith("VmFlags:"):
+            return set(line.split()[1:])
+    return set()
+
+
+def test_quantised_weights_move_to_one_mapping_advised_for_huge_pages(tiny_dirs, monkeypatch):
+    """`on_huge_pages` copies tensors bit for bit into one anonymous mapping that the kernel marks
+    MADV_HUGEPAGE ("hg" in its VmFlags); Int8Gemma moves every quantised weight there (codes,
+    scales, sums; a fused weight once) and decodes the same ids as with them where quantisation
+    left them (TUNIX_RT_HUGE_PAGES=off); what it cannot hold is left as it was."""
+    import mmap
+
+    from tunix_rt.eval.int8_weights import on_huge_pages
+
+    if not hasattr(mmap, "MADV_HUGEPAGE"):  # not Linux: nothing moves
+        assert on_huge_pages([torch.zeros(4)]) is None
+        return
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(1000, 640, generator=g), torch.randint(-128, 127, (33, 7), dtype=torch.int8, generator=g),
+          torch.randn(5, generator=g).half(), torch.zeros(0, 3), torch.arange(9, dtype=torch.int32)]
+    moved = on_huge_pages(ts)
+    for a, b in zip(ts, moved):
+        assert a.dtype == b.dtype and a.shape == b.shape and b.is_contiguous() and torch.equal(a, b)
+        assert b.numel() == 0 or b.data_ptr() % 64 == 0
+    base = moved[0].untyped_storage().data_ptr()
+    assert all(t.untyped_storage().data_ptr() == base for t in moved)  # one mapping
+    assert "hg" in _vm_flags(moved[0].data_ptr())
+    assert on_huge_pages([torch.randn(4, 4).t()]) is None  # not contiguous
+    monkeypatch.setenv("TUNIX_RT_HUGE_PAGES", "off")
+    assert on_huge_pages(ts) is None
+
+    d = tiny_dirs["tiny-gemma3"]
+    tok = ChatTokenizer.from_file(d)
+    gens = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv("TUNIX_RT_HUGE_PAGES", mode)
+        model = load_model(d, None, "cpu")
+        if int8_kernel.library() is None:  # int4 is refused there: int8 moves the same way
+            gens[mode] = use_weights(TorchGenerator(model, tok, "cpu"), "int8")
+        else:
+            gens[mode] = use_weights(TorchGenerator(model, tok, "cpu"), "int4")
+    on, off = gens["on"].lean, gens["off"].lean
+    assert on.huge_pages and not off.huge_pages
+    base = on.qhead.q.untyped_storage().data_ptr()
+    for lyr in on.layers:
+        for w in (lyr.wq.fused, lyr.wo, lyr.w_gate.fused, lyr.w_down):
+            assert w.q.untyped_storage().data_ptr() == base
+    prompts = [prompt_ids(text, tok) for text in QUESTIONS]
+    cfg = DecodeConfig(max_new_tokens=12, batch_size=3)
+    assert [x.ids for x in gens["on"].generate(prompts, cfg)] == [x.ids for x in gens["off"].generate(prompts, cfg)]
