@@ -402,7 +402,8 @@ class Int8Gemma(LeanGemma):
         self.qhead = quant[id(self.head)]
         self._last: tuple = (None, None, None)  # (input, fused weight, its output): see linear
         self.fused = (self.kernel == "int_mm" or weights == "int4") and fused_layers_apply(self)
-        """Each layer one call of the kernel library (`tunix_gemma_layer`) instead of ~70 torch
+        """Each layer one call of the kernel library (`tunix_gemma_layer`; all of a step's layers
+        in one ctypes call, `tunix_gemma_layers`) instead of ~70 torch
         ops: where the library loaded, the model is fp32 and every projection's input width
         is a multiple of 64 (see `_hidden`)."""
         if self.fused and weights == "int8":  # every projection and the head through qlinear: its panels
@@ -410,7 +411,7 @@ class Int8Gemma(LeanGemma):
         self.huge_pages = self._to_huge_pages()
         """Whether the quantised weights now lie in one mapping advised for transparent huge
         pages (`on_huge_pages`)."""
-        self._layer_args = [self._pointers(lyr) for lyr in self.layers] if self.fused else []
+        self._layer_table = self._table() if self.fused else None
 
     @classmethod
     def for_model(cls, model, kernel: str | None = None, weights: str = "int8") -> "Int8Gemma":
@@ -483,6 +484,16 @@ class Int8Gemma(LeanGemma):
                      else [w.q.data_ptr(), w.sums.data_ptr(), w.scale.data_ptr()])
         return (*ptrs, self.n_heads, self.n_kv, self.head_dim, lyr.w_down.shape[1])
 
+    def _table(self) -> tuple:
+        """The layers' pointers as `tunix_gemma_layers` takes them: int64 [L, 18] (0 for none)
+        and each layer's MLP width, long [L] (kept alive here, with the layers' tensors)."""
+        import torch
+
+        args = [self._pointers(lyr) for lyr in self.layers]
+        ptrs = torch.tensor([[p or 0 for p in a[:18]] for a in args], dtype=torch.int64)
+        widths = torch.tensor([a[21] for a in args], dtype=torch.int64)
+        return ptrs.contiguous(), widths.contiguous()
+
     def _fits(self, b: int, st) -> bool:
         """The state is what the layer call reads and writes in place: the cache index inside
         the buffers, every buffer contiguous fp32 [b, kv_heads, T, head_dim], the mask
@@ -502,6 +513,8 @@ class Int8Gemma(LeanGemma):
         operations (RMSNorm, q/k norms, RoPE, the cache write, attention with the window, the
         mask and Gemma 2's softcap, GELU-tanh MLP); sums in another order, so logits equal the
         torch ops' to float rounding, not to the bit (tests/eval/test_int8_weights.py)."""
+        import ctypes
+
         import torch
         import torch.nn.functional as F
 
@@ -515,14 +528,18 @@ class Int8Gemma(LeanGemma):
         b, d = x.shape
         total = st.mask.shape[-1]
         softcap = float(self.attn_softcap or 0.0)
-        for i, lyr in enumerate(self.layers):
-            lo = max(0, st.cur + 1 - lyr.window) if lyr.window else 0
-            cos, sin = rope[lyr.rope]
-            if lib.tunix_gemma_layer(x.data_ptr(), b, d, *self._layer_args[i], st.keys[i].data_ptr(),
-                                     st.values[i].data_ptr(), total, st.cur, lo, st.mask.data_ptr(), cos.data_ptr(),
-                                     sin.data_ptr(), self.scaling, softcap, self.eps, threads, 1,
-                                     int(self.weights == "int4")) != 0:
-                raise MemoryError("int8 kernel: out of memory in a decoder layer")
+        n = len(self.layers)
+        lo = (ctypes.c_long * n)(*[max(0, st.cur + 1 - lyr.window) if lyr.window else 0 for lyr in self.layers])
+        ptrs = {kind: (c.data_ptr(), sn.data_ptr()) for kind, (c, sn) in rope.items()}
+        cos = (ctypes.c_void_p * n)(*[ptrs[lyr.rope][0] for lyr in self.layers])
+        sin = (ctypes.c_void_p * n)(*[ptrs[lyr.rope][1] for lyr in self.layers])
+        keys = (ctypes.c_void_p * n)(*[k.data_ptr() for k in st.keys])
+        values = (ctypes.c_void_p * n)(*[v.data_ptr() for v in st.values])
+        table, widths = self._layer_table
+        if lib.tunix_gemma_layers(x.data_ptr(), b, d, n, table.data_ptr(), widths.data_ptr(), keys, values, total,
+                                  st.cur, lo, st.mask.data_ptr(), cos, sin, self.n_heads, self.n_kv, self.head_dim,
+                                  self.scaling, softcap, self.eps, threads, 1, int(self.weights == "int4")) != 0:
+            raise MemoryError("int8 kernel: out of memory in a decoder layer")
         st.cur += 1
         st.pos = st.pos + 1
         return self._rms(x, self.final_norm)
