@@ -515,7 +515,9 @@ def test_repeated_prompts_are_prefilled_once_and_draw_as_alone(tiny_dirs):
     rows = [p for p in prompts for _ in range(3)]
     keys = [(2, i, j) for i in range(3) for j in range(3)]
     seen = []
-    hook = model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw["input_ids"].shape), with_kwargs=True)
+    # the decoder (model.model): the lean step takes the prefill's last hidden state from it
+    hook = model.model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw["input_ids"].shape),
+                                                 with_kwargs=True)
     gen = TorchGenerator(model, tok)
     cfg = DecodeConfig(max_new_tokens=10, batch_size=len(rows), temperature=1.0, seed=3)
     together = [g.ids for g in gen.generate(rows, cfg, keys=keys)]

@@ -290,10 +290,15 @@ class LeanGemma:
         The same ids as `step(...)` then argmax / `sample_full`, through the int8-screened
         head where it applies (tunix_rt.eval.screened_head: a proven bound, then exact fp32
         logits)."""
+        return self.pick_next(self._hidden(tokens, st), cfg, noise)
+
+    def pick_next(self, x: "torch.Tensor", cfg, noise) -> "torch.Tensor":
+        """The next token of each row from its last hidden state x [B, D] (after the final
+        norm): step_pick's head and pick, which the prefill's last position takes too
+        (TorchGenerator: the int8 screen or the quantised head instead of a full fp32 head)."""
         from tunix_rt.eval.int8_kernel import argmax
         from tunix_rt.eval.sampling import sample_full
 
-        x = self._hidden(tokens, st)
         screen = self.screen()
         if screen is not None and self.f32_kernel:
             screen = screen.kernel_view()  # its rescoring on the kernel's logits, as the projections
