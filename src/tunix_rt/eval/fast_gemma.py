@@ -12,7 +12,8 @@ q/k norms, RoPE (its cos/sin come from the model's own rotary module, tabulated 
 attention (scores * scaling, softcap on Gemma 2, additive mask with the dtype's minimum,
 softmax in fp32, then @ V), the MLP, the final norm, the tied head and Gemma 2's final
 softcap. Sliding-window layers see the last `sliding_window` cache entries, as
-transformers' sliding cache does. Prefill stays with the transformers model (one call);
+transformers' sliding cache does. Prefill stays with the transformers model's decoder (one call;
+the first token comes from its last hidden state through this step's head, `pick_next`);
 its cache is copied once into a preallocated [B, kv_heads, T, head_dim] buffer per layer
 that each step writes in place.
 
