@@ -24,10 +24,14 @@ its read-only rate (`*_read_frac`: a decode step only reads its weights, so this
 bound) and its copy rate (`*_bw_frac`, reads and writes counted, kept for the earlier rows).
 Last line: RESULT int8_speed_ratio=<int8/fp32 tokens/s> int8_tok_s=… fp32_tok_s=…
 int8_bw_frac=… fp32_bw_frac=… int8_read_frac=… fp32_read_frac=… int8_decode_tok_s=…
-int8_decode_read_frac=… fp32_decode_read_frac=… same_ids=<share> (int4_… with `--weights int4`;
+int8_decode_read_frac=… fp32_decode_read_frac=… int8_decode_paired_frac=… fp32_decode_paired_frac=…
+same_ids=<share> (int4_… with `--weights int4`;
 its bytes a step count the codes and the fp16 scales and mins). The `decode` figures leave the
 prefill out (the prompt's forward pass, compute-bound, ~0.1 s of a 128-token single stream
-here): tokens after each row's first over the time after it, what bounds decoding itself.
+here): tokens after each row's first over the time after it, what bounds decoding itself. The
+`paired` share divides each run's decode rate by the read-only rate measured right before that
+run (roofline.read_rate), not once at the start: on a shared VM the rate measured here moved
+between 27 and 37 GB/s within an hour, and a share against one low measurement overstates.
 
 `--mode llama` puts llama.cpp (llama-cpp-python, `pip install llama-cpp-python==0.3.36`:
 it builds from source, ~15 min on 2 cores; not a test dependency. On a CPU with AMX its native
@@ -312,7 +316,7 @@ def step_bytes(lean) -> dict[str, float]:
 
 def weights_bench(args) -> None:
     """ours on int8 or int4 weights vs ours in fp32: tokens/s, share of the bandwidth bound, agreement."""
-    from roofline import bounds, fraction
+    from roofline import bounds, fraction, read_rate
 
     from tunix_rt.eval.int8_weights import use_weights
 
@@ -333,10 +337,12 @@ def weights_bench(args) -> None:
     times: dict[str, list] = {"fp32": [], fmt: []}
     cpu: dict[str, list] = {"fp32": [], fmt: []}
     dec: dict[str, list] = {"fp32": [], fmt: []}  # (seconds, tokens) after the prefill's picks
+    rates: dict[str, list] = {"fp32": [], fmt: []}  # the read-only rate measured right before each run
     got: dict[str, list] = {}
     clock = DecodeClock()
     for r in range(args.rounds):
         for who in (("fp32", fmt) if r % 2 == 0 else (fmt, "fp32")):
+            rates[who].append(read_rate(0.3) * 1e9)
             c0 = time.process_time()
             got[who], dt, ds, dn = clock.decode(lambda g={"fp32": fp32, fmt: quant}[who]: ours_generate(g, prompts, cfg, clock))
             times[who].append(dt)
@@ -356,22 +362,29 @@ def weights_bench(args) -> None:
     frac = {k: v / bw for k, v in moved.items()}
     rfrac = {k: v / rd for k, v in moved.items()}
     dfrac = {k: dtps[k] / args.batch * step_bytes(g.lean)["weights"] / rd for k, g in (("fp32", fp32), (fmt, quant))}
+    # each run's decode rate over the read rate measured right before it (a shared machine's
+    # bandwidth moves between the start and a run), the median over rounds
+    pfrac = {k: statistics.median(n / s / args.batch * step_bytes(g.lean)["weights"] / r
+                                  for (s, n), r in zip(dec[k], rates[k]) if s > 0)
+             for k, g in (("fp32", fp32), (fmt, quant))}
     print()
     print(f"{'weights':<10}{'median s':>10}{'tokens/s':>10}{'GB/step':>9}{'read-bound tok/s':>18}{'of read':>9}"
-          f"{'of copy':>9}{'decode tok/s':>14}{'of read':>9}")
+          f"{'of copy':>9}{'decode tok/s':>14}{'of read':>9}{'paired':>8}")
     for k, g in (("fp32", fp32), (fmt, quant)):
         gb = step_bytes(g.lean)["weights"]
         print(f"{k:<10}{statistics.median(times[k]):>10.2f}{tps[k]:>10.1f}{gb / 1e9:>9.3f}"
               f"{rd / gb * args.batch:>18.1f}{fraction(rfrac[k], 1.0):>9}{fraction(frac[k], 1.0):>9}"
-              f"{dtps[k]:>14.1f}{fraction(dfrac[k], 1.0):>9}")
+              f"{dtps[k]:>14.1f}{fraction(dfrac[k], 1.0):>9}{fraction(pfrac[k], 1.0):>8}")
     print("decode: the steps after the prefill's first token (its ~70-token prompt's forward pass left out), "
-          "median over rounds")
+          "median over rounds; paired: each run's decode over the read rate measured right before it "
+          f"({', '.join(f'{r / 1e9:.1f}' for k in ('fp32', fmt) for r in rates[k])} GB/s), median over rounds")
     print(f"read-only bandwidth {rd / 1e9:.2f} GB/s, copy {bw / 1e9:.2f} GB/s (roofline, measured now); ids agree at "
           f"{same:.1%} of positions; rows agree for their first {prefix} tokens")
     print(f"RESULT {fmt}_speed_ratio={tps[fmt] / tps['fp32']:.2f} {fmt}_tok_s={tps[fmt]:.1f} "
           f"fp32_tok_s={tps['fp32']:.1f} {fmt}_bw_frac={frac[fmt]:.2f} fp32_bw_frac={frac['fp32']:.2f} "
           f"{fmt}_read_frac={rfrac[fmt]:.2f} fp32_read_frac={rfrac['fp32']:.2f} {fmt}_decode_tok_s={dtps[fmt]:.1f} "
-          f"{fmt}_decode_read_frac={dfrac[fmt]:.2f} fp32_decode_read_frac={dfrac['fp32']:.2f} same_ids={same:.2f}")
+          f"{fmt}_decode_read_frac={dfrac[fmt]:.2f} fp32_decode_read_frac={dfrac['fp32']:.2f} "
+          f"{fmt}_decode_paired_frac={pfrac[fmt]:.2f} fp32_decode_paired_frac={pfrac['fp32']:.2f} same_ids={same:.2f}")
 
 
 class LlamaCppGreedy:

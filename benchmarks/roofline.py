@@ -19,7 +19,11 @@ Measured, with torch threads = the cores:
   step is under, which reads its weights and writes next to nothing. The copy rate is not a
   bound on reading: on a 2-core AMD EPYC (AVX512-VNNI, a shared machine) the copy moved
   28.6-29.2 GB/s (reads and writes counted), the sum 20.7 GB/s in one run and 28.5 in another,
-  a hand-written C read loop 16-24 GB/s.
+  a hand-written C read loop 16-24 GB/s. The read rate is the faster of torch's sum and a C
+  loop of ours (`c_read`: four AVX-512 accumulators a thread, each thread's stream prefetched
+  16 KB ahead into L2, as the decode kernels read): on a 2-core Intel Xeon (AMX, 2026-12-07)
+  torch's sum read 23.7 GB/s where that loop read 28.6 (26.8 without its prefetch), and an int4
+  decode step had moved 28.7: a share of the sum's rate alone overstated decoding's.
 
 A decode projection's weights (at most 5 MB) stay in cache when one shape is timed in a loop,
 so its figure is an in-cache one; a real decode step streams every layer's weights, which is
@@ -106,16 +110,88 @@ def int8_mm(m: int, k: int, n: int, budget_s: float) -> tuple[float, float]:
     return ops / best / 1e9, ops / med / 1e9
 
 
+C_READ = r"""
+#include <immintrin.h>
+int tunix_read_supported(void) { __builtin_cpu_init(); return __builtin_cpu_supports("avx512f"); }
+__attribute__((target("avx512f"))) float tunix_read(const float *x, long n, int threads) {
+    float total = 0.0f;
+    #pragma omp parallel for num_threads(threads) reduction(+:total) schedule(static)
+    for (long c = 0; c < n / 4096; c++) {
+        const float *p = x + c * 4096;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (long i = 0; i < 4096; i += 64) {
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(p + i + 4096 + 16 * j), _MM_HINT_T1);
+            a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+            a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+            a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+            a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+        }
+        total += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+    }
+    return total;
+}
+"""
+"""A read-only stream as our decode kernels read: 4 KB pieces shared by the threads, four AVX-512
+accumulators, 16 KB prefetched ahead into L2 (sums what it reads so nothing is optimised away)."""
+
+
+def c_read():
+    """`fn(tensor)` reading a contiguous fp32 tensor with C_READ on the cores, or None where it
+    does not run (no C compiler, no AVX-512)."""
+    import ctypes
+
+    import subprocess
+
+    from tunix_rt.eval.int8_kernel import FLAGS, compiled
+
+    try:
+        lib = compiled("roofline_read", C_READ, [os.environ.get("CC", "cc"), *FLAGS])
+    except (OSError, subprocess.SubprocessError):  # no compiler here: torch's sum alone
+        return None
+    if not lib.tunix_read_supported():
+        return None
+    lib.tunix_read.restype = ctypes.c_float
+    lib.tunix_read.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int]
+    return lambda t: lib.tunix_read(t.data_ptr(), t.numel() // 4096 * 4096, os.cpu_count() or 1)
+
+
+def read_best(a: torch.Tensor, budget_s: float) -> tuple[float, float]:
+    """(best, median) seconds of reading `a` (fp32, a multiple of 4096 elements) by the faster of
+    torch's sum and C_READ."""
+    rb, rm = timed(lambda: a.sum(), budget_s)
+    fn = c_read()
+    if fn is not None:
+        cb, cm = timed(lambda: fn(a), budget_s)
+        if cb < rb:
+            return cb, cm
+    return rb, rm
+
+
 def stream(budget_s: float) -> dict[str, tuple[float, float]]:
-    """(best, median) GB/s of copy (b = a), triad (a = b + 3·c) and read (the sum of a: reads
-    only, what a decode step's weight stream does) over STREAM_BYTES arrays."""
+    """(best, median) GB/s of copy (b = a), triad (a = b + 3·c) and read (reads only, what a
+    decode step's weight stream does: the faster of torch's sum of a and C_READ) over
+    STREAM_BYTES arrays."""
     n = STREAM_BYTES // 4
     a, b, c = torch.ones(n), torch.full((n,), 2.0), torch.full((n,), 0.5)
     cb, cm = timed(lambda: b.copy_(a), budget_s)
     tb, tm = timed(lambda: torch.add(b, c, alpha=3.0, out=a), budget_s)
-    rb, rm = timed(lambda: a.sum(), budget_s)
+    rb, rm = read_best(a, budget_s)
     return {"copy": (8 * n / cb / 1e9, 8 * n / cm / 1e9), "triad": (12 * n / tb / 1e9, 12 * n / tm / 1e9),
             "read": (4 * n / rb / 1e9, 4 * n / rm / 1e9)}
+
+
+def read_rate(budget_s: float = 0.3) -> float:
+    """The read-only rate (GB/s, best of `stream`'s sum of a STREAM_BYTES array) now, with torch
+    threads = the cores: measured again right before each measured run where a shared machine's
+    bandwidth moves during a benchmark (bench_generate --weights pairs each run with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        n = STREAM_BYTES // 4
+        best, _ = read_best(torch.ones(n), budget_s)
+        return 4 * n / best / 1e9
+    finally:
+        torch.set_num_threads(threads)
 
 
 def bounds(budget_s: float = 1.5) -> dict[str, float]:
