@@ -314,11 +314,11 @@ class TorchGenerator:
         # screen (fp32: the same ids as full logits) or its quantised head, not a full fp32 head
         # (Gemma 3 270M's reads 671 MB a row, ~20 ms of a ~110 ms single-stream prefill)
         last = self.last_logits if self.lean is None else self.last_hidden
-        logits = last(ids, mask, pos, cache)
+        head_in = last(ids, mask, pos, cache)  # [P, vocab] logits, or the lean step's [P, D] hidden states
         if len(first) < len(prompts):
             rows = torch.tensor(src, device=dev)
             cache.batch_select_indices(rows)
-            logits, mask, pos = logits[rows], mask[rows], pos[rows]
+            head_in, mask, pos = head_in[rows], mask[rows], pos[rows]
         next_pos = pos[:, -1] + 1
         state = self.lean.start(cache, mask, next_pos, cfg.max_new_tokens) if self.lean else None
         if state is not None:
@@ -326,13 +326,13 @@ class TorchGenerator:
         alive = list(range(len(prompts)))  # original row of each batch row
         outs: list[list[int]] = [[] for _ in prompts]
         stop = torch.tensor(self.stop_ids, device=dev)
-        vocab = logits.shape[-1] if self.lean is None else self.lean.head.shape[0]
+        vocab = head_in.shape[-1] if self.lean is None else self.lean.head.shape[0]
 
         def noise(step: int):  # the rows alive now, each from its own (seed, key, step), on dev;
             # drawn where a path looks (the screened head draws few or none of the full rows)
             return None if cfg.greedy else Noise([row_seed(cfg.seed, keys[r], step) for r in alive], vocab, dev)
 
-        nxt = pick(logits, cfg, noise(0)) if self.lean is None else self.lean.pick_next(logits, cfg, noise(0))
+        nxt = pick(head_in, cfg, noise(0)) if self.lean is None else self.lean.pick_next(head_in, cfg, noise(0))
         for step in range(cfg.max_new_tokens):
             if tools is not None:  # forced ids replace picks; the rows are fed what they emit
                 nxt = torch.tensor([tools[r].take(t) for r, t in zip(alive, nxt.tolist())], device=dev)
