@@ -26,7 +26,7 @@ def test_step_bytes_count_each_quantised_matrix_once_with_its_scales(home, weigh
     from tunix_rt.models.store import ensure_model, load_tokenizer
 
     model_dir = ensure_model("tiny-gemma3", home)
-    if weights == "int4" and int8_kernel.library() is None:  # refused where its kernel does not run
+    if weights == "int4" and int8_kernel.decode_library() is None:  # refused where its kernel does not run
         with pytest.raises(BadInput, match="needs the int4 kernel"):
             use_weights(TorchGenerator(load_model(model_dir, None, "cpu"), load_tokenizer(str(model_dir), home), "cpu"),
                         weights)

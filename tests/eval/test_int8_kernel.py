@@ -20,11 +20,18 @@ torch = require_module("torch")
 
 import numpy as np  # noqa: E402
 
-from cpu_testlib import cpu_flags, on_one_and_two_threads  # noqa: E402
+from cpu_testlib import cpu_flags, decode_isas, on_one_and_two_threads, using_isa  # noqa: E402
 from tunix_rt.eval import int8_kernel  # noqa: E402
 from tunix_rt.eval.int8_weights import QuantLinear, int4_reference, quantize, quantize4, quantize_activations  # noqa: E402
 
 
+
+
+@pytest.fixture(params=decode_isas())
+def isa(request):
+    """Each decode-kernel test once per instruction set this CPU runs ("none": the fallbacks)."""
+    with using_isa(request.param):
+        yield request.param
 
 
 def exact(lhs, w):
@@ -50,6 +57,64 @@ def test_the_kernel_is_built_where_the_cpu_runs_it():
         assert int8_kernel.applies(torch.zeros(2, 64, dtype=torch.int8), torch.zeros(16, 64, dtype=torch.int8))
     else:
         assert lib is None and int8_kernel.WHY
+
+
+ISA_CHILD = textwrap.dedent("""
+    import json
+    from tunix_rt.eval import int8_kernel as K
+    try:
+        print(json.dumps({"isa": K.decode_isa()}))
+    except ValueError as e:
+        print(json.dumps({"error": str(e)}))
+""")
+
+
+def test_the_decode_kernels_run_on_the_best_instruction_set_the_cpu_has(tmp_path):
+    """AVX-512 VNNI where the CPU lists it, else AVX2 with FMA and F16C (AMD's Zen 1-3, Intel's
+    client cores), else none; TUNIX_RT_KERNEL_ISA=avx2 picks the AVX2 kernels at load, a set the
+    CPU lacks is never taken, and a name that is none of them is refused."""
+    best = decode_isas()[0]
+    assert int8_kernel.decode_isa() == best, int8_kernel.WHY
+    assert (int8_kernel.decode_library() is not None) == (best != "none")
+    if best != "none":
+        assert int8_kernel.set_isa("avx512") == best  # no more than the CPU has
+        assert int8_kernel.set_isa("none") == "none" and int8_kernel.decode_library() is None
+        assert not int8_kernel.qlinear_applies(torch.zeros(1, 64), torch.zeros(16, 64, dtype=torch.int8))
+        assert int8_kernel.set_isa(best) == best
+    with pytest.raises(ValueError, match="isa must be one of"):
+        int8_kernel.set_isa("sse2")
+
+    def run(value: str) -> dict:
+        env = {**os.environ, "TUNIX_RT_KERNEL_DIR": str(tmp_path / "kernels"), "TUNIX_RT_KERNEL_ISA": value}
+        r = subprocess.run([sys.executable, "-c", ISA_CHILD], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    assert run("avx2") == {"isa": "avx2" if "avx2" in decode_isas() else "none"}
+    assert "TUNIX_RT_KERNEL_ISA must be one of none|avx2|avx512" in run("avx3")["error"]
+
+
+def test_qlinear_takes_the_whole_int8_range(isa):
+    """Weights of -128 (whose magnitude, 128, is what the AVX2 kernels multiply as an unsigned
+    byte) and of 127 against activations at both levels' extremes: the exact sums, row-major and
+    on panels."""
+    g = torch.Generator().manual_seed(12)
+    w = torch.randint(-128, 128, (48, 640), dtype=torch.int8, generator=g)
+    w[0] = -128
+    w[1] = 127
+    w[2, ::2], w[2, 1::2] = -128, 127
+    ql = QuantLinear(w, torch.rand(48, generator=g) + 0.5)
+    x = torch.randn(4, 640, generator=g)
+    x[1] = torch.where(torch.arange(640) % 2 == 0, -1.0, 1.0) * 7.0  # every q1 at -127 or 127
+    x[2] = -x[1]
+    x[2, :320] += 7.0 / 254  # q2 near its own extremes
+    x[3, 0] = -1e4  # one large value: the rest of the row falls to the second level
+    if isa == "none":
+        assert not int8_kernel.qlinear_applies(x, w)
+        return
+    want = torch_path(x, ql)
+    assert torch.equal(int8_kernel.qlinear(x, w, ql.sums, ql.scale), want)
+    assert torch.equal(int8_kernel.qlinear(x, int8_kernel.pack_rows(w), ql.sums, ql.scale, packed=True), want)
 
 
 @pytest.mark.parametrize("k", [64, 640, 2048])
@@ -106,7 +171,7 @@ def test_int_mm_takes_views_and_other_widths_through_torch():
             raise ValueError("wsum must be int32 (no kernel here: the check is the kernel path's)")
 
 
-def test_qlinear_gives_the_bits_of_the_torch_path():
+def test_qlinear_gives_the_bits_of_the_torch_path(isa):
     """20,000 activation rows of many scales: `127 / s` formed as torch forms it (a reciprocal,
     then a product) matters in a few of them, and a fused multiply-add would change more."""
     g = torch.Generator().manual_seed(11)
@@ -114,8 +179,8 @@ def test_qlinear_gives_the_bits_of_the_torch_path():
     x = torch.randn(20000, 640, generator=g) * torch.rand(20000, 1, generator=g) * 10
     x[0] = 0  # the scale's floor
     x[1, :7] = 1e-30  # tiny values
-    if not int8_kernel.qlinear_applies(x, ql.q):
-        assert int8_kernel.library() is None
+    if isa == "none":
+        assert not int8_kernel.qlinear_applies(x, ql.q)
         return
     got = int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
     assert torch.equal(got, torch_path(x, ql))
@@ -131,7 +196,7 @@ def test_qlinear_gives_the_bits_of_the_torch_path():
 
 
 @pytest.mark.parametrize("n, k", [(272, 640), (37, 128), (16, 64), (5, 64), (1552, 2048)])
-def test_qlinear_on_panels_gives_the_row_major_bits(n, k):
+def test_qlinear_on_panels_gives_the_row_major_bits(n, k, isa):
     """`pack_rows` reorders the bytes of each whole block of 16 rows into panels (the tail rows
     stay row-major); `qlinear(..., packed=True)` on them gives exactly the row-major call's
     numbers (the same int32 sums), at 1 to 9 activation rows (the prefetch distance passes the
@@ -150,8 +215,8 @@ def test_qlinear_on_panels_gives_the_row_major_bits(n, k):
     assert torch.equal(packed.rows(), ql.q) and torch.equal(packed.dequantize(), ql.dequantize())
     for m in (1, 2, 8, 9):
         x = torch.randn(m, k, generator=g) * 3
-        if not int8_kernel.qlinear_applies(x, ql.q):
-            assert int8_kernel.library() is None
+        if isa == "none":
+            assert not int8_kernel.qlinear_applies(x, ql.q)
             return
         want = int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
         assert torch.equal(int8_kernel.qlinear(x, panels, ql.sums, ql.scale, packed=True), want)
@@ -162,7 +227,7 @@ def test_qlinear_on_panels_gives_the_row_major_bits(n, k):
         QuantLinear(panels, ql.scale, packed=True)
 
 
-def test_one_and_two_threads_give_the_same_numbers():
+def test_one_and_two_threads_give_the_same_numbers(isa):
     g = torch.Generator().manual_seed(5)
     w = torch.randint(-127, 128, (8192, 640), dtype=torch.int8, generator=g)
     lhs = torch.randint(-127, 128, (4, 640), dtype=torch.int8, generator=g)
@@ -192,7 +257,7 @@ def test_pack4_keeps_every_code_and_unpack4_undoes_it():
 
 @pytest.mark.parametrize("m", [1, 3, 4, 5, 9])
 @pytest.mark.parametrize("n,k", [(48, 96), (256, 640)])
-def test_q4linear_gives_the_bits_of_its_torch_twin(m, n, k):
+def test_q4linear_gives_the_bits_of_its_torch_twin(m, n, k, isa):
     """The kernel's int4 product equals int8_weights.int4_reference (the same integer sums and
     the same fp32 operations in the same order) to the bit, at the decode step's row counts
     (one, a group of four and its remainders), with negative, zero and tiny activation rows."""
@@ -203,7 +268,7 @@ def test_q4linear_gives_the_bits_of_its_torch_twin(m, n, k):
     if m > 2:
         x[1] = 0.0
         x[2] *= 1e-30
-    if int8_kernel.library() is None:  # no kernel here: the twin alone, against fp64 on the same levels
+    if isa == "none":  # no kernel here: the twin alone, against fp64 on the same levels
         assert not int8_kernel.q4linear_applies(x, n, k)
         lhs, step = quantize_activations(x)
         xh = (lhs[:m].double() * 127 + lhs[m:].double()) * step.double()
@@ -214,11 +279,11 @@ def test_q4linear_gives_the_bits_of_its_torch_twin(m, n, k):
     assert torch.equal(int4_reference(x, q4, rows=16), int4_reference(x, q4))  # its row chunks change nothing
 
 
-def test_q4linear_rows_depend_on_neither_the_batch_nor_the_threads():
+def test_q4linear_rows_depend_on_neither_the_batch_nor_the_threads(isa):
     g = torch.Generator().manual_seed(8)
     q4 = quantize4(torch.randn(8192, 640, generator=g) * 0.05)
     x = torch.randn(6, 640, generator=g)
-    if int8_kernel.library() is None:  # nothing of the kernel's to compare here
+    if isa == "none":  # nothing of the kernel's to compare here
         assert not int8_kernel.q4linear_applies(x, 8192, 640)
         return
     outs = on_one_and_two_threads(lambda: int8_kernel.q4linear(x, q4.q, q4.sm, 8192))
@@ -226,10 +291,10 @@ def test_q4linear_rows_depend_on_neither_the_batch_nor_the_threads():
     assert torch.equal(int8_kernel.q4linear(x[4:5].contiguous(), q4.q, q4.sm, 8192), outs[0][4:5])
 
 
-def test_q4linear_takes_only_its_own_layout():
+def test_q4linear_takes_only_its_own_layout(isa):
     q4 = quantize4(torch.randn(32, 64))
     x = torch.randn(2, 64)
-    if int8_kernel.library() is None:
+    if isa == "none":
         assert not int8_kernel.q4linear_applies(x, 32, 64)
         return
     assert int8_kernel.q4linear_applies(x, 32, 64) and not int8_kernel.q4linear_applies(x.double(), 32, 64)
@@ -521,12 +586,12 @@ def test_the_noise_screen_on_the_screens_integers_is_the_same_on_one_and_two_thr
     assert torch.equal(on_one_and_two_threads(lambda: screen(p1.numel())[0])[1], p1)
 
 
-def test_the_levels_round_halves_to_even_as_torch_does():
+def test_the_levels_round_halves_to_even_as_torch_does(isa):
     """The activations' two int8 levels (vectorised in the kernel) at the values where a rounding
     mode shows: x / s exactly half-way between integers (s = 1: a row whose largest |x| is 127),
     and residuals half-way too; both products keep the torch path's bits on them, with a row of
     width 16·k + 0 and tails of the scalar path (K not a multiple of 16 never reaches the kernel)."""
-    if int8_kernel.library() is None:  # nothing of the kernel's to compare here
+    if isa == "none":  # nothing of the kernel's to compare here
         assert not int8_kernel.q4linear_applies(torch.zeros(1, 64), 16, 64)
         return
     k = 640
@@ -542,7 +607,7 @@ def test_the_levels_round_halves_to_even_as_torch_does():
     assert torch.equal(int8_kernel.q4linear(x, q4.q, q4.sm, 64), int4_reference(x, q4))
 
 
-def test_argmax_gives_torchs_indices():
+def test_argmax_gives_torchs_indices(isa):
     """The kernel's greedy pick equals torch.argmax's on a CPU: ties go to the first index, a NaN
     wins (the first NaN), -0.0 and +0.0 are equal, a row of -inf picks 0, rows of any width (the
     16-lane tail) and rows of a wider tensor (a stride); other tensors take torch's own."""

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 import torch
 
+from cpu_testlib import decode_isas, using_isa
 from tunix_rt.errors import BadInput
 from tunix_rt.eval import int8_kernel
 from tunix_rt.eval.fast_gemma import LeanGemma
@@ -21,6 +22,13 @@ from tunix_rt.render import prompt_ids
 
 QUESTIONS = ["What is 2 plus 3?", "Name a prime number bigger than ten.", "Count to five."]
 KERNELS = ["int_mm", "dequant"]
+
+
+@pytest.fixture(params=decode_isas())
+def isa(request):
+    """The test once per instruction set of the decode kernels this CPU runs ("none": no kernel)."""
+    with using_isa(request.param):
+        yield request.param
 
 
 def test_round_trip_error_is_at_most_half_a_step_per_element():
@@ -77,7 +85,7 @@ def test_int4_is_refused_without_its_kernel_or_off_the_cpu_before_a_weight_chang
     assert "CPU only, not cuda" in int4_problem("cuda")
     model = load_model(tiny_dirs["tiny-gemma3"], None, "cpu")
     before = [p.detach().clone() for p in model.parameters()]
-    monkeypatch.setattr(int8_kernel, "library", lambda: None)
+    monkeypatch.setattr(int8_kernel, "decode_library", lambda: None)
     with pytest.raises(BadInput, match=r"weights int4 needs the int4 kernel .*; weights int8 runs everywhere"):
         Int8Gemma.for_model(model, weights="int4")
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -178,7 +186,7 @@ def test_int8_step_computes_the_dequantised_model(tiny_dirs, weights):
     tok = ChatTokenizer.from_file(d)
     ref = load_model(d, None, "cpu")
     model = load_model(d, None, "cpu")
-    if weights == "int4" and int8_kernel.library() is None:  # refused where its kernel does not run
+    if weights == "int4" and int8_kernel.decode_library() is None:  # refused where its kernel does not run
         with pytest.raises(BadInput, match="needs the int4 kernel"):
             Int8Gemma.for_model(model, None, weights)
         return
@@ -237,7 +245,7 @@ def test_eval_records_the_weights_and_refuses_what_does_not_apply(cli, home, tin
     assert json.loads(r.out)["decoding"]["weights"] == "int8"
     r = cli("eval", "--model", tiny_dirs["tiny-gemma3"], "--dataset", data, "--max-new-tokens", "4",
             "--device", "cpu", "--weights", "int4", "--json")
-    if int8_kernel.library() is None:  # refused, with the reason and int8 named
+    if int8_kernel.decode_library() is None:  # refused, with the reason and int8 named
         assert r.code == 2 and "needs the int4 kernel" in r.err and "int8 runs everywhere" in r.err
     else:
         assert r.code == 0, r.err
@@ -286,7 +294,7 @@ def test_serving_loads_int8_and_int4_weights_and_chat_refuses_an_unknown_format(
         assert isinstance(served.scheduler.gen.lean, Int8Gemma)
     finally:
         served.scheduler.close()
-    if int8_kernel.library() is not None:
+    if int8_kernel.decode_library() is not None:
         served = load("tiny-gemma3", home, ServeConfig(device="cpu", max_batch=1, weights="int4"))
         try:
             assert isinstance(served.scheduler.gen.lean, Int8Gemma) and served.scheduler.gen.lean.weights == "int4"
@@ -299,18 +307,19 @@ def test_serving_loads_int8_and_int4_weights_and_chat_refuses_an_unknown_format(
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_fused_layers_equal_the_torch_ops_to_rounding(tiny, weights):
+def test_fused_layers_equal_the_torch_ops_to_rounding(tiny, weights, isa):
     """The kernel library's whole-layer call (`Int8Gemma.fused`) against LeanGemma's torch ops
     on the same int8 projections: teacher-forced for 24 steps (past the window of 16; Gemma 2's
     attention softcap and two KV heads; left padding), with two rows leaving the batch half way
     (DecodeState.select). Logits within 1e-3 of the step's range (the two-level activation
     rounding may fall the other way after a last-bit difference in a norm), the greedy pick
-    the same on at least 95% of the steps. Where the library does not load, `fused` is off."""
+    the same on at least 95% of the steps; on each instruction set's kernels. Where the library
+    does not load, `fused` is off."""
     from transformers import DynamicCache
 
     d, tok = tiny
     model = load_model(d, None, "cpu")
-    if int8_kernel.library() is None:
+    if int8_kernel.decode_library() is None:
         if weights == "int8":
             assert not Int8Gemma.for_model(model, weights=weights).fused
         return
@@ -421,7 +430,7 @@ def test_quantised_weights_move_to_one_mapping_advised_for_huge_pages(tiny_dirs,
     for mode in ("off", "on"):
         monkeypatch.setenv("TUNIX_RT_HUGE_PAGES", mode)
         model = load_model(d, None, "cpu")
-        if int8_kernel.library() is None:  # int4 is refused there: int8 moves the same way
+        if int8_kernel.decode_library() is None:  # int4 is refused there: int8 moves the same way
             gens[mode] = use_weights(TorchGenerator(model, tok, "cpu"), "int8")
         else:
             gens[mode] = use_weights(TorchGenerator(model, tok, "cpu"), "int4")

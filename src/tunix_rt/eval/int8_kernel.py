@@ -379,8 +379,8 @@ static KERNEL void quant_levels(const float *x, long M, long K, int8_t *a, float
     }
 }
 
-KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
-                         float *y, long M, long N, long K, int threads, int packed) {
+static KERNEL int qlinear_512(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
+                              float *y, long M, long N, long K, int threads, int packed) {
     int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
     float *step = malloc(sizeof(float) * (size_t)(M + 1));
     if (!a || !step) { free(a); free(step); return -1; }
@@ -436,8 +436,8 @@ KERNEL int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, c
 #define Q4PF 16384
 #endif
 
-KERNEL int tunix_q4linear(const float *x, const uint8_t *w, const uint16_t *sm, float *y,
-                          long M, long N, long K, int threads) {
+static KERNEL int q4linear_512(const float *x, const uint8_t *w, const uint16_t *sm, float *y,
+                               long M, long N, long K, int threads) {
     if (N % 16 || K % 32) return -2;
     long G = K / 32, blocks = N / 16, total = blocks * 8 * K;
     int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
@@ -796,7 +796,7 @@ int tunix_f32_rows(const float *x, const float *w, const int64_t *ids, long n, c
 
 /* a . b in fp32, 16 lanes at a time (a plain float loop would not vectorise: its sum order
    is fixed without -ffast-math) */
-static inline KERNEL float dotf(const float *a, const float *b, long n) {
+static inline KERNEL float dotf_512(const float *a, const float *b, long n) {
     __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
     long i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -808,11 +808,6 @@ static inline KERNEL float dotf(const float *a, const float *b, long n) {
     float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
-}
-
-static KERNEL void rms(const float *x, const float *w, float *out, long n, float eps) {
-    float r = 1.0f / sqrtf(dotf(x, x, n) / (float)n + eps);
-    for (long i = 0; i < n; i++) out[i] = (x[i] * r) * w[i];
 }
 
 /* e^x, 16 lanes (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, 2^k by
@@ -835,7 +830,7 @@ static inline KERNEL __m512 exp16(__m512 x) {
 
 /* out[i] = gelu_tanh(g[i]) * u[i]; gelu_tanh(x) = 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
    = x / (1 + e^(-2 c (x + 0.044715 x^3))), c = sqrt(2 / pi) */
-static KERNEL void gelu_mul(const float *g, const float *u, float *out, long n) {
+static KERNEL void gelu_mul_512(const float *g, const float *u, float *out, long n) {
     long i = 0;
     const __m512 c2 = _mm512_set1_ps(-2.0f * 0.7978845608028654f), a = _mm512_set1_ps(0.044715f);
     const __m512 one = _mm512_set1_ps(1.0f);
@@ -851,130 +846,7 @@ static KERNEL void gelu_mul(const float *g, const float *u, float *out, long n) 
     }
 }
 
-static KERNEL void rope(float *v, const float *cos, const float *sin, long hd, float *tmp) {
-    long half = hd / 2;
-    for (long i = 0; i < hd; i++) tmp[i] = v[i];
-    for (long i = 0; i < hd; i++) {
-        float rot = i < half ? -tmp[i + half] : tmp[i - half];
-        v[i] = tmp[i] * cos[i] + rot * sin[i];
-    }
-}
-
-/* One projection of a layer: fmt 0, int8 (w, its row sums, its scales: tunix_qlinear); fmt 1,
-   int4 (w the pack4 codes, s the pack_scales4 fp16 scales and mins, c unused: tunix_q4linear). */
-static KERNEL int proj(int fmt, const float *x, const void *w, const void *s, const float *c, float *y,
-                       long M, long N, long K, int threads, int packed) {
-    if (fmt == 1) return tunix_q4linear(x, (const uint8_t *)w, (const uint16_t *)s, y, M, N, K, threads);
-    return tunix_qlinear(x, (const int8_t *)w, (const int32_t *)s, c, y, M, N, K, threads, packed);
-}
-
-KERNEL int tunix_gemma_layer(
-        float *x, long B, long D,
-        const float *in_norm, const float *post_attn_norm, const float *pre_ff_norm, const float *post_ff_norm,
-        const float *q_norm, const float *k_norm,
-        const int8_t *wqkv, const int32_t *sqkv, const float *cqkv,
-        const int8_t *wo, const int32_t *so, const float *co,
-        const int8_t *wgu, const int32_t *sgu, const float *cgu,
-        const int8_t *wd, const int32_t *sd, const float *cd,
-        long H, long KV, long hd, long F,
-        float *kc, float *vc, long T, long cur, long lo, const float *mask,
-        const float *cos, const float *sin, float scaling, float softcap, float eps, int threads, int packed,
-        int fmt) {
-    long nqkv = (H + 2 * KV) * hd, rep = H / KV, span = cur + 1 - lo;
-    float *h = malloc(sizeof(float) * (size_t)(B * D));
-    float *qkv = malloc(sizeof(float) * (size_t)(B * nqkv));
-    float *attn = malloc(sizeof(float) * (size_t)(B * H * hd));
-    float *big = malloc(sizeof(float) * (size_t)(B * 2 * F));
-    float *m = malloc(sizeof(float) * (size_t)(B * F));
-    float *scores = malloc(sizeof(float) * (size_t)(B * H * (span > 0 ? span : 1)));
-    float *tmp = malloc(sizeof(float) * (size_t)(hd > D ? hd : D));
-    int rc = -1;
-    if (!h || !qkv || !attn || !big || !m || !scores || !tmp) goto done;
-    for (long b = 0; b < B; b++) rms(x + b * D, in_norm, h + b * D, D, eps);
-    if (proj(fmt, h, wqkv, sqkv, cqkv, qkv, B, nqkv, D, threads, packed)) goto done;
-    for (long b = 0; b < B; b++) {
-        float *q = qkv + b * nqkv, *k = q + H * hd, *v = k + KV * hd;
-        for (long j = 0; j < H; j++) {
-            if (q_norm) { rms(q + j * hd, q_norm, tmp, hd, eps); for (long i = 0; i < hd; i++) q[j * hd + i] = tmp[i]; }
-            rope(q + j * hd, cos + b * hd, sin + b * hd, hd, tmp);
-        }
-        for (long j = 0; j < KV; j++) {
-            if (k_norm) { rms(k + j * hd, k_norm, tmp, hd, eps); for (long i = 0; i < hd; i++) k[j * hd + i] = tmp[i]; }
-            rope(k + j * hd, cos + b * hd, sin + b * hd, hd, tmp);
-            float *kd = kc + ((b * KV + j) * T + cur) * hd, *vd = vc + ((b * KV + j) * T + cur) * hd;
-            for (long i = 0; i < hd; i++) { kd[i] = k[j * hd + i]; vd[i] = v[j * hd + i]; }
-        }
-    }
-    #pragma omp parallel for num_threads(threads) schedule(static) collapse(2) if (B * H * span * hd >= 65536)
-    for (long b = 0; b < B; b++)
-        for (long j = 0; j < H; j++) {
-            const float *q = qkv + b * nqkv + j * hd;
-            long g = j / rep;
-            const float *keys = kc + (b * KV + g) * T * hd, *vals = vc + (b * KV + g) * T * hd;
-            float *sc = scores + (b * H + j) * span, top = -INFINITY;
-            for (long t = 0; t < span; t++) {
-                const float *kt = keys + (lo + t) * hd;
-                float s = dotf(q, kt, hd) * scaling;
-                if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
-                s += mask[b * T + lo + t];
-                sc[t] = s;
-                top = s > top ? s : top;
-            }
-            double total = 0.0;
-            for (long t = 0; t < span; t++) { sc[t] = expf(sc[t] - top); total += sc[t]; }
-            float inv = (float)(1.0 / total);
-            float *out = attn + (b * H + j) * hd;
-            for (long i = 0; i < hd; i++) out[i] = 0.0f;
-            for (long t = 0; t < span; t++) {
-                float p = sc[t] * inv;
-                const float *vt = vals + (lo + t) * hd;
-                for (long i = 0; i < hd; i++) out[i] += p * vt[i];
-            }
-        }
-    if (proj(fmt, attn, wo, so, co, h, B, D, H * hd, threads, packed)) goto done;
-    for (long b = 0; b < B; b++) {
-        rms(h + b * D, post_attn_norm, tmp, D, eps);
-        for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
-        rms(x + b * D, pre_ff_norm, h + b * D, D, eps);
-    }
-    if (proj(fmt, h, wgu, sgu, cgu, big, B, 2 * F, D, threads, packed)) goto done;
-    for (long b = 0; b < B; b++) gelu_mul(big + b * 2 * F, big + b * 2 * F + F, m + b * F, F);
-    if (proj(fmt, m, wd, sd, cd, h, B, D, F, threads, packed)) goto done;
-    for (long b = 0; b < B; b++) {
-        rms(h + b * D, post_ff_norm, tmp, D, eps);
-        for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
-    }
-    rc = 0;
-done:
-    free(h); free(qkv); free(attn); free(big); free(m); free(scores); free(tmp);
-    return rc;
-}
-
-/* Every decoder layer of a decode step in one call (int8_weights.Int8Gemma): layer i is
-   tunix_gemma_layer with its 18 weight and norm pointers at p[18 i ..] (0 for none), its MLP width
-   F[i], its cache buffers kc[i] and vc[i], its window's first entry lo[i] and its RoPE table rows
-   cos[i] and sin[i]. One ctypes call instead of 18 of ~45 arguments each took ~0.1 ms off a
-   single-stream step of Gemma 3 270M (the empty calls alone cost ~7 us each). */
-KERNEL int tunix_gemma_layers(float *x, long B, long D, long L, const int64_t *p, const long *F,
-                              float *const *kc, float *const *vc, long T, long cur, const long *lo,
-                              const float *mask, const float *const *cos, const float *const *sin,
-                              long H, long KV, long hd, float scaling, float softcap, float eps, int threads,
-                              int packed, int fmt) {
-    for (long i = 0; i < L; i++) {
-        const int64_t *q = p + 18 * i;
-        int rc = tunix_gemma_layer(x, B, D, (const float *)q[0], (const float *)q[1], (const float *)q[2],
-                                   (const float *)q[3], (const float *)q[4], (const float *)q[5],
-                                   (const int8_t *)q[6], (const int32_t *)q[7], (const float *)q[8],
-                                   (const int8_t *)q[9], (const int32_t *)q[10], (const float *)q[11],
-                                   (const int8_t *)q[12], (const int32_t *)q[13], (const float *)q[14],
-                                   (const int8_t *)q[15], (const int32_t *)q[16], (const float *)q[17],
-                                   H, KV, hd, F[i], kc[i], vc[i], T, cur, lo[i], mask, cos[i], sin[i],
-                                   scaling, softcap, eps, threads, packed, fmt);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
+@AVX2_DECODE@
 /* The sampling noise's bits (tunix_rt.eval.sampling.gumbel): for row r and column i,
    splitmix64's finaliser of seed[r] + off[r * off_stride + i] (uint64 arithmetic, wrapping),
    its top 52 bits as the mantissa of a double in [1, 2). Integer operations only, so the same
@@ -1200,16 +1072,491 @@ static KERNEL long argmax_512(const float *x, long n) {
     return 0; /* only where n == 0 */
 }
 
+/* argmax_512 on AVX2 (8 lanes; a NaN anywhere: argmax_any) */
+static AVX2D long argmax_256(const float *x, long n) {
+    long n8 = n & ~7L;
+    __m256 top = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+    for (long i = 0; i < n8; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        top = _mm256_max_ps(top, v);
+    }
+    if (_mm256_movemask_ps(nan)) return argmax_any(x, n);
+    float lanes[8], m = -INFINITY;
+    _mm256_storeu_ps(lanes, top);
+    for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+    for (long i = n8; i < n; i++) {
+        if (x[i] != x[i]) return argmax_any(x, n);
+        m = x[i] > m ? x[i] : m;
+    }
+    __m256 mv = _mm256_set1_ps(m);
+    for (long i = 0; i < n8; i += 8) {
+        int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), mv, _CMP_EQ_OQ));
+        if (hit) return i + __builtin_ctz((unsigned)hit);
+    }
+    for (long i = n8; i < n; i++)
+        if (x[i] == m) return i;
+    return 0; /* only where n == 0 */
+}
+
 /* out[r] := argmax of row r (x + r * stride, n entries); the rows shared by the threads. */
 void tunix_argmax_rows(const float *x, long rows, long n, long stride, int64_t *out, int threads) {
-    __builtin_cpu_init();
-    int wide = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-        && __builtin_cpu_supports("avx512vnni");
+    int isa = tunix_decode_isa();
     #pragma omp parallel for num_threads(threads) schedule(static) if (rows > 1 && rows * n >= 65536)
     for (long r = 0; r < rows; r++)
-        out[r] = wide ? argmax_512(x + r * stride, n) : argmax_any(x + r * stride, n);
+        out[r] = isa == 2 ? argmax_512(x + r * stride, n) : isa == 1 ? argmax_256(x + r * stride, n)
+                                                            : argmax_any(x + r * stride, n);
 }
 """
+
+_AVX2_DECODE = r"""
+/* ---- The decode kernels on AVX2 (a CPU without AVX-512 VNNI: AMD's Zen 1-3, Intel's client
+   cores before AVX-512): qlinear, q4linear and the decoder layers, with the same bits as their
+   AVX-512 twins (and so as int8_weights's torch path) where those promise them. AVX2 has no
+   vpdpbusd; its vpmaddubsw multiplies unsigned by signed bytes and adds pairs into int16 with
+   saturation, so the operands are kept where no pair can saturate:
+   - int8 (qlinear): |w| (0..128 as unsigned) by the activation level with w's sign moved onto it
+     (vpsignb; a level is in -127..127, so its negation fits): a pair is at most 2 * 128 * 127 =
+     32512 < 32767; vpmaddwd by ones then widens the pairs into exact int32 sums (no wsum shift).
+   - int4 (q4linear): the codes (0..15, unsigned) by the levels (signed): a pair is at most
+     2 * 15 * 127 = 3810, so the eight pairs of a group's chunks add in int16 (<= 30480) before
+     one vpmaddwd widens them.
+   The int32 sums are the exact integers vpdpbusd gives, and every fp32 operation after them is
+   the AVX-512 path's, lane for lane, in its order (no fused multiply-adds): the same bits. */
+#define AVX2D __attribute__((target("avx2,fma,f16c")))
+
+/* 8 int32 lanes (each in -127..127) -> 8 bytes at dst */
+static inline AVX2D void store8(int8_t *dst, __m256i v) {
+    __m256i p8 = _mm256_packs_epi16(_mm256_packs_epi32(v, v), _mm256_setzero_si256());
+    _mm_storel_epi64((__m128i *)dst, _mm_unpacklo_epi32(_mm256_castsi256_si128(p8), _mm256_extracti128_si256(p8, 1)));
+}
+
+/* quant_row's bits 8 lanes at a time (as quant_row_512: the same operations in the same order);
+   a row holding a NaN takes quant_row. K a multiple of 8. */
+static AVX2D void quant_row_256(const float *xm, long K, int8_t *a1, int8_t *a2, float *step) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 top = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+    for (long k = 0; k < K; k += 8) {
+        __m256 v = _mm256_and_ps(_mm256_loadu_ps(xm + k), absm);
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        top = _mm256_max_ps(top, v);
+    }
+    if (_mm256_movemask_ps(nan)) { quant_row(xm, K, a1, a2, step); return; }
+    float lanes[8], amax = 0.0f;
+    _mm256_storeu_ps(lanes, top);
+    for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
+    float s = amax / 127.0f;
+    if (s < FLT_MIN) s = FLT_MIN;
+    float r = (1.0f / s) * 127.0f;
+    const __m256 sv = _mm256_set1_ps(s), rv = _mm256_set1_ps(r), lim = _mm256_set1_ps(127.0f);
+    for (long k = 0; k < K; k += 8) {
+        __m256 v = _mm256_loadu_ps(xm + k);
+        __m256 q1 = _mm256_round_ps(_mm256_div_ps(v, sv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 q2 = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(v, _mm256_mul_ps(sv, q1)), rv),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256i in1 = _mm256_castps_si256(_mm256_cmp_ps(_mm256_and_ps(q1, absm), lim, _CMP_LE_OQ));
+        __m256i in2 = _mm256_castps_si256(_mm256_cmp_ps(_mm256_and_ps(q2, absm), lim, _CMP_LE_OQ));
+        store8(a1 + k, _mm256_and_si256(_mm256_cvtps_epi32(q1), in1));
+        store8(a2 + k, _mm256_and_si256(_mm256_cvtps_epi32(q2), in2));
+    }
+    *step = s / 127.0f;
+}
+
+static AVX2D void quant_levels_256(const float *x, long M, long K, int8_t *a, float *step) {
+    for (long m = 0; m < M; m++) {
+        if (K % 8 == 0)
+            quant_row_256(x + m * K, K, a + m * K, a + (M + m) * K, step + m);
+        else
+            quant_row(x + m * K, K, a + m * K, a + (M + m) * K, step + m);
+    }
+}
+
+/* four int32 vectors -> their four lane sums */
+static inline AVX2D __m128i hsum4x8(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* qlinear_512 on AVX2 (the same arguments and bits; wsum unused: no shift to take back). A
+   block's 16 rows go four at a time (eight int32 accumulators, two levels), each four a pass
+   over K: on panels (`packed`) a pass reads 256 contiguous bytes of each 1 KB step, the first
+   pass prefetching the whole step QPF bytes ahead into L2 for the others. */
+static AVX2D int qlinear_256(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
+                             float *y, long M, long N, long K, int threads, int packed) {
+    (void)wsum;
+    int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
+    float *step = malloc(sizeof(float) * (size_t)(M + 1));
+    if (!a || !step) { free(a); free(step); return -1; }
+    quant_levels_256(x, M, K, a, step);
+    long blocks = N / 16;
+    const __m256 c127 = _mm256_set1_ps(127.0f);
+    const __m256i ones = _mm256_set1_epi16(1);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= QPAR)
+    for (long b = 0; b < blocks; b++) {
+        const int8_t *wb = w + b * 16 * K;
+        long pf = packed && (b + 1) * 16 * K + QPF <= blocks * 16 * K;
+        int32_t s1[16], s2[16];
+        for (long m = 0; m < M; m++) {
+            const int8_t *x1 = a + m * K, *x2 = a + (M + m) * K;
+            for (int g = 0; g < 4; g++) {
+                __m256i acc1[4], acc2[4];
+                for (int r = 0; r < 4; r++) { acc1[r] = _mm256_setzero_si256(); acc2[r] = _mm256_setzero_si256(); }
+                for (long k = 0; k < K; k += 64) {
+                    const int8_t *p = packed ? wb + 16 * k + 256 * g : wb + 4 * g * K + k;
+                    long rs = packed ? 64 : K;
+                    if (pf && g == 0 && m == 0)
+                        for (int i = 0; i < 16; i++) _mm_prefetch((const char *)(wb + 16 * k + QPF + 64 * i), _MM_HINT_T1);
+                    for (int h = 0; h < 2; h++) {
+                        __m256i l1 = _mm256_loadu_si256((const __m256i *)(x1 + k + 32 * h));
+                        __m256i l2 = _mm256_loadu_si256((const __m256i *)(x2 + k + 32 * h));
+                        for (int r = 0; r < 4; r++) {
+                            __m256i wv = _mm256_loadu_si256((const __m256i *)(p + r * rs + 32 * h));
+                            __m256i aw = _mm256_abs_epi8(wv);
+                            acc1[r] = _mm256_add_epi32(acc1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(l1, wv)), ones));
+                            acc2[r] = _mm256_add_epi32(acc2[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(l2, wv)), ones));
+                        }
+                    }
+                }
+                _mm_storeu_si128((__m128i *)(s1 + 4 * g), hsum4x8(acc1[0], acc1[1], acc1[2], acc1[3]));
+                _mm_storeu_si128((__m128i *)(s2 + 4 * g), hsum4x8(acc2[0], acc2[1], acc2[2], acc2[3]));
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256 f1 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(s1 + 8 * h)));
+                __m256 f2 = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(s2 + 8 * h)));
+                __m256 o = _mm256_add_ps(_mm256_mul_ps(f1, c127), f2);
+                o = _mm256_mul_ps(_mm256_mul_ps(o, _mm256_set1_ps(step[m])), _mm256_loadu_ps(wscale + b * 16 + 8 * h));
+                _mm256_storeu_ps(y + m * N + b * 16 + 8 * h, o);
+            }
+        }
+    }
+    for (long n = blocks * 16; n < N; n++)
+        for (long m = 0; m < M; m++) {
+            float o = (float)dot1(a + m * K, w + n * K, K) * 127.0f + (float)dot1(a + (M + m) * K, w + n * K, K);
+            y[m * N + n] = (o * step[m]) * wscale[n];
+        }
+    free(a);
+    free(step);
+    return 0;
+}
+
+/* q4linear_512 on AVX2 (the same arguments and bits). A block's two halves of 8 rows go one
+   after the other (a chunk's first 32 bytes hold rows 0-7, its last 32 rows 8-15); the block's
+   8 K bytes are in L1 for the second. */
+static AVX2D int q4linear_256(const float *x, const uint8_t *w, const uint16_t *sm, float *y,
+                              long M, long N, long K, int threads) {
+    if (N % 16 || K % 32) return -2;
+    long G = K / 32, blocks = N / 16, total = blocks * 8 * K;
+    int8_t *a = aligned_alloc(64, (size_t)(2 * M * K + 64));
+    float *step = malloc(sizeof(float) * (size_t)(M + 1));
+    float *gs = malloc(sizeof(float) * (size_t)(M * G + 1));
+    if (!a || !step || !gs) { free(a); free(step); free(gs); return -1; }
+    quant_levels_256(x, M, K, a, step);
+    for (long m = 0; m < M; m++)
+        for (long g = 0; g < G; g++) { /* each level's sum over the group, exact in int32 */
+            const int8_t *p1 = a + m * K + 32 * g, *p2 = a + (M + m) * K + 32 * g;
+            int32_t t1 = 0, t2 = 0;
+            for (int i = 0; i < 32; i++) { t1 += p1[i]; t2 += p2[i]; }
+            gs[m * G + g] = (float)t1 * 127.0f + (float)t2;
+        }
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256 c127 = _mm256_set1_ps(127.0f);
+    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K >= 2 * QPAR)
+    for (long b = 0; b < blocks; b++) {
+        const uint8_t *wb = w + b * 8 * K;
+        const uint16_t *sb = sm + b * G * 32;
+        for (long m0 = 0; m0 < M; m0 += 4) {
+            int mc = M - m0 < 4 ? (int)(M - m0) : 4;
+            for (int h = 0; h < 2; h++) {
+                __m256 acc[4];
+                for (int i = 0; i < 4; i++) acc[i] = _mm256_setzero_ps();
+                for (long g = 0; g < G; g++) {
+                    const uint8_t *p = wb + g * 256;
+                    if (h == 0 && m0 == 0 && b * 8 * K + g * 256 + Q4PF + 256 <= total)
+                        for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(p + Q4PF + 64 * i), _MM_HINT_T1);
+                    __m256i lo[4], hi[4];
+                    for (int j = 0; j < 4; j++) {
+                        __m256i v = _mm256_loadu_si256((const __m256i *)(p + 64 * j + 32 * h));
+                        lo[j] = _mm256_and_si256(v, nib);
+                        hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    }
+                    __m256 sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + g * 32 + 8 * h)));
+                    __m256 mn = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sb + g * 32 + 16 + 8 * h)));
+                    for (int i = 0; i < mc; i++) {
+                        const int8_t *a1 = a + (m0 + i) * K + 32 * g, *a2 = a + (M + m0 + i) * K + 32 * g;
+                        __m256i d1 = _mm256_setzero_si256(), d2 = _mm256_setzero_si256();
+                        for (int j = 0; j < 4; j++) {
+                            int32_t l1, h1, l2, h2;
+                            memcpy(&l1, a1 + 8 * j, 4); memcpy(&h1, a1 + 8 * j + 4, 4);
+                            memcpy(&l2, a2 + 8 * j, 4); memcpy(&h2, a2 + 8 * j + 4, 4);
+                            d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(l1)));
+                            d1 = _mm256_add_epi16(d1, _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(h1)));
+                            d2 = _mm256_add_epi16(d2, _mm256_maddubs_epi16(lo[j], _mm256_set1_epi32(l2)));
+                            d2 = _mm256_add_epi16(d2, _mm256_maddubs_epi16(hi[j], _mm256_set1_epi32(h2)));
+                        }
+                        __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(d1, ones)), c127),
+                                                 _mm256_cvtepi32_ps(_mm256_madd_epi16(d2, ones)));
+                        acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(sc, t));
+                        acc[i] = _mm256_add_ps(acc[i], _mm256_mul_ps(mn, _mm256_set1_ps(gs[(m0 + i) * G + g])));
+                    }
+                }
+                for (int i = 0; i < mc; i++)
+                    _mm256_storeu_ps(y + (m0 + i) * N + b * 16 + 8 * h, _mm256_mul_ps(acc[i], _mm256_set1_ps(step[m0 + i])));
+            }
+        }
+    }
+    free(a);
+    free(step);
+    free(gs);
+    return 0;
+}
+
+/* dotf_512 on AVX2: 8 lanes, two accumulators (another order of the sums: the layers are not
+   bit-equal across paths, nor to the torch ops) */
+static inline AVX2D float dotf_256(const float *a, const float *b, long n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    long i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8)));
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    __m256 v = _mm256_add_ps(acc0, acc1);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    float s = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* exp16 on 8 lanes: 2^k as two factors 2^(k/2) (k reaches +-128, past a single factor's exponent) */
+static inline AVX2D __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(y, x), x), x), _mm256_set1_ps(1.0f));
+    __m256i ki = _mm256_cvtps_epi32(k), k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
+    __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
+    __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
+}
+
+static AVX2D void gelu_mul_256(const float *g, const float *u, float *out, long n) {
+    long i = 0;
+    const __m256 c2 = _mm256_set1_ps(-2.0f * 0.7978845608028654f), a = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(a, _mm256_mul_ps(x, _mm256_mul_ps(x, x))));
+        __m256 gl = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_mul_ps(c2, inner))));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(gl, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        float x = g[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+@LAYERS@
+
+/* Which decode kernels run here: 2 the AVX-512 VNNI ones, 1 the AVX2 ones, 0 none. */
+static int isa_found(void) {
+    __builtin_cpu_init();
+    if (tunix_i8mm_supported()) return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") ? 1 : 0;
+}
+
+static int isa_now = -1;
+
+int tunix_decode_isa(void) {
+    if (isa_now < 0) isa_now = isa_found();
+    return isa_now;
+}
+
+/* Use the kernels of `isa` (at most what the CPU has; a test runs the AVX2 ones on an AVX-512
+   CPU so): returns the one now in use. */
+int tunix_set_isa(int isa) {
+    int top = isa_found();
+    isa_now = isa < 0 ? 0 : isa > top ? top : isa;
+    return isa_now;
+}
+
+int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
+                  float *y, long M, long N, long K, int threads, int packed) {
+    switch (tunix_decode_isa()) {
+    case 2: return qlinear_512(x, w, wsum, wscale, y, M, N, K, threads, packed);
+    case 1: return qlinear_256(x, w, wsum, wscale, y, M, N, K, threads, packed);
+    default: return -3;
+    }
+}
+
+int tunix_q4linear(const float *x, const uint8_t *w, const uint16_t *sm, float *y, long M, long N, long K, int threads) {
+    switch (tunix_decode_isa()) {
+    case 2: return q4linear_512(x, w, sm, y, M, N, K, threads);
+    case 1: return q4linear_256(x, w, sm, y, M, N, K, threads);
+    default: return -3;
+    }
+}
+
+int tunix_gemma_layers(float *x, long B, long D, long L, const int64_t *p, const long *F,
+                       float *const *kc, float *const *vc, long T, long cur, const long *lo,
+                       const float *mask, const float *const *cos, const float *const *sin,
+                       long H, long KV, long hd, float scaling, float softcap, float eps, int threads,
+                       int packed, int fmt) {
+    switch (tunix_decode_isa()) {
+    case 2: return gemma_layers_512(x, B, D, L, p, F, kc, vc, T, cur, lo, mask, cos, sin, H, KV, hd, scaling,
+                                    softcap, eps, threads, packed, fmt);
+    case 1: return gemma_layers_256(x, B, D, L, p, F, kc, vc, T, cur, lo, mask, cos, sin, H, KV, hd, scaling,
+                                    softcap, eps, threads, packed, fmt);
+    default: return -3;
+    }
+}
+"""
+
+_LAYER = r"""
+static @T@ void rms_@S@(const float *x, const float *w, float *out, long n, float eps) {
+    float r = 1.0f / sqrtf(dotf_@S@(x, x, n) / (float)n + eps);
+    for (long i = 0; i < n; i++) out[i] = (x[i] * r) * w[i];
+}
+
+static @T@ void rope_@S@(float *v, const float *cos, const float *sin, long hd, float *tmp) {
+    long half = hd / 2;
+    for (long i = 0; i < hd; i++) tmp[i] = v[i];
+    for (long i = 0; i < hd; i++) {
+        float rot = i < half ? -tmp[i + half] : tmp[i - half];
+        v[i] = tmp[i] * cos[i] + rot * sin[i];
+    }
+}
+
+/* One projection of a layer: fmt 0, int8 (w, its row sums, its scales: tunix_qlinear); fmt 1,
+   int4 (w the pack4 codes, s the pack_scales4 fp16 scales and mins, c unused: tunix_q4linear). */
+static @T@ int proj_@S@(int fmt, const float *x, const void *w, const void *s, const float *c, float *y,
+                       long M, long N, long K, int threads, int packed) {
+    if (fmt == 1) return q4linear_@S@(x, (const uint8_t *)w, (const uint16_t *)s, y, M, N, K, threads);
+    return qlinear_@S@(x, (const int8_t *)w, (const int32_t *)s, c, y, M, N, K, threads, packed);
+}
+
+static @T@ int gemma_layer_@S@(
+        float *x, long B, long D,
+        const float *in_norm, const float *post_attn_norm, const float *pre_ff_norm, const float *post_ff_norm,
+        const float *q_norm, const float *k_norm,
+        const int8_t *wqkv, const int32_t *sqkv, const float *cqkv,
+        const int8_t *wo, const int32_t *so, const float *co,
+        const int8_t *wgu, const int32_t *sgu, const float *cgu,
+        const int8_t *wd, const int32_t *sd, const float *cd,
+        long H, long KV, long hd, long F,
+        float *kc, float *vc, long T, long cur, long lo, const float *mask,
+        const float *cos, const float *sin, float scaling, float softcap, float eps, int threads, int packed,
+        int fmt) {
+    long nqkv = (H + 2 * KV) * hd, rep = H / KV, span = cur + 1 - lo;
+    float *h = malloc(sizeof(float) * (size_t)(B * D));
+    float *qkv = malloc(sizeof(float) * (size_t)(B * nqkv));
+    float *attn = malloc(sizeof(float) * (size_t)(B * H * hd));
+    float *big = malloc(sizeof(float) * (size_t)(B * 2 * F));
+    float *m = malloc(sizeof(float) * (size_t)(B * F));
+    float *scores = malloc(sizeof(float) * (size_t)(B * H * (span > 0 ? span : 1)));
+    float *tmp = malloc(sizeof(float) * (size_t)(hd > D ? hd : D));
+    int rc = -1;
+    if (!h || !qkv || !attn || !big || !m || !scores || !tmp) goto done;
+    for (long b = 0; b < B; b++) rms_@S@(x + b * D, in_norm, h + b * D, D, eps);
+    if (proj_@S@(fmt, h, wqkv, sqkv, cqkv, qkv, B, nqkv, D, threads, packed)) goto done;
+    for (long b = 0; b < B; b++) {
+        float *q = qkv + b * nqkv, *k = q + H * hd, *v = k + KV * hd;
+        for (long j = 0; j < H; j++) {
+            if (q_norm) { rms_@S@(q + j * hd, q_norm, tmp, hd, eps); for (long i = 0; i < hd; i++) q[j * hd + i] = tmp[i]; }
+            rope_@S@(q + j * hd, cos + b * hd, sin + b * hd, hd, tmp);
+        }
+        for (long j = 0; j < KV; j++) {
+            if (k_norm) { rms_@S@(k + j * hd, k_norm, tmp, hd, eps); for (long i = 0; i < hd; i++) k[j * hd + i] = tmp[i]; }
+            rope_@S@(k + j * hd, cos + b * hd, sin + b * hd, hd, tmp);
+            float *kd = kc + ((b * KV + j) * T + cur) * hd, *vd = vc + ((b * KV + j) * T + cur) * hd;
+            for (long i = 0; i < hd; i++) { kd[i] = k[j * hd + i]; vd[i] = v[j * hd + i]; }
+        }
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static) collapse(2) if (B * H * span * hd >= 65536)
+    for (long b = 0; b < B; b++)
+        for (long j = 0; j < H; j++) {
+            const float *q = qkv + b * nqkv + j * hd;
+            long g = j / rep;
+            const float *keys = kc + (b * KV + g) * T * hd, *vals = vc + (b * KV + g) * T * hd;
+            float *sc = scores + (b * H + j) * span, top = -INFINITY;
+            for (long t = 0; t < span; t++) {
+                const float *kt = keys + (lo + t) * hd;
+                float s = dotf_@S@(q, kt, hd) * scaling;
+                if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+                s += mask[b * T + lo + t];
+                sc[t] = s;
+                top = s > top ? s : top;
+            }
+            double total = 0.0;
+            for (long t = 0; t < span; t++) { sc[t] = expf(sc[t] - top); total += sc[t]; }
+            float inv = (float)(1.0 / total);
+            float *out = attn + (b * H + j) * hd;
+            for (long i = 0; i < hd; i++) out[i] = 0.0f;
+            for (long t = 0; t < span; t++) {
+                float p = sc[t] * inv;
+                const float *vt = vals + (lo + t) * hd;
+                for (long i = 0; i < hd; i++) out[i] += p * vt[i];
+            }
+        }
+    if (proj_@S@(fmt, attn, wo, so, co, h, B, D, H * hd, threads, packed)) goto done;
+    for (long b = 0; b < B; b++) {
+        rms_@S@(h + b * D, post_attn_norm, tmp, D, eps);
+        for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
+        rms_@S@(x + b * D, pre_ff_norm, h + b * D, D, eps);
+    }
+    if (proj_@S@(fmt, h, wgu, sgu, cgu, big, B, 2 * F, D, threads, packed)) goto done;
+    for (long b = 0; b < B; b++) gelu_mul_@S@(big + b * 2 * F, big + b * 2 * F + F, m + b * F, F);
+    if (proj_@S@(fmt, m, wd, sd, cd, h, B, D, F, threads, packed)) goto done;
+    for (long b = 0; b < B; b++) {
+        rms_@S@(h + b * D, post_ff_norm, tmp, D, eps);
+        for (long i = 0; i < D; i++) x[b * D + i] += tmp[i];
+    }
+    rc = 0;
+done:
+    free(h); free(qkv); free(attn); free(big); free(m); free(scores); free(tmp);
+    return rc;
+}
+
+/* Every decoder layer of a decode step in one call (int8_weights.Int8Gemma): layer i is
+   tunix_gemma_layer with its 18 weight and norm pointers at p[18 i ..] (0 for none), its MLP width
+   F[i], its cache buffers kc[i] and vc[i], its window's first entry lo[i] and its RoPE table rows
+   cos[i] and sin[i]. One ctypes call instead of 18 of ~45 arguments each took ~0.1 ms off a
+   single-stream step of Gemma 3 270M (the empty calls alone cost ~7 us each). */
+static @T@ int gemma_layers_@S@(float *x, long B, long D, long L, const int64_t *p, const long *F,
+                              float *const *kc, float *const *vc, long T, long cur, const long *lo,
+                              const float *mask, const float *const *cos, const float *const *sin,
+                              long H, long KV, long hd, float scaling, float softcap, float eps, int threads,
+                              int packed, int fmt) {
+    for (long i = 0; i < L; i++) {
+        const int64_t *q = p + 18 * i;
+        int rc = gemma_layer_@S@(x, B, D, (const float *)q[0], (const float *)q[1], (const float *)q[2],
+                                   (const float *)q[3], (const float *)q[4], (const float *)q[5],
+                                   (const int8_t *)q[6], (const int32_t *)q[7], (const float *)q[8],
+                                   (const int8_t *)q[9], (const int32_t *)q[10], (const float *)q[11],
+                                   (const int8_t *)q[12], (const int32_t *)q[13], (const float *)q[14],
+                                   (const int8_t *)q[15], (const int32_t *)q[16], (const float *)q[17],
+                                   H, KV, hd, F[i], kc[i], vc[i], T, cur, lo[i], mask, cos[i], sin[i],
+                                   scaling, softcap, eps, threads, packed, fmt);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+"""
+"""The decoder layer's code, written once and built per instruction set: @T@ the target
+attribute, @S@ the suffix of its helpers (dotf, gelu_mul, qlinear, q4linear)."""
+
+SOURCE = SOURCE.replace("@AVX2_DECODE@", _AVX2_DECODE).replace(
+    "@LAYERS@", "".join(_LAYER.replace("@T@", t).replace("@S@", sfx) for t, sfx in (("KERNEL", "512"), ("AVX2D", "256"))))
 
 _LOCK = threading.Lock()
 _LIB: list = []  # [] not tried yet; [None] unavailable; [lib] loaded
@@ -1271,6 +1618,39 @@ def _loaded():
         return _LIB[0]
 
 
+ISAS = ("none", "avx2", "avx512")
+"""The decode kernels' instruction sets (`decode_isa`), in the library's numbering."""
+ISA_ENV = "TUNIX_RT_KERNEL_ISA"
+"""`avx2` runs the AVX2 decode kernels on an AVX-512 CPU too (`none`: no decode kernel)."""
+
+
+def decode_library():
+    """The loaded library for the decode kernels (`qlinear`, `q4linear`, the decoder layers),
+    or None where none runs here: no library, or a CPU with neither AVX-512 VNNI nor AVX2 with
+    FMA and F16C (`decode_isa` says which)."""
+    lib = _loaded()
+    return lib if lib is not None and lib.decode_isa > 0 else None
+
+
+def decode_isa() -> str:
+    """Which decode kernels run here: "avx512", "avx2" or "none" (`ISAS`)."""
+    lib = _loaded()
+    return ISAS[lib.decode_isa] if lib is not None else "none"
+
+
+def set_isa(isa: str) -> str:
+    """Run the decode kernels of `isa` (one of ISAS; at most what the CPU has) in this
+    process, as TUNIX_RT_KERNEL_ISA does at load: the tests run the AVX2 kernels on an AVX-512
+    CPU so. Returns the one now in use."""
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {'|'.join(ISAS)}, got {isa!r}")
+    lib = _loaded()
+    if lib is None:
+        return "none"
+    lib.decode_isa = int(lib.tunix_set_isa(ISAS.index(isa)))
+    return ISAS[lib.decode_isa]
+
+
 def library():
     """The loaded kernel (ctypes) for its int8 products, or None where it does not apply: no
     library, or a CPU without AVX-512 VNNI (`WHY` says why)."""
@@ -1301,6 +1681,15 @@ def _load():
     if not lib.i8_ok:
         WHY.append("the CPU lacks AVX-512 VNNI")
     lib.f32_path = int(lib.tunix_f32_supported())
+    lib.tunix_decode_isa.restype = ctypes.c_int
+    lib.tunix_set_isa.restype = ctypes.c_int
+    lib.tunix_set_isa.argtypes = [ctypes.c_int]
+    want = os.environ.get(ISA_ENV, "")
+    if want:
+        if want not in ISAS:
+            raise ValueError(f"{ISA_ENV} must be one of {'|'.join(ISAS)}, got {want!r}")
+        lib.tunix_set_isa(ISAS.index(want))
+    lib.decode_isa = int(lib.tunix_decode_isa())
     lib.tunix_i8mm.restype = ctypes.c_int
     lib.tunix_i8mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.tunix_i8mm_vnni.restype = ctypes.c_int
@@ -1309,10 +1698,6 @@ def _load():
     lib.tunix_qlinear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3 + [ctypes.c_int] * 2
     lib.tunix_q4linear.restype = ctypes.c_int
     lib.tunix_q4linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
-    lib.tunix_gemma_layer.restype = ctypes.c_int
-    lib.tunix_gemma_layer.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 18
-                                      + [ctypes.c_long] * 4 + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 3
-                                      + [ctypes.c_void_p] * 3 + [ctypes.c_float] * 3 + [ctypes.c_int] * 3)
     lib.tunix_gemma_layers.restype = ctypes.c_int
     lib.tunix_gemma_layers.argtypes = ([ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 4
                                        + [ctypes.c_long] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
@@ -1449,15 +1834,15 @@ def row_sums(w: "torch.Tensor") -> "torch.Tensor":
     return out
 
 
-def _takes(x: "torch.Tensor", w: "torch.Tensor", dtype) -> bool:
+def _takes(x: "torch.Tensor", w: "torch.Tensor", dtype, lib) -> bool:
     """x [M, K] of `dtype` and int8 w [N, K], both contiguous on the CPU, K a multiple of 64
-    (below MAX_K), and the kernel loaded."""
+    (below MAX_K), and `lib` (the kernel for it) loaded."""
     import torch
 
     k = w.shape[-1]
     return (x.device.type == "cpu" and w.device.type == "cpu" and x.dtype == dtype and w.dtype == torch.int8
             and x.dim() == 2 and w.dim() == 2 and x.shape[1] == k and k % ALIGN_K == 0 and k < MAX_K
-            and x.is_contiguous() and w.is_contiguous() and library() is not None)
+            and x.is_contiguous() and w.is_contiguous() and lib is not None)
 
 
 def serves(k: int) -> bool:
@@ -1471,7 +1856,7 @@ def applies(lhs: "torch.Tensor", w: "torch.Tensor") -> bool:
     """Whether `int_mm(lhs, w)` runs on the kernel here (else torch._int_mm)."""
     import torch
 
-    return _takes(lhs, w, torch.int8)
+    return _takes(lhs, w, torch.int8, library())
 
 
 def _sums(w: "torch.Tensor", wsum: "torch.Tensor | None") -> "torch.Tensor":
@@ -1547,7 +1932,7 @@ def qlinear_applies(x: "torch.Tensor", w: "torch.Tensor") -> bool:
     """Whether `qlinear(x, w, ...)` runs on the kernel here."""
     import torch
 
-    return _takes(x, w, torch.float32)
+    return _takes(x, w, torch.float32, decode_library())
 
 
 def pack_rows(w: "torch.Tensor") -> "torch.Tensor":
@@ -1592,7 +1977,7 @@ def qlinear(x: "torch.Tensor", w: "torch.Tensor", wsum: "torch.Tensor | None", s
         raise ValueError(f"scale must be fp32 [{w.shape[0]}] and contiguous")
     m, n = x.shape[0], w.shape[0]
     out = torch.empty((m, n), dtype=torch.float32)
-    if m and n and library().tunix_qlinear(x.data_ptr(), w.data_ptr(), wsum.data_ptr(), scale.data_ptr(),
+    if m and n and decode_library().tunix_qlinear(x.data_ptr(), w.data_ptr(), wsum.data_ptr(), scale.data_ptr(),
                                          out.data_ptr(), m, n, w.shape[1], torch.get_num_threads(),
                                          int(packed)) != 0:
         raise MemoryError("int8 kernel: out of memory")
@@ -1715,7 +2100,8 @@ def q4linear_applies(x: "torch.Tensor", n: int, k: int) -> bool:
     import torch
 
     return (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2 and x.shape[1] == k
-            and x.is_contiguous() and n % 16 == 0 and k % Q4_GROUP == 0 and 0 < k < MAX_K and library() is not None)
+            and x.is_contiguous() and n % 16 == 0 and k % Q4_GROUP == 0 and 0 < k < MAX_K
+            and decode_library() is not None)
 
 
 def q4linear(x: "torch.Tensor", w: "torch.Tensor", sm: "torch.Tensor", n: int) -> "torch.Tensor":
@@ -1731,7 +2117,7 @@ def q4linear(x: "torch.Tensor", w: "torch.Tensor", sm: "torch.Tensor", n: int) -
     if sm.dtype != torch.float16 or sm.shape != (n // 16, k // Q4_GROUP, 2, 16) or not sm.is_contiguous():
         raise ValueError(f"sm must be pack_scales4's fp16 [{n // 16}, {k // Q4_GROUP}, 2, 16]")
     out = torch.empty((x.shape[0], n), dtype=torch.float32)
-    if x.shape[0] and library().tunix_q4linear(x.data_ptr(), w.data_ptr(), sm.data_ptr(), out.data_ptr(),
+    if x.shape[0] and decode_library().tunix_q4linear(x.data_ptr(), w.data_ptr(), sm.data_ptr(), out.data_ptr(),
                                                 x.shape[0], n, k, torch.get_num_threads()) != 0:
         raise MemoryError("int4 kernel: out of memory")
     return out

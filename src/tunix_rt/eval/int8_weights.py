@@ -347,13 +347,19 @@ def kernel_ok(rows: int, dim: int, cols: int) -> bool:
 
 
 def pick_kernel(device) -> str:
-    """"int_mm" on a CPU whose int8 kernel beats fp32 (measured once per process), else
+    """"int_mm" on a CPU where the decode kernels run (int8_kernel.decode_library: `qlinear`
+    does the whole product) or whose int8 matmul beats fp32 (measured once per process), else
     "dequant"."""
     import torch
 
+    from tunix_rt.eval.int8_kernel import decode_library
     from tunix_rt.eval.screened_head import int8_matmul_is_fast
 
-    if torch.device(device).type != "cpu" or not hasattr(torch, "_int_mm"):
+    if torch.device(device).type != "cpu":
+        return "dequant"
+    if decode_library() is not None:
+        return "int_mm"
+    if not hasattr(torch, "_int_mm"):
         return "dequant"
     return "int_mm" if int8_matmul_is_fast() else "dequant"
 
@@ -367,8 +373,9 @@ def int4_problem(device) -> str | None:
 
     if torch.device(device).type != "cpu":
         return f"decodes on the CPU only, not {torch.device(device).type}"
-    if int8_kernel.library() is None:
-        return f"needs the int4 kernel ({'; '.join(int8_kernel.WHY) or 'not built'})"
+    if int8_kernel.decode_library() is None:
+        why = "; ".join(int8_kernel.WHY) or "the CPU has neither AVX-512 VNNI nor AVX2 with FMA and F16C"
+        return f"needs the int4 kernel ({why})"
     return None
 
 
@@ -518,13 +525,13 @@ class Int8Gemma(LeanGemma):
         import torch
         import torch.nn.functional as F
 
-        from tunix_rt.eval.int8_kernel import library
+        from tunix_rt.eval.int8_kernel import decode_library
 
         if not (self.fused and self._fits(tokens.shape[0], st)):
             return super()._hidden(tokens, st)
         x = (F.embedding(tokens, self.embed) * self.embed_scale).contiguous()  # [B, D]
         rope = {kind: (c[st.pos].contiguous(), s[st.pos].contiguous()) for kind, (c, s) in self._tables.items()}
-        lib, threads = library(), torch.get_num_threads()
+        lib, threads = decode_library(), torch.get_num_threads()
         b, d = x.shape
         total = st.mask.shape[-1]
         softcap = float(self.attn_softcap or 0.0)
@@ -616,7 +623,7 @@ def fused_layers_apply(step: "Int8Gemma") -> bool:
     and norms, every projection's input width (hidden, heads x head_dim, MLP) a multiple of 64."""
     import torch
 
-    from tunix_rt.eval.int8_kernel import ALIGN_K, MAX_K, library
+    from tunix_rt.eval.int8_kernel import ALIGN_K, MAX_K, decode_library
 
     lyr = step.layers[0] if step.layers else None
     if lyr is None or step.embed.dtype != torch.float32 or step.embed.device.type != "cpu":
@@ -624,7 +631,7 @@ def fused_layers_apply(step: "Int8Gemma") -> bool:
     widths = (step.embed.shape[1], step.n_heads * step.head_dim, lyr.w_down.shape[1])
     if any(w % ALIGN_K or w >= MAX_K for w in widths) or step.head_dim % 2:
         return False
-    return library() is not None
+    return decode_library() is not None
 
 
 def use_weights(gen, weights: str) -> object:
