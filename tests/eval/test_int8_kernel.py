@@ -115,6 +115,7 @@ def test_qlinear_takes_the_whole_int8_range(isa):
     want = torch_path(x, ql)
     assert torch.equal(int8_kernel.qlinear(x, w, ql.sums, ql.scale), want)
     assert torch.equal(int8_kernel.qlinear(x, int8_kernel.pack_rows(w), ql.sums, ql.scale, packed=True), want)
+    assert torch.equal(int8_kernel.qlinear(x, int8_kernel.pack_vnni(w), ql.sums, ql.scale, packed=True, vnni=True), want)
 
 
 @pytest.mark.parametrize("k", [64, 640, 2048])
@@ -198,7 +199,8 @@ def test_qlinear_gives_the_bits_of_the_torch_path(isa):
 @pytest.mark.parametrize("n, k", [(272, 640), (37, 128), (16, 64), (5, 64), (1552, 2048)])
 def test_qlinear_on_panels_gives_the_row_major_bits(n, k, isa):
     """`pack_rows` reorders the bytes of each whole block of 16 rows into panels (the tail rows
-    stay row-major); `qlinear(..., packed=True)` on them gives exactly the row-major call's
+    stay row-major); `qlinear(..., packed=True)` on them (and with vnni=True on `pack_vnni`'s
+    broadcast layout, the AVX2 kernels' own) gives exactly the row-major call's
     numbers (the same int32 sums), at 1 to 9 activation rows (the prefetch distance passes the
     end of the panels at the last blocks), and `unpack_rows` gives the weight back."""
     g = torch.Generator().manual_seed(n + k)
@@ -213,6 +215,8 @@ def test_qlinear_on_panels_gives_the_row_major_bits(n, k, isa):
     assert torch.equal(panels[n // 16 * 16:], ql.q[n // 16 * 16:])
     packed = QuantLinear(panels, ql.scale, ql.sums, packed=True)
     assert torch.equal(packed.rows(), ql.q) and torch.equal(packed.dequantize(), ql.dequantize())
+    vnni = int8_kernel.pack_vnni(ql.q)  # the AVX2 kernels' layout (int8_kernel.panel_layout)
+    assert torch.equal(QuantLinear(vnni, ql.scale, ql.sums, packed=True, vnni=True).rows(), ql.q)
     for m in (1, 2, 8, 9):
         x = torch.randn(m, k, generator=g) * 3
         if isa == "none":
@@ -220,6 +224,7 @@ def test_qlinear_on_panels_gives_the_row_major_bits(n, k, isa):
             return
         want = int8_kernel.qlinear(x, ql.q, ql.sums, ql.scale)
         assert torch.equal(int8_kernel.qlinear(x, panels, ql.sums, ql.scale, packed=True), want)
+        assert torch.equal(int8_kernel.qlinear(x, vnni, ql.sums, ql.scale, packed=True, vnni=True), want)
         assert torch.equal(want, torch_path(x, ql))
     with pytest.raises(ValueError, match="row sums must be given"):
         int8_kernel.qlinear(x, panels, None, ql.scale, packed=True)

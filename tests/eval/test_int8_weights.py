@@ -328,6 +328,7 @@ def test_fused_layers_equal_the_torch_ops_to_rounding(tiny, weights, isa):
     lyr = fused.layers[0]  # the layer call and the head read every int8 weight as panels
     if weights == "int8":
         assert fused.qhead.packed and lyr.wq.fused.packed and lyr.w_gate.fused.packed and lyr.wo.packed
+        assert fused.qhead.vnni == lyr.w_down.vnni == (isa == "avx2")  # the broadcast layout where AVX2 decodes
     plain = Int8Gemma.for_model(load_model(d, None, "cpu"), weights=weights)
     plain.fused = False
     for a, b in zip(fused.model.parameters(), plain.model.parameters()):

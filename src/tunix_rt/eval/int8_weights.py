@@ -83,8 +83,9 @@ from typing import TYPE_CHECKING
 
 from tunix_rt.errors import BadInput
 from tunix_rt.eval.fast_gemma import HEAD_CHUNK, LeanGemma
-from tunix_rt.eval.int8_kernel import (Q4_GROUP, int_mm, pack4, pack_rows, pack_scales4, q4linear, q4linear_applies,
-                                      qlinear, qlinear_applies, row_sums, unpack4, unpack_rows)
+from tunix_rt.eval.int8_kernel import (Q4_GROUP, int_mm, pack4, pack_rows, pack_scales4, pack_vnni, panel_layout, q4linear,
+                                      q4linear_applies, qlinear, qlinear_applies, row_sums, unpack4, unpack_rows,
+                                      unpack_vnni)
 
 if TYPE_CHECKING:
     import torch
@@ -116,6 +117,7 @@ class QuantLinear:
     scale: "torch.Tensor"  # fp32 [N]
     sums: "torch.Tensor | None" = None  # int32 [N], Σ_k q[n, k]: what the int8 kernel needs
     packed: bool = False  # q is int8_kernel.pack_rows of the rows (the kernel's panels: `as_panels`)
+    vnni: bool = False  # with packed: q is int8_kernel.pack_vnni of the rows instead (the AVX2 kernels')
 
     def __post_init__(self) -> None:
         if self.sums is None:
@@ -128,14 +130,19 @@ class QuantLinear:
 
     def rows(self) -> "torch.Tensor":
         """q row-major, as quantised ([N, K])."""
-        return unpack_rows(self.q) if self.packed else self.q
+        if not self.packed:
+            return self.q
+        return unpack_vnni(self.q) if self.vnni else unpack_rows(self.q)
 
     def as_panels(self) -> "QuantLinear":
         """The same weight with q in the kernel's panel layout (int8_kernel.pack_rows: each block
         of 16 rows read front to back; the module doc has the decode step's gain), which
-        `int8_linear` then multiplies through `qlinear` only."""
+        `int8_linear` then multiplies through `qlinear` only. Where the AVX2 kernels decode, the
+        layout is `pack_vnni`'s instead (int8_kernel.panel_layout)."""
         if self.packed:
             return self
+        if panel_layout() == "vnni":
+            return QuantLinear(pack_vnni(self.q), self.scale, self.sums, packed=True, vnni=True)
         return QuantLinear(pack_rows(self.q), self.scale, self.sums, packed=True)
 
     @property
@@ -324,7 +331,7 @@ def int8_linear(x: "torch.Tensor", w: QuantLinear, kernel: str) -> "torch.Tensor
         x2 = x2.float().contiguous()
         if not qlinear_applies(x2, w.q):
             raise ValueError("a packed int8 weight multiplies through the int8 kernel's qlinear only")
-        return qlinear(x2, w.q, w.sums, w.scale, packed=True).view(*lead, n).to(x.dtype)
+        return qlinear(x2, w.q, w.sums, w.scale, packed=True, vnni=w.vnni).view(*lead, n).to(x.dtype)
     if kernel == "int_mm" and qlinear_applies(x2, w.q):  # the same bits, in one call
         out = qlinear(x2, w.q, w.sums, w.scale)
     elif kernel == "int_mm" and kernel_ok(2 * m, k, n):
@@ -545,7 +552,8 @@ class Int8Gemma(LeanGemma):
         table, widths = self._layer_table
         if lib.tunix_gemma_layers(x.data_ptr(), b, d, n, table.data_ptr(), widths.data_ptr(), keys, values, total,
                                   st.cur, lo, st.mask.data_ptr(), cos, sin, self.n_heads, self.n_kv, self.head_dim,
-                                  self.scaling, softcap, self.eps, threads, 1, int(self.weights == "int4")) != 0:
+                                  self.scaling, softcap, self.eps, threads, 2 if getattr(self.qhead, "vnni", False) else 1,
+                                  int(self.weights == "int4")) != 0:
             raise MemoryError("int8 kernel: out of memory in a decoder layer")
         st.cur += 1
         st.pos = st.pos + 1
