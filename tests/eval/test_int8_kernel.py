@@ -20,7 +20,7 @@ torch = require_module("torch")
 
 import numpy as np  # noqa: E402
 
-from cpu_testlib import cpu_flags, decode_isas, on_one_and_two_threads, using_isa  # noqa: E402
+from cpu_testlib import ISA_FLAGS, cpu_flags, decode_isas, on_one_and_two_threads, using_isa  # noqa: E402
 from tunix_rt.eval import int8_kernel  # noqa: E402
 from tunix_rt.eval.int8_weights import QuantLinear, int4_reference, quantize, quantize4, quantize_activations  # noqa: E402
 
@@ -48,11 +48,11 @@ def torch_path(x, ql: QuantLinear):
 
 
 def test_the_kernel_is_built_where_the_cpu_runs_it():
-    """On a CPU with AVX-512 VNNI the kernel must load (a broken build fails here, not silently
-    in the decoders' speed); elsewhere it says why it is not used."""
-    flags = cpu_flags()
+    """On a CPU with AVX-512 VNNI, or AVX2 with FMA and F16C, the kernel must load (a broken build
+    fails here, not silently in the decoders' speed) and serve int_mm; elsewhere it says why it
+    is not used."""
     lib = int8_kernel.library()
-    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags and os.environ.get("TUNIX_RT_INT8_KERNEL") != "torch":
+    if decode_isas()[0] != "none":
         assert lib is not None, int8_kernel.WHY
         assert int8_kernel.applies(torch.zeros(2, 64, dtype=torch.int8), torch.zeros(16, 64, dtype=torch.int8))
     else:
@@ -120,23 +120,26 @@ def test_qlinear_takes_the_whole_int8_range(isa):
 
 @pytest.mark.parametrize("k", [64, 640, 2048])
 @pytest.mark.parametrize("n", [1, 15, 16, 33, 80, 4096])
-def test_int_mm_is_exact(k, n):
+def test_int_mm_is_exact(k, n, isa):
     """Row-major and on `pack_vnni`'s layout: 4 and more rows go four at a time row-major
     (the last group padded); on the broadcast layout up to 8 rows a tile (the last few padded
     to 1, 2 or 4) against 2 or 4 blocks of 16 weight rows (80 rows: 5 blocks, a last tile of
-    one block; 33: a row past the blocks)."""
+    one block; 33: a row past the blocks). Activations of -128 (which the AVX2 kernels hand to
+    an fp64 sum) and weights of -128 too."""
     g = torch.Generator().manual_seed(k * 7919 + n)
-    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     w[0] = 127  # the largest sums of both signs (where an int16 pair sum would saturate)
     if n > 1:
         w[1] = -127
+    if n > 2:
+        w[2] = -128
     sums = int8_kernel.row_sums(w)
     vnni = int8_kernel.pack_vnni(w)
     for m in (0, 1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17):
-        lhs = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
+        lhs = torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=g)
         if m:
             lhs[0] = 127
-            lhs[-1] = -128  # shifted to 0: the compensation must take it back exactly
+            lhs[-1] = -127 if m % 2 else -128  # AVX-512: shifted to 0 or 1, the compensation takes it back
         got = int8_kernel.int_mm(lhs, w, sums)
         assert got.dtype == torch.int32 and got.shape == (m, n)
         assert torch.equal(got, exact(lhs, w)), (m, n, k)
@@ -347,11 +350,11 @@ def test_processes_building_at_once_both_load_the_kernel(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=full) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
-    vnni = {"avx512f", "avx512bw", "avx512_vnni"} <= cpu_flags()
+    kernel = decode_isas()[0] != "none"
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         got = json.loads(out.strip().splitlines()[-1])
-        assert got["ok"] and got["kernel"] == vnni, got
+        assert got["ok"] and got["kernel"] == kernel, got
     assert [p.name for p in (tmp_path / "kernels").iterdir() if not p.name.endswith(".so")] == []
 
 
@@ -366,7 +369,7 @@ def test_the_noise_bits_equal_numpys():
     seed = torch.tensor([0, -1, 2**63 - 1, -(2**63), 12345, -987654321], dtype=torch.int64)
     shared = torch.randint(-(2**62), 2**62, (1003,), dtype=torch.int64, generator=g).mul_(3)
     per_row = (torch.arange(6 * 1003, dtype=torch.int64).view(6, 1003) + 1).mul_(GOLDEN)
-    ok = {"avx512f", "avx512dq"} <= cpu_flags() and int8_kernel.library() is not None
+    ok = ISA_FLAGS["avx512"] | {"avx512dq", "avx512cd"} <= cpu_flags() and int8_kernel.library() is not None
     for off in (shared, per_row):
         want = torch.empty((6, 1003), dtype=torch.int64)
         x, t = torch.empty_like(want), torch.empty_like(want)
@@ -398,13 +401,13 @@ def _kernel_here() -> bool:
 
 
 def test_the_f32_products_load_on_avx2_too():
-    """The fp32 products need no VNNI: on AVX2 with FMA (AMD's Zen 1-3) they load with the
-    int8 kernel off, and take the AVX2 path; on the int8 kernel's CPU, the AVX-512 one."""
+    """The fp32 products need no VNNI: on AVX2 with FMA (AMD's Zen 1-3) they load and take the
+    AVX2 path; on a CPU with AVX-512 VNNI, the AVX-512 one."""
     if os.environ.get("TUNIX_RT_INT8_KERNEL") == "torch" or not {"avx2", "fma"} <= cpu_flags():
         return
     lib = int8_kernel.f32_library()
     assert lib is not None, int8_kernel.WHY
-    assert lib.f32_path == (2 if int8_kernel.library() is not None else 1)
+    assert lib.f32_path == (2 if ISA_FLAGS["avx512"] <= cpu_flags() else 1)
 
 
 def _fma32(a, b, c):

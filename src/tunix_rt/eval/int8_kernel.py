@@ -176,7 +176,7 @@ static inline KERNEL __m512i dot4x4(const uint8_t *au, const int8_t *wb, long K,
    y int32 [M, N] (row stride N); K a multiple of 64. Four or more rows go four at a time
    against four weight rows (dot4x4), fewer row by row against sixteen (dot16); the sums are
    exact either way. Returns 0, or -1 if out of memory. */
-KERNEL int tunix_i8mm(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y,
+static KERNEL int i8mm_512(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y,
                       long M, long N, long K, int threads) {
     if (M >= 4) {
         long groups = (M + 3) / 4;
@@ -266,7 +266,7 @@ static inline KERNEL void vtile(int mr, int nb, const uint8_t *au, long K, const
 /* tunix_i8mm with w in `pack_vnni`'s layout. Rows go 8 at a time (the last few padded to 1, 2
    or 4 rows: padding rows are a = 0, not stored), against 2 blocks (8 rows) or 4 (fewer) at a
    time; column tiles shared by the threads. Returns 0, or -1 if out of memory. */
-KERNEL int tunix_i8mm_vnni(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y,
+static KERNEL int i8mm_vnni_512(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y,
                            long M, long N, long K, int threads) {
     long mpad = (M + 7) / 8 * 8;
     uint8_t *au = aligned_alloc(64, (size_t)(mpad * K + 64));
@@ -1479,6 +1479,115 @@ int tunix_set_isa(int isa) {
     return isa_now;
 }
 
+/* ---- int_mm on AVX2 (tunix_i8mm, tunix_i8mm_vnni): the exact int32 sums, as qlinear_256 and
+   qlinear_256b form them (|w| by the activation with w's sign moved onto it, so a pair is at
+   most 2 * 128 * 127 and vpmaddubsw never saturates). An activation of -128 has no negation
+   in int8: where a holds one, the call returns -4 and int_mm sums in fp64 instead (the
+   activations the decoders make are in -127..127). */
+static int has_min8(const int8_t *a, long n) {
+    for (long i = 0; i < n; i++)
+        if (a[i] == -128) return 1;
+    return 0;
+}
+
+/* row-major w: four rows a pass over K, each activation row in turn (the four rows in L1) */
+static AVX2D int i8mm_256(const int8_t *a, const int8_t *w, int32_t *y, long M, long N, long K, int threads) {
+    if (has_min8(a, M * K)) return -4;
+    const __m256i ones = _mm256_set1_epi16(1);
+    long quads = N / 4;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (quads * K >= 16384)
+    for (long q = 0; q < quads; q++) {
+        const int8_t *wq = w + q * 4 * K;
+        for (long m = 0; m < M; m++) {
+            const int8_t *am = a + m * K;
+            __m256i acc[4];
+            for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_si256();
+            for (long k = 0; k < K; k += 32) {
+                __m256i av = _mm256_loadu_si256((const __m256i *)(am + k));
+                for (int r = 0; r < 4; r++) {
+                    __m256i wv = _mm256_loadu_si256((const __m256i *)(wq + r * K + k));
+                    acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(av, wv)), ones));
+                }
+            }
+            _mm_storeu_si128((__m128i *)(y + m * N + q * 4), hsum4x8(acc[0], acc[1], acc[2], acc[3]));
+        }
+    }
+    for (long n = quads * 4; n < N; n++) /* the last N % 4 rows */
+        for (long m = 0; m < M; m++) y[m * N + n] = dot1(a + m * K, w + n * K, K);
+    return 0;
+}
+
+/* `pack_vnni`'s layout: MR activation rows (4 bytes broadcast at a time) against one block of 16
+   rows, rows 0-7 and 8-15 in two vectors' lanes; `rows` of the MR stored (the rest padding). */
+#define V2TILE(MR) \
+static inline AVX2D void v2tile_##MR(const int8_t *a, long K, const int8_t *wb, int32_t *y, long N, long rows) { \
+    const __m256i ones = _mm256_set1_epi16(1); \
+    __m256i acc[MR][2]; \
+    for (int m = 0; m < MR; m++) acc[m][0] = acc[m][1] = _mm256_setzero_si256(); \
+    for (long q = 0; q < K / 4; q++) { \
+        __m256i w0 = _mm256_loadu_si256((const __m256i *)(wb + 64 * q)); \
+        __m256i w1 = _mm256_loadu_si256((const __m256i *)(wb + 64 * q + 32)); \
+        __m256i u0 = _mm256_abs_epi8(w0), u1 = _mm256_abs_epi8(w1); \
+        for (int m = 0; m < MR; m++) { \
+            int32_t v; \
+            memcpy(&v, a + m * K + 4 * q, 4); \
+            __m256i av = _mm256_set1_epi32(v); \
+            acc[m][0] = _mm256_add_epi32(acc[m][0], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, _mm256_sign_epi8(av, w0)), ones)); \
+            acc[m][1] = _mm256_add_epi32(acc[m][1], _mm256_madd_epi16(_mm256_maddubs_epi16(u1, _mm256_sign_epi8(av, w1)), ones)); \
+        } \
+    } \
+    for (int m = 0; m < MR && m < rows; m++) { \
+        _mm256_storeu_si256((__m256i *)(y + m * N), acc[m][0]); \
+        _mm256_storeu_si256((__m256i *)(y + m * N + 8), acc[m][1]); \
+    } \
+}
+V2TILE(1) V2TILE(2) V2TILE(4)
+
+/* Rows go 4 at a time (the last one, two or three padded to 1, 2 or 4 with a = 0), each block of
+   16 weight rows (in L1 for the next four) in turn; blocks shared by the threads. */
+static AVX2D int i8mm_vnni_256(const int8_t *a, const int8_t *w, int32_t *y, long M, long N, long K, int threads) {
+    if (has_min8(a, M * K)) return -4;
+    long mpad = (M + 3) / 4 * 4;
+    int8_t *ap = calloc((size_t)(mpad * K + 64), 1);
+    if (!ap) return -1;
+    memcpy(ap, a, (size_t)(M * K));
+    long blocks = N / 16;
+    #pragma omp parallel for num_threads(threads) schedule(static) if (blocks * K * (M < 4 ? 4 : M) >= 65536)
+    for (long b = 0; b < blocks; b++)
+        for (long m0 = 0; m0 < M; m0 += 4) {
+            long left = M - m0;
+            const int8_t *am = ap + m0 * K, *wb = w + b * 16 * K;
+            int32_t *yb = y + m0 * N + b * 16;
+            if (left >= 3) v2tile_4(am, K, wb, yb, N, left);
+            else if (left == 2) v2tile_2(am, K, wb, yb, N, left);
+            else v2tile_1(am, K, wb, yb, N, left);
+        }
+    for (long n = blocks * 16; n < N; n++) /* the last N % 16 rows, row-major */
+        for (long m = 0; m < M; m++) y[m * N + n] = dot1(a + m * K, w + n * K, K);
+    free(ap);
+    return 0;
+}
+
+/* The int8 products (int_mm): the AVX-512 VNNI kernels, else the AVX2 ones (-4: an activation of
+   -128, see above), else -3. */
+int tunix_i8mm(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y, long M, long N, long K, int threads) {
+    switch (tunix_decode_isa()) {
+    case 2: return i8mm_512(a, w, wsum, y, M, N, K, threads);
+    case 1: return i8mm_256(a, w, y, M, N, K, threads);
+    default: return -3;
+    }
+}
+
+int tunix_i8mm_vnni(const int8_t *a, const int8_t *w, const int32_t *wsum, int32_t *y, long M, long N, long K,
+                    int threads) {
+    switch (tunix_decode_isa()) {
+    case 2: return i8mm_vnni_512(a, w, wsum, y, M, N, K, threads);
+    case 1: return i8mm_vnni_256(a, w, y, M, N, K, threads);
+    default: return -3;
+    }
+}
+
 /* `packed`: 0 row-major, 1 panels (`pack_rows`), 2 the broadcast layout (`pack_vnni`, read by
    the AVX2 kernel on either instruction set). */
 int tunix_qlinear(const float *x, const int8_t *w, const int32_t *wsum, const float *wscale,
@@ -1747,10 +1856,10 @@ def set_isa(isa: str) -> str:
 
 
 def library():
-    """The loaded kernel (ctypes) for its int8 products, or None where it does not apply: no
-    library, or a CPU without AVX-512 VNNI (`WHY` says why)."""
-    lib = _loaded()
-    return lib if lib is not None and lib.i8_ok else None
+    """The loaded kernel (ctypes) for its int8 products (`int_mm`), or None where it does not
+    apply: no library, or a CPU with neither AVX-512 VNNI nor AVX2 (`decode_isa`; `WHY` says
+    why)."""
+    return decode_library()
 
 
 def f32_library():
@@ -1773,8 +1882,6 @@ def _load():
         WHY.append(f"no kernel: {e}")
         return None
     lib.i8_ok = bool(lib.tunix_i8mm_supported())
-    if not lib.i8_ok:
-        WHY.append("the CPU lacks AVX-512 VNNI")
     lib.f32_path = int(lib.tunix_f32_supported())
     lib.tunix_decode_isa.restype = ctypes.c_int
     lib.tunix_set_isa.restype = ctypes.c_int
@@ -1785,6 +1892,8 @@ def _load():
             raise ValueError(f"{ISA_ENV} must be one of {'|'.join(ISAS)}, got {want!r}")
         lib.tunix_set_isa(ISAS.index(want))
     lib.decode_isa = int(lib.tunix_decode_isa())
+    if not lib.decode_isa:
+        WHY.append("the CPU has neither AVX-512 VNNI nor AVX2 with FMA and F16C")
     lib.tunix_i8mm.restype = ctypes.c_int
     lib.tunix_i8mm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
     lib.tunix_i8mm_vnni.restype = ctypes.c_int
@@ -1980,8 +2089,12 @@ def int_mm(lhs: "torch.Tensor", w: "torch.Tensor", wsum: "torch.Tensor | None" =
     m, n = lhs.shape[0], w.shape[0]
     out = torch.empty((m, n), dtype=torch.int32)
     call = library().tunix_i8mm_vnni if vnni else library().tunix_i8mm
-    if m and n and call(lhs.data_ptr(), w.data_ptr(), wsum.data_ptr(), out.data_ptr(), m, n, w.shape[1],
-                        torch.get_num_threads()) != 0:
+    rc = call(lhs.data_ptr(), w.data_ptr(), wsum.data_ptr(), out.data_ptr(), m, n, w.shape[1],
+              torch.get_num_threads()) if m and n else 0
+    if rc == -4:  # an activation of -128 on the AVX2 kernels (SOURCE): the same sums in fp64, exact
+        rows = unpack_vnni(w) if vnni else w
+        return (lhs.double() @ rows.double().t()).to(torch.int32)
+    if rc != 0:
         raise MemoryError("int8 kernel: out of memory")
     return out
 
