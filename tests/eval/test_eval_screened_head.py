@@ -177,6 +177,32 @@ def test_build_applies_to_large_cpu_fp32_heads_only():
     assert ScreenedArgmax.build(torch.randn(4096, 16).double()) is None
 
 
+def test_the_speed_probe_trusts_our_kernel_and_measures_torchs_at_two_batch_sizes(monkeypatch):
+    """Where our int8 kernel serves the head's width the screen is taken as fast without a probe
+    (int_mm is not called); where torch's product would serve, it is timed at 2 and at 16 rows
+    and must beat fp32 at both (a reference kernel that grows with the rows fails the second)."""
+    from tunix_rt.eval import int8_kernel, screened_head
+
+    saved = list(screened_head.FAST)
+    calls = []
+
+    def counted(lhs, w, sums=None, vnni=False):
+        calls.append(lhs.shape[0])
+        return torch._int_mm(lhs, w.t()) if lhs.shape[0] > 16 else (lhs.double() @ w.double().t()).to(torch.int32)
+
+    try:
+        monkeypatch.setattr(screened_head, "int_mm", counted)
+        screened_head.FAST.clear()
+        if int8_kernel.serves(640):
+            assert int8_matmul_is_fast() and calls == []
+        screened_head.FAST.clear()
+        monkeypatch.setattr(screened_head, "serves", lambda k: False)
+        int8_matmul_is_fast()
+        assert 2 in calls and (16 in calls or not screened_head.FAST[0])
+    finally:
+        screened_head.FAST[:] = saved
+
+
 def _child(code: str, *args: str, **env: str) -> dict:
     """Run `code` in a fresh interpreter (oneDNN reads its ISA limit once, at start-up);
     it prints one JSON object."""

@@ -185,21 +185,29 @@ FAST: list[bool] = []
 
 
 def int8_matmul_is_fast(dim: int = 640, cols: int = 8192, reps: int = 3) -> bool:
-    """Whether the int8 matmul (`int_mm`) at a head-sized shape ([2, dim] x [dim, cols], as a one-row
-    step's screen) takes less time than the fp32 matmul it replaces, measured once per
-    process (best of `reps` after a warm-up call each). Where oneDNN has no fast int8 kernel
-    for the CPU it may run a reference one: exact, but ~12x slower than fp32 (seen on a 2-core
-    AMD EPYC: 2.0 s against 0.16 s for Gemma 3's [16, 640] x [640, 262144] head), and the
-    screen would then slow every decode step down instead of speeding it up."""
+    """Whether the int8 matmul (`int_mm`) at head-sized shapes takes less time than the fp32
+    matmul it replaces, decided once per process. Where our kernel serves `dim` (`serves`) it is,
+    without a probe: it reads a quarter of fp32's bytes. Elsewhere it is measured (best of
+    `reps` after a warm-up call each) at [2, dim] x [dim, cols] (a one-row step's screen) and at
+    [16, dim] (a batch of eight's), and must win at both. Where oneDNN has no fast int8 kernel for
+    the CPU it may run a reference one: exact, but ~12x slower than fp32 (seen on a 2-core AMD
+    EPYC: 2.0 s against 0.16 s for Gemma 3's [16, 640] x [640, 262144] head), and the screen
+    would then slow every decode step down instead of speeding it up. torch's CPU `_int_mm`
+    grows with the rows where the fp32 matmul hardly does: a probe at 2 rows alone once let it
+    through on a 2-core AMD EPYC (Zen 3, AVX2), and a GRPO step's rollouts took 193.5 s, 90% of
+    it in that product (`bench_grpo.py --sides ours`; 24.8 s on our AVX2 kernel)."""
     import time
 
     import torch
 
     if not FAST:
+        if serves(dim):
+            FAST.append(True)
+            return True
         g = torch.Generator().manual_seed(0)
-        xq = torch.randint(-127, 128, (2, dim), dtype=torch.int8, generator=g)
         wq = torch.randint(-127, 128, (cols, dim), dtype=torch.int8, generator=g)
-        x, w = xq.float(), wq.float()
+        w = wq.float()
+        sums = row_sums(wq)
 
         def best(fn) -> float:
             fn()
@@ -210,8 +218,12 @@ def int8_matmul_is_fast(dim: int = 640, cols: int = 8192, reps: int = 3) -> bool
                 times.append(time.perf_counter() - t0)
             return min(times)
 
-        sums = row_sums(wq)
-        FAST.append(best(lambda: int_mm(xq, wq, sums)) < best(lambda: x @ w.t()))
+        fast = True
+        for rows in (2, 16):
+            xq = torch.randint(-127, 128, (rows, dim), dtype=torch.int8, generator=g)
+            x = xq.float()
+            fast = fast and best(lambda: int_mm(xq, wq, sums)) < best(lambda: x @ w.t())
+        FAST.append(fast)
     return FAST[0]
 
 
