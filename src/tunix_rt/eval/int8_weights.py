@@ -29,8 +29,8 @@ call each, as int8's (`tunix_gemma_layer` with its int4 switch). The tied head i
 token embedding: under int4 the prefill embeds through its int4 values too (as int8's through
 its int8 ones). It needs every projection's rows in whole blocks of 16 and its input width a
 multiple of 32 (Gemma's are), checked for every weight before any is changed, and it runs
-where the kernel does (a CPU with AVX-512 VNNI and a C compiler; `int4_problem` says why
-not): its torch twin, kept for the tests, is ~100x slower than fp32 (the whole matrix unpacked
+where the kernel does (a CPU with AVX-512 VNNI, or AVX2 with FMA and F16C, and a C compiler;
+`int4_problem` says why not): its torch twin, kept for the tests, is ~100x slower than fp32 (the whole matrix unpacked
 each call), so elsewhere int4 is refused with a pointer to int8, which runs everywhere.
 
 `quantize_model(model, weights)` writes the dequantised weights (in fp32) over the model's own
@@ -43,8 +43,8 @@ How a projection multiplies (`int8_linear`), chosen per process by `pick_kernel`
 - "int_mm": the activations get a two-level int8 quantisation per row (as
   tunix_rt.eval.screened_head: q1 = round(x / s), q2 = round((x − s·q1)·127 / s), s = max|x|/127,
   so |x − x̂| ≤ s/254 per element, about 15 bits: the weights' 8 bits dominate the error) and
-  one int8 matmul `[q1; q2] @ q.T` (tunix_rt.eval.int8_kernel.int_mm: our AVX-512 VNNI kernel,
-  else torch._int_mm) gives both levels' exact int32 sums, combined in fp32. Where our kernel
+  one int8 matmul `[q1; q2] @ q.T` (tunix_rt.eval.int8_kernel.int_mm: our AVX-512 VNNI or AVX2
+  kernel, else torch._int_mm) gives both levels' exact int32 sums, combined in fp32. Where our kernel
   runs, all of it is one call (`int8_kernel.qlinear`: the quantisation, both levels' sums and
   the combination, the same bits as the torch ops), which took a single-stream decode step of
   Gemma 3 270M from ~22 to ~13 ms (benchmarks/bench_generate.py --weights int8 --batch 1),
@@ -54,8 +54,9 @@ How a projection multiplies (`int8_linear`), chosen per process by `pick_kernel`
   back: on a 2-core AMD EPYC with AVX512-VNNI (2 threads; a noisy shared machine; 3 of 4
   rounds, alternated) a step took 12.2-12.7 ms against 16.7-18.2 row-major (the head 5.8-6.2
   ms against 8.4-9.2, the layers 5.7-6.6 against 7.8-8.6): 68-73 tokens/s against 51-55 end
-  to end, the prefill included (128 tokens, batch 1).
-  Only where the int8 kernel sums exactly at that shape (`int8_matmul_is_exact`) and is faster
+  to end, the prefill included (128 tokens, batch 1). Where the AVX2 kernels decode, the
+  layout is `pack_vnni`'s instead (int8_kernel.panel_layout; its module doc has why).
+  Where our kernel runs, always; elsewhere only where the int8 matmul sums exactly at that shape (`int8_matmul_is_exact`) and is faster
   than fp32 (`int8_matmul_is_fast`); else
 - "dequant": the weight rows are dequantised a block at a time (the block stays in cache) and
   multiplied in fp32: the same numbers as the model's dequantised parameters.
@@ -373,7 +374,8 @@ def pick_kernel(device) -> str:
 
 def int4_problem(device) -> str | None:
     """Why int4 weights cannot decode here (None: they can): the int4 kernel runs on the CPU
-    only, where the int8 library loaded (AVX-512 VNNI and a C compiler)."""
+    only, where the int8 library's decode kernels loaded (AVX-512 VNNI or AVX2, and a C
+    compiler: int8_kernel.decode_library)."""
     import torch
 
     from tunix_rt.eval import int8_kernel
