@@ -808,58 +808,12 @@ int tunix_f32_rows(const float *x, const float *w, const int64_t *ids, long n, c
    layer is one call instead of ~70 torch ops. Not bit-equal to the torch ops (sums in
    another order): int8 weights are not an exact option. */
 
-/* a . b in fp32, 16 lanes at a time (a plain float loop would not vectorise: its sum order
-   is fixed without -ffast-math) */
-static inline KERNEL float dotf_512(const float *a, const float *b, long n) {
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
-    long i = 0;
-    for (; i + 32 <= n; i += 32) {
-        acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-        acc1 = _mm512_add_ps(acc1, _mm512_mul_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16)));
-    }
-    for (; i + 16 <= n; i += 16)
-        acc0 = _mm512_add_ps(acc0, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
+/* 2^k for the AVX-512 exp (scalef: any k the clamp lets through) and its lanes' sum */
+#define ROUND_512(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define SCALE2_512(y, k) _mm512_scalef_ps(y, k)
+#define HSUM_512(v) _mm512_reduce_add_ps(v)
 
-/* e^x, 16 lanes (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, 2^k by
-   scalef; relative error ~1e-7; x clamped to +-88.38) */
-static inline KERNEL __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
-    __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693359375f)));
-    x = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_add_ps(_mm512_mul_ps(y, x), _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(y, x), x), x), _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(y, k);
-}
-
-/* out[i] = gelu_tanh(g[i]) * u[i]; gelu_tanh(x) = 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
-   = x / (1 + e^(-2 c (x + 0.044715 x^3))), c = sqrt(2 / pi) */
-static KERNEL void gelu_mul_512(const float *g, const float *u, float *out, long n) {
-    long i = 0;
-    const __m512 c2 = _mm512_set1_ps(-2.0f * 0.7978845608028654f), a = _mm512_set1_ps(0.044715f);
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (; i + 16 <= n; i += 16) {
-        __m512 x = _mm512_loadu_ps(g + i);
-        __m512 inner = _mm512_add_ps(x, _mm512_mul_ps(a, _mm512_mul_ps(x, _mm512_mul_ps(x, x))));
-        __m512 gl = _mm512_div_ps(x, _mm512_add_ps(one, exp16(_mm512_mul_ps(c2, inner))));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(gl, _mm512_loadu_ps(u + i)));
-    }
-    for (; i < n; i++) {
-        float x = g[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
-    }
-}
-
+@SIMD512@
 @AVX2_DECODE@
 /* The sampling noise's bits (tunix_rt.eval.sampling.gumbel): for row r and column i,
    splitmix64's finaliser of seed[r] + off[r * off_stride + i] (uint64 arithmetic, wrapping),
@@ -1414,61 +1368,26 @@ static AVX2D int q4linear_256(const float *x, const uint8_t *w, const uint16_t *
     return 0;
 }
 
-/* dotf_512 on AVX2: 8 lanes, two accumulators (another order of the sums: the layers are not
-   bit-equal across paths, nor to the torch ops) */
-static inline AVX2D float dotf_256(const float *a, const float *b, long n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    long i = 0;
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8)));
-    }
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-    __m256 v = _mm256_add_ps(acc0, acc1);
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    float s = _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* exp16 on 8 lanes: 2^k as two factors 2^(k/2) (k reaches +-128, past a single factor's exponent) */
-static inline AVX2D __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(0.693359375f)));
-    x = _mm256_sub_ps(x, _mm256_mul_ps(k, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(y, x), x), x), _mm256_set1_ps(1.0f));
+/* y * 2^k on 8 lanes: as two factors 2^(k/2) (k reaches +-128 after the clamp, past a single
+   factor's exponent range) */
+static inline AVX2D __m256 scale2_256(__m256 y, __m256 k) {
     __m256i ki = _mm256_cvtps_epi32(k), k1 = _mm256_srai_epi32(ki, 1), k2 = _mm256_sub_epi32(ki, k1);
     __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k1, _mm256_set1_epi32(127)), 23));
     __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, _mm256_set1_epi32(127)), 23));
     return _mm256_mul_ps(_mm256_mul_ps(y, p1), p2);
 }
 
-static AVX2D void gelu_mul_256(const float *g, const float *u, float *out, long n) {
-    long i = 0;
-    const __m256 c2 = _mm256_set1_ps(-2.0f * 0.7978845608028654f), a = _mm256_set1_ps(0.044715f);
-    const __m256 one = _mm256_set1_ps(1.0f);
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i);
-        __m256 inner = _mm256_add_ps(x, _mm256_mul_ps(a, _mm256_mul_ps(x, _mm256_mul_ps(x, x))));
-        __m256 gl = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_mul_ps(c2, inner))));
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(gl, _mm256_loadu_ps(u + i)));
-    }
-    for (; i < n; i++) {
-        float x = g[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
-    }
+static inline AVX2D float hsum_256(__m256 v) {
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(q, _mm_shuffle_ps(q, q, 1)));
 }
 
+#define ROUND_256(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define SCALE2_256(y, k) scale2_256(y, k)
+#define HSUM_256(v) hsum_256(v)
+
+@SIMD256@
 @LAYERS@
 
 /* Which decode kernels run here: 2 the AVX-512 VNNI ones, 1 the AVX2 ones, 0 none. */
@@ -1773,6 +1692,72 @@ static @T@ int gemma_layers_@S@(float *x, long B, long D, long L, const int64_t 
 """The decoder layer's code, written once and built per instruction set: @T@ the target
 attribute, @S@ the suffix of its helpers (dotf, gelu_mul, qlinear, q4linear)."""
 
+_SIMD = r"""
+/* a . b in fp32, @W@ lanes at a time, two accumulators (a plain float loop would not vectorise:
+   its sum order is fixed without -ffast-math; the widths sum in different orders, so the
+   layers are bit-equal neither across instruction sets nor to the torch ops) */
+static inline @T@ float dotf_@S@(const float *a, const float *b, long n) {
+    @V@ acc0 = @P@_setzero_ps(), acc1 = @P@_setzero_ps();
+    long i = 0;
+    for (; i + 2 * @W@ <= n; i += 2 * @W@) {
+        acc0 = @P@_add_ps(acc0, @P@_mul_ps(@P@_loadu_ps(a + i), @P@_loadu_ps(b + i)));
+        acc1 = @P@_add_ps(acc1, @P@_mul_ps(@P@_loadu_ps(a + i + @W@), @P@_loadu_ps(b + i + @W@)));
+    }
+    for (; i + @W@ <= n; i += @W@)
+        acc0 = @P@_add_ps(acc0, @P@_mul_ps(@P@_loadu_ps(a + i), @P@_loadu_ps(b + i)));
+    float s = HSUM_@S@(@P@_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* e^x, @W@ lanes (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial, then
+   y * 2^k; relative error ~1e-7; x clamped to +-88.38) */
+static inline @T@ @V@ exp_@S@(@V@ x) {
+    x = @P@_max_ps(@P@_min_ps(x, @P@_set1_ps(88.3762626647949f)), @P@_set1_ps(-88.3762626647949f));
+    @V@ k = ROUND_@S@(@P@_mul_ps(x, @P@_set1_ps(1.44269504088896341f)));
+    x = @P@_sub_ps(x, @P@_mul_ps(k, @P@_set1_ps(0.693359375f)));
+    x = @P@_sub_ps(x, @P@_mul_ps(k, @P@_set1_ps(-2.12194440e-4f)));
+    @V@ y = @P@_set1_ps(1.9875691500e-4f);
+    y = @P@_add_ps(@P@_mul_ps(y, x), @P@_set1_ps(1.3981999507e-3f));
+    y = @P@_add_ps(@P@_mul_ps(y, x), @P@_set1_ps(8.3334519073e-3f));
+    y = @P@_add_ps(@P@_mul_ps(y, x), @P@_set1_ps(4.1665795894e-2f));
+    y = @P@_add_ps(@P@_mul_ps(y, x), @P@_set1_ps(1.6666665459e-1f));
+    y = @P@_add_ps(@P@_mul_ps(y, x), @P@_set1_ps(5.0000001201e-1f));
+    y = @P@_add_ps(@P@_add_ps(@P@_mul_ps(@P@_mul_ps(y, x), x), x), @P@_set1_ps(1.0f));
+    return SCALE2_@S@(y, k);
+}
+
+/* out[i] = gelu_tanh(g[i]) * u[i]; gelu_tanh(x) = 0.5 x (1 + tanh(c (x + 0.044715 x^3)))
+   = x / (1 + e^(-2 c (x + 0.044715 x^3))), c = sqrt(2 / pi) */
+static @T@ void gelu_mul_@S@(const float *g, const float *u, float *out, long n) {
+    long i = 0;
+    const @V@ c2 = @P@_set1_ps(-2.0f * 0.7978845608028654f), a = @P@_set1_ps(0.044715f);
+    const @V@ one = @P@_set1_ps(1.0f);
+    for (; i + @W@ <= n; i += @W@) {
+        @V@ x = @P@_loadu_ps(g + i);
+        @V@ inner = @P@_add_ps(x, @P@_mul_ps(a, @P@_mul_ps(x, @P@_mul_ps(x, x))));
+        @V@ gl = @P@_div_ps(x, @P@_add_ps(one, exp_@S@(@P@_mul_ps(c2, inner))));
+        @P@_storeu_ps(out + i, @P@_mul_ps(gl, @P@_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) {
+        float x = g[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+"""
+"""fp32 helpers of the decoder layer, written once and built per vector width: @T@ the target
+attribute, @S@ the suffix, @W@ the lanes, @V@ the vector type, @P@ the intrinsics' prefix (each
+width defines ROUND_, SCALE2_ and HSUM_ for its suffix)."""
+
+
+def _simd(target: str, sfx: str, lanes: int) -> str:
+    vec, pre = ("__m512", "_mm512") if lanes == 16 else ("__m256", "_mm256")
+    return (_SIMD.replace("@T@", target).replace("@S@", sfx).replace("@W@", str(lanes)).replace("@V@", vec)
+            .replace("@P@", pre))
+
+
+_AVX2_DECODE = _AVX2_DECODE.replace("@SIMD256@", _simd("AVX2D", "256", 8))
+SOURCE = SOURCE.replace("@SIMD512@", _simd("KERNEL", "512", 16))
 SOURCE = SOURCE.replace("@AVX2_DECODE@", _AVX2_DECODE).replace(
     "@LAYERS@", "".join(_LAYER.replace("@T@", t).replace("@S@", sfx) for t, sfx in (("KERNEL", "512"), ("AVX2D", "256"))))
 
